@@ -1,0 +1,330 @@
+//! The TOML configuration: parsed once, validated once, turned into typed routes.
+//!
+//! Every timeout, limit and TTL is a named field with a default, so a config file only
+//! says what differs from a sane production setup.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// A config problem, always naming the file and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{file}: {message}")]
+    Parse { file: PathBuf, message: String },
+    #[error("{file}: {field}: {message}")]
+    Invalid {
+        file: PathBuf,
+        field: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub store: StoreConfig,
+    #[serde(default)]
+    pub tls: TlsConfig,
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+    /// Where the file was read from, for messages that name it.
+    #[serde(skip)]
+    pub source: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub admin_listen: Option<String>,
+    /// Time a client has to send a full request head (slowloris guard).
+    pub header_read_timeout: Dur,
+    /// Largest request body a protected request may carry; it is buffered to fingerprint it.
+    pub max_body_bytes: usize,
+    /// Largest provider response the proxy keeps as a receipt.
+    pub max_receipt_bytes: usize,
+    /// Time in-flight requests get to settle after SIGTERM.
+    pub shutdown_grace: Dur,
+    /// Idle keep-alive connections to upstreams are closed after this; keep it below the
+    /// providers' own keep-alive so a pooled POST never races a server-side close.
+    pub pool_idle_timeout: Dur,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            admin_listen: None,
+            header_read_timeout: Dur(Duration::from_secs(30)),
+            max_body_bytes: 4 * 1024 * 1024,
+            max_receipt_bytes: 8 * 1024 * 1024,
+            shutdown_grace: Dur(Duration::from_secs(10)),
+            pool_idle_timeout: Dur(Duration::from_secs(30)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `sqlite://PATH` (embedded, default) or `redis://HOST:PORT[/DB]`.
+    pub url: String,
+    /// Prefix of every store key, so several deployments can share one Redis.
+    pub namespace: String,
+    /// Every store call gives up after this and the request is answered 503.
+    pub op_timeout: Dur,
+    /// SQLite `synchronous`: `full` (a power loss loses nothing acknowledged) or `normal`
+    /// (a power loss may lose the last transactions; a process crash loses nothing).
+    pub sqlite_synchronous: String,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://data/idemproxy.db".into(),
+            namespace: "idem".into(),
+            op_timeout: Dur(Duration::from_secs(2)),
+            sqlite_synchronous: "full".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    pub ca_cert: Option<PathBuf>,
+    pub ca_key: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingKey {
+    /// Forward the request unprotected.
+    #[default]
+    Forward,
+    /// Answer 400.
+    Reject,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnInFlight {
+    /// 409 with Retry-After.
+    #[default]
+    Conflict,
+    /// Wait for the first request to settle, then replay its receipt.
+    Wait,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub name: String,
+    /// Host (optionally `host:port`) matched by the forward proxy and HTTPS interception.
+    /// Defaults to the upstream's host.
+    pub host: Option<String>,
+    /// Base-URL prefix, e.g. `/stripe`; requests under it go to `upstream`.
+    pub prefix: Option<String>,
+    pub upstream: String,
+    /// Extra PEM roots trusted for this upstream (on top of the web PKI roots).
+    pub upstream_ca: Option<PathBuf>,
+    /// Dial this `host:port` instead of the upstream's (TLS still verifies the upstream name).
+    pub connect_to: Option<String>,
+    /// Built-in provider profile that sets `honours_key` and `forward_key_header`.
+    pub provider: Option<String>,
+    pub honours_key: Option<bool>,
+    /// Header the key is passed down in; empty for none.
+    pub forward_key_header: Option<String>,
+    /// Header the client sends its key in.
+    #[serde(default = "default_key_header")]
+    pub key_header: String,
+    /// Methods this route protects; others pass through untouched.
+    #[serde(default = "default_methods")]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub missing_key: MissingKey,
+    #[serde(default)]
+    pub on_in_flight: OnInFlight,
+    /// Statuses that become the receipt. Entries: `2xx`, `404`, `!409` (exclude).
+    #[serde(default = "default_commit_statuses")]
+    pub commit_statuses: Vec<String>,
+    /// Statuses that leave the outcome UNKNOWN on a provider that does not honour keys.
+    #[serde(default = "default_unknown_statuses")]
+    pub unknown_statuses: Vec<u16>,
+    /// How long an UNKNOWN claim is held before the next retry executes; `forever` to hold
+    /// until an operator resolves it.
+    #[serde(default = "default_hold")]
+    pub hold: Hold,
+    /// How long receipts (and every other claim) are kept.
+    #[serde(default = "default_retention")]
+    pub retention: Dur,
+    /// How long a claim stays PENDING without a heartbeat before it counts as abandoned.
+    #[serde(default = "default_lease")]
+    pub lease: Dur,
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout: Dur,
+    /// Total deadline for one upstream call (send + response body).
+    #[serde(default = "default_timeout")]
+    pub timeout: Dur,
+    /// Headers whose values identify the caller; hashed into the scope, never stored.
+    #[serde(default = "default_credential_headers")]
+    pub credential_headers: Vec<String>,
+    /// When the store is unreachable, forward unprotected instead of answering 503.
+    #[serde(default)]
+    pub fail_open: bool,
+}
+
+fn default_key_header() -> String {
+    "Idempotency-Key".into()
+}
+fn default_methods() -> Vec<String> {
+    ["POST", "PUT", "PATCH", "DELETE"].map(String::from).to_vec()
+}
+fn default_commit_statuses() -> Vec<String> {
+    ["2xx", "3xx", "4xx", "!408", "!409", "!425", "!429"]
+        .map(String::from)
+        .to_vec()
+}
+fn default_unknown_statuses() -> Vec<u16> {
+    vec![500, 502, 504]
+}
+fn default_hold() -> Hold {
+    Hold::For(Duration::from_secs(300))
+}
+fn default_retention() -> Dur {
+    Dur(Duration::from_secs(24 * 3600))
+}
+fn default_lease() -> Dur {
+    Dur(Duration::from_secs(15))
+}
+fn default_connect_timeout() -> Dur {
+    Dur(Duration::from_secs(5))
+}
+fn default_timeout() -> Dur {
+    Dur(Duration::from_secs(60))
+}
+fn default_credential_headers() -> Vec<String> {
+    ["authorization", "x-api-key", "api-key"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// A duration written as `30s`, `5m`, `24h`, `250ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(s.trim())
+            .map(Dur)
+            .map_err(|e| serde::de::Error::custom(format!("`{s}` is not a duration like 30s, 5m or 24h: {e}")))
+    }
+}
+
+/// How long an UNKNOWN outcome is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    For(Duration),
+    Forever,
+}
+
+impl<'de> Deserialize<'de> for Hold {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.trim().eq_ignore_ascii_case("forever") {
+            return Ok(Hold::Forever);
+        }
+        humantime::parse_duration(s.trim())
+            .map(Hold::For)
+            .map_err(|e| serde::de::Error::custom(format!("`{s}` is neither `forever` nor a duration like 5m: {e}")))
+    }
+}
+
+impl fmt::Display for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Hold::For(d) => write!(f, "{}", humantime::format_duration(*d)),
+            Hold::Forever => f.write_str("forever"),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file. Every error names the file and the field.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        config.source = path.to_path_buf();
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn invalid(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.source.clone(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        parse_listen(&self.server.listen).map_err(|m| self.invalid("server.listen", m))?;
+        if let Some(a) = &self.server.admin_listen {
+            parse_listen(a).map_err(|m| self.invalid("server.admin_listen", m))?;
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(self.invalid("server.max_body_bytes", "must be greater than 0"));
+        }
+        if !self.store.url.starts_with("sqlite://") && !self.store.url.starts_with("redis://") && !self.store.url.starts_with("rediss://") {
+            return Err(self.invalid(
+                "store.url",
+                format!("`{}` must start with sqlite://, redis:// or rediss://", self.store.url),
+            ));
+        }
+        if !matches!(self.store.sqlite_synchronous.as_str(), "full" | "normal") {
+            return Err(self.invalid("store.sqlite_synchronous", "must be `full` or `normal`"));
+        }
+        if self.store.namespace.is_empty() || self.store.namespace.contains(':') {
+            return Err(self.invalid("store.namespace", "must be non-empty and contain no `:`"));
+        }
+        if self.store.op_timeout.0.is_zero() {
+            return Err(self.invalid("store.op_timeout", "must be greater than 0"));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            if !names.insert(r.name.as_str()) {
+                return Err(self.invalid(format!("routes[{i}].name"), format!("`{}` is used by two routes", r.name)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses a listen address; port 0 asks the OS for a free port.
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .map_err(|_| format!("`{s}` is not an address like 127.0.0.1:8080 or [::]:8080"))
+}

@@ -1,0 +1,155 @@
+//! The claim table of DESIGN.md as one pure function: given what the claim found in the store,
+//! what happens to this request.
+
+use std::time::Duration;
+
+use super::policy::Policy;
+use super::record::{Receipt, Record, State};
+use crate::config::Hold;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// COMMITTED with the same fingerprint: answer with the receipt.
+    Replay(Receipt),
+    /// The key was used for another request: 422.
+    Mismatch,
+    /// A live holder is executing it: 409 (or wait), retry after about this long.
+    InFlight { retry_after: Duration },
+    /// The outcome is unknown and held: 409 outcome-unknown; `None` = until an operator acts.
+    Held { retry_after: Option<Duration> },
+    /// Replace the found record with our own claim and forward.
+    TakeOver,
+}
+
+pub fn decide(found: &Record, fingerprint: &str, now_ms: u64, policy: &Policy) -> Decision {
+    if found.body.fingerprint != fingerprint {
+        return Decision::Mismatch;
+    }
+    let unknown_since = match found.state {
+        State::Committed => {
+            return match &found.body.receipt {
+                Some(r) => Decision::Replay(r.clone()),
+                // A COMMITTED record without a receipt is not something we write; never
+                // invent one, and never execute again on a record we cannot read.
+                None => Decision::Held { retry_after: None },
+            };
+        }
+        State::Pending if found.body.lease_until_ms > now_ms => {
+            return Decision::InFlight {
+                retry_after: Duration::from_millis(found.body.lease_until_ms - now_ms),
+            };
+        }
+        // The holder stopped answering for it: it may have died after sending.
+        State::Pending => found.body.lease_until_ms,
+        State::Unknown => found.body.unknown_since_ms,
+    };
+    if policy.honours_key {
+        // The provider deduplicates on the key we pass down: re-forwarding cannot repeat the effect.
+        return Decision::TakeOver;
+    }
+    match policy.hold {
+        Hold::Forever => Decision::Held { retry_after: None },
+        Hold::For(hold) => {
+            let until = unknown_since.saturating_add(hold.as_millis() as u64);
+            if now_ms >= until {
+                Decision::TakeOver
+            } else {
+                Decision::Held {
+                    retry_after: Some(Duration::from_millis(until - now_ms)),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OnInFlight;
+    use crate::idempotency::policy::StatusSet;
+    use crate::idempotency::record::{RecordBody, Token};
+
+    fn policy(honours_key: bool, hold: Hold) -> Policy {
+        Policy {
+            honours_key,
+            commit_statuses: StatusSet::parse(&["2xx".to_string()]).expect("parses"),
+            unknown_statuses: vec![500],
+            hold,
+            lease: Duration::from_secs(10),
+            retention: Duration::from_secs(100),
+            on_in_flight: OnInFlight::Conflict,
+            fail_open: false,
+        }
+    }
+
+    fn record(state: State, lease_until_ms: u64, unknown_since_ms: u64) -> Record {
+        Record {
+            state,
+            token: Token::random(),
+            body: RecordBody {
+                fingerprint: "fp".into(),
+                route: "r".into(),
+                created_ms: 0,
+                lease_until_ms,
+                unknown_since_ms,
+                note: None,
+                receipt: (state == State::Committed).then(|| Receipt {
+                    status: 200,
+                    headers: vec![],
+                    body: bytes::Bytes::from_static(b"ok"),
+                }),
+            },
+        }
+    }
+
+    const FIVE_MIN: Hold = Hold::For(Duration::from_secs(300));
+
+    #[test]
+    fn committed_replays_and_mismatch_wins_over_everything() {
+        let p = policy(false, FIVE_MIN);
+        assert!(matches!(decide(&record(State::Committed, 0, 0), "fp", 5, &p), Decision::Replay(_)));
+        for s in [State::Committed, State::Pending, State::Unknown] {
+            assert_eq!(decide(&record(s, 10_000, 0), "other", 5, &p), Decision::Mismatch);
+        }
+    }
+
+    #[test]
+    fn live_pending_is_in_flight() {
+        let p = policy(true, FIVE_MIN);
+        assert_eq!(
+            decide(&record(State::Pending, 1_500, 0), "fp", 1_000, &p),
+            Decision::InFlight {
+                retry_after: Duration::from_millis(500)
+            }
+        );
+    }
+
+    #[test]
+    fn expired_pending_is_unknown_since_its_lease_ended() {
+        let p = policy(false, FIVE_MIN);
+        assert_eq!(
+            decide(&record(State::Pending, 1_000, 0), "fp", 2_000, &p),
+            Decision::Held {
+                retry_after: Some(Duration::from_millis(299_000))
+            }
+        );
+        assert_eq!(decide(&record(State::Pending, 1_000, 0), "fp", 301_000, &p), Decision::TakeOver);
+    }
+
+    #[test]
+    fn unknown_follows_route_policy() {
+        let rec = record(State::Unknown, 0, 1_000);
+        assert_eq!(decide(&rec, "fp", 1_001, &policy(true, Hold::Forever)), Decision::TakeOver);
+        assert_eq!(
+            decide(&rec, "fp", 10_000_000, &policy(false, Hold::Forever)),
+            Decision::Held { retry_after: None }
+        );
+        assert_eq!(
+            decide(&rec, "fp", 2_000, &policy(false, FIVE_MIN)),
+            Decision::Held {
+                retry_after: Some(Duration::from_millis(299_000))
+            }
+        );
+        assert_eq!(decide(&rec, "fp", 301_000, &policy(false, FIVE_MIN)), Decision::TakeOver);
+    }
+}

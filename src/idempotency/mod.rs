@@ -1,0 +1,11 @@
+//! The idempotency core: what a key is, what it is scoped to, what a request's fingerprint is,
+//! the claim state machine, and how an upstream outcome settles a claim.
+
+pub mod claims;
+pub mod decide;
+pub mod fingerprint;
+pub mod key;
+pub mod policy;
+pub mod record;
+pub mod scope;
+pub mod settle;

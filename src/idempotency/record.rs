@@ -1,0 +1,225 @@
+//! What the store keeps under a scope: a claim in one of three states, and the receipt.
+//!
+//! Encoded as `<state><token>` (33 bytes) followed by JSON. The fixed header lets the Redis
+//! scripts fence a transition by comparing a prefix, without decoding JSON.
+
+use base64::Engine as _;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+pub const TOKEN_LEN: usize = 32;
+pub const HEADER_LEN: usize = 1 + TOKEN_LEN;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum State {
+    /// A holder is executing the request; `lease_until_ms` says until when it answers for it.
+    Pending,
+    /// The provider's response is the receipt.
+    Committed,
+    /// The request may or may not have taken effect at the provider.
+    Unknown,
+}
+
+impl State {
+    pub fn code(self) -> u8 {
+        match self {
+            State::Pending => b'P',
+            State::Committed => b'C',
+            State::Unknown => b'U',
+        }
+    }
+
+    pub fn from_code(c: u8) -> Option<State> {
+        match c {
+            b'P' => Some(State::Pending),
+            b'C' => Some(State::Committed),
+            b'U' => Some(State::Unknown),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "PENDING",
+            State::Committed => "COMMITTED",
+            State::Unknown => "UNKNOWN",
+        }
+    }
+}
+
+/// A random 128-bit claim token in hex; the fence every transition checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub fn random() -> Token {
+        Token(hex::encode(rand::random::<[u8; 16]>()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Which records a transition may overwrite: the same token, in one of these states.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    pub token: Token,
+    pub states: Vec<State>,
+}
+
+impl Fence {
+    /// `"PU"`-style list of state codes, as the store scripts take it.
+    pub fn state_codes(&self) -> String {
+        self.states.iter().map(|s| s.code() as char).collect()
+    }
+
+    pub fn admits(&self, record: &Record) -> bool {
+        record.token == self.token && self.states.contains(&record.state)
+    }
+}
+
+/// A provider response kept to replay: status, end-to-end headers, body exactly as received.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub status: u16,
+    /// Header values as Latin-1 strings, so any byte survives JSON unchanged.
+    pub headers: Vec<(String, String)>,
+    #[serde(with = "b64")]
+    pub body: Bytes,
+}
+
+impl Receipt {
+    pub fn header_value_bytes(v: &str) -> Vec<u8> {
+        v.chars().map(|c| c as u32 as u8).collect()
+    }
+
+    pub fn header_value_string(v: &[u8]) -> String {
+        v.iter().map(|&b| b as char).collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub state: State,
+    pub token: Token,
+    pub body: RecordBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordBody {
+    pub fingerprint: String,
+    /// Route name, for operators.
+    pub route: String,
+    pub created_ms: u64,
+    /// PENDING: the holder answers for the claim until then.
+    #[serde(default)]
+    pub lease_until_ms: u64,
+    /// UNKNOWN: since when; the hold period counts from here.
+    #[serde(default)]
+    pub unknown_since_ms: u64,
+    /// Why the outcome is unknown, or who resolved it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<Receipt>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("stored record is corrupt: {0}")]
+pub struct DecodeError(pub String);
+
+impl Record {
+    pub fn fence(&self) -> Fence {
+        Fence {
+            token: self.token.clone(),
+            states: vec![self.state],
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + 256);
+        out.push(self.state.code());
+        out.extend_from_slice(self.token.as_str().as_bytes());
+        // Serializing plain structs of strings and numbers cannot fail.
+        if let Ok(json) = serde_json::to_vec(&self.body) {
+            out.extend_from_slice(&json);
+        }
+        out
+    }
+
+    pub fn decode(raw: &[u8]) -> Result<Record, DecodeError> {
+        if raw.len() < HEADER_LEN {
+            return Err(DecodeError(format!("{} bytes is shorter than the header", raw.len())));
+        }
+        let state = State::from_code(raw[0]).ok_or_else(|| DecodeError(format!("unknown state byte {:#x}", raw[0])))?;
+        let token = std::str::from_utf8(&raw[1..HEADER_LEN])
+            .ok()
+            .filter(|t| t.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| DecodeError("token is not hex".into()))?;
+        let body = serde_json::from_slice(&raw[HEADER_LEN..]).map_err(|e| DecodeError(e.to_string()))?;
+        Ok(Record {
+            state,
+            token: Token(token.to_string()),
+            body,
+        })
+    }
+}
+
+mod b64 {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(b: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        let s = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .map(Bytes::from)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_every_byte_of_a_receipt() {
+        let r = Record {
+            state: State::Committed,
+            token: Token::random(),
+            body: RecordBody {
+                fingerprint: "ab".into(),
+                route: "stripe".into(),
+                created_ms: 1,
+                lease_until_ms: 2,
+                unknown_since_ms: 0,
+                note: None,
+                receipt: Some(Receipt {
+                    status: 201,
+                    headers: vec![("x-odd".into(), Receipt::header_value_string(&[0xff, b'a', 0x80]))],
+                    body: Bytes::from_static(&[0, 1, 2, 255]),
+                }),
+            },
+        };
+        let enc = r.encode();
+        assert_eq!(enc[0], b'C');
+        assert_eq!(&enc[1..HEADER_LEN], r.token.as_str().as_bytes());
+        let back = Record::decode(&enc).expect("decodes");
+        assert_eq!(back, r);
+        let receipt = back.body.receipt.expect("receipt");
+        assert_eq!(Receipt::header_value_bytes(&receipt.headers[0].1), vec![0xff, b'a', 0x80]);
+    }
+
+    #[test]
+    fn corrupt_records_are_errors_not_panics() {
+        assert!(Record::decode(b"").is_err());
+        assert!(Record::decode(b"X0123456789abcdef0123456789abcdef{}").is_err());
+        assert!(Record::decode(b"P0123456789abcdef0123456789abcdef{").is_err());
+        assert!(Record::decode(b"Pzz23456789abcdef0123456789abcdef{}").is_err());
+    }
+}

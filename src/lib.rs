@@ -1,0 +1,11 @@
+//! idemproxy: an HTTP(S) proxy that lets each protected request reach its provider at most
+//! once per idempotency key, and answers every retry with the provider's real first response.
+
+pub mod app;
+pub mod config;
+pub mod idempotency;
+pub mod problem;
+pub mod providers;
+pub mod proxy;
+pub mod routes;
+pub mod store;

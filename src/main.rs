@@ -1,0 +1,116 @@
+//! The command line: parse, load, report errors with context, run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use idemproxy::app::App;
+use idemproxy::config::{parse_listen, Config};
+use idemproxy::proxy::server::{serve, ServerOptions};
+
+#[derive(Parser)]
+#[command(name = "idemproxy", version, about = "Makes agent tools' side effects happen once")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve {
+        #[arg(long, default_value = "config/idemproxy.toml")]
+        config: PathBuf,
+    },
+    /// Load and validate a config file, then exit.
+    CheckConfig {
+        #[arg(long, default_value = "config/idemproxy.toml")]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let result = match cli.command {
+        Command::Serve { config } => run_serve(config),
+        Command::CheckConfig { config } => check_config(config),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idemproxy: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("IDEMPROXY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = std::env::var("IDEMPROXY_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn check_config(path: PathBuf) -> anyhow::Result<()> {
+    let config = Config::load(&path)?;
+    // Building routes also checks provider names, URLs and CA files.
+    idemproxy::routes::Routes::build(&config)?;
+    println!("{}: OK ({} routes)", path.display(), config.routes.len());
+    Ok(())
+}
+
+fn run_serve(path: PathBuf) -> anyhow::Result<()> {
+    let config = Config::load(&path)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let app = App::build(&config).await?;
+        if let Some(warning) = app.claims.store().durability_warning().await {
+            tracing::warn!("{warning}");
+        }
+        let addr = parse_listen(&config.server.listen).map_err(|m| config.invalid("server.listen", m))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("{}: server.listen: cannot listen on {addr}", path.display()))?;
+        let local = listener.local_addr().context("listener has no local address")?;
+        // Tests and scripts read this line to find the port when `listen` asks for port 0.
+        println!("idemproxy listening proxy={local}");
+        tracing::info!(%local, store = %config.store.url, routes = config.routes.len(), "idemproxy started");
+        let opts = ServerOptions {
+            header_read_timeout: config.server.header_read_timeout.0,
+            shutdown_grace: config.server.shutdown_grace.0,
+        };
+        serve(app, listener, opts, shutdown_signal()).await;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the proxy gracefully");
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,63 @@
+//! The proxy listener: HTTP/1.1 with upgrades (CONNECT needs them), header-read timeout,
+//! and graceful shutdown that lets in-flight requests settle.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use super::dispatch;
+use crate::app::App;
+
+pub struct ServerOptions {
+    pub header_read_timeout: Duration,
+    pub shutdown_grace: Duration,
+}
+
+/// Serves until `shutdown` resolves, then stops accepting and waits up to the grace period
+/// for open connections to finish their requests.
+pub async fn serve(app: Arc<App>, listener: TcpListener, opts: ServerOptions, shutdown: impl Future<Output = ()>) {
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(opts.header_read_timeout)
+        .keep_alive(true);
+    let builder = Arc::new(builder);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let svc = service_fn(move |req| dispatch::handle(app.clone(), req));
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: waiting for in-flight requests");
+    if tokio::time::timeout(opts.shutdown_grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!("grace period over; unsettled claims become UNKNOWN when their leases run out");
+    }
+}

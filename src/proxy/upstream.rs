@@ -1,0 +1,189 @@
+//! The client side: pooled HTTP/1.1 and HTTP/2 connections to upstreams, TLS always verified
+//! (web PKI roots plus a route's extra roots), and `connect_to` for dialling another address.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls_pki_types::{pem::PemObject, CertificateDer};
+
+use super::body::{Body, BoxError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// Nothing of the request left the proxy.
+    #[error("cannot connect to the upstream: {0}")]
+    Connect(String),
+    /// The upstream's certificate did not verify; nothing was sent.
+    #[error("the upstream's TLS certificate was rejected: {0}")]
+    Tls(String),
+    #[error("the upstream did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The connection failed after the request may have been sent.
+    #[error("the upstream connection failed: {0}")]
+    Failed(String),
+    #[error("the upstream response is larger than {0} bytes")]
+    ResponseTooLarge(usize),
+}
+
+impl UpstreamError {
+    /// Whether the request may have reached the provider.
+    pub fn may_have_been_sent(&self) -> bool {
+        !matches!(self, UpstreamError::Connect(_) | UpstreamError::Tls(_))
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ClientOptions<'a> {
+    pub extra_roots: Option<&'a Path>,
+    pub connect_to: Option<&'a str>,
+    pub connect_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+}
+
+/// One pooled client; routes each own one, so `connect_to` and extra roots stay per route.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    client: Client<hyper_rustls::HttpsConnector<ConnectTo>, Body>,
+}
+
+impl UpstreamClient {
+    pub fn new(opts: &ClientOptions<'_>) -> Result<UpstreamClient, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(path) = opts.extra_roots {
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("{} is not PEM: {e}", path.display()))?;
+            if certs.is_empty() {
+                return Err(format!("{} holds no certificate", path.display()));
+            }
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{} holds a certificate rustls rejects: {e}", path.display()))?;
+            }
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(opts.connect_timeout));
+        let connect_to = match opts.connect_to {
+            Some(addr) => Some(
+                format!("http://{addr}")
+                    .parse::<Uri>()
+                    .ok()
+                    .and_then(|u| u.authority().cloned())
+                    .ok_or_else(|| format!("`{addr}` is not a host:port"))?,
+            ),
+            None => None,
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(ConnectTo { inner: http, connect_to });
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(opts.pool_idle_timeout)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Ok(UpstreamClient { client })
+    }
+
+    pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+        self.client.request(req).await.map_err(classify)
+    }
+}
+
+/// Sorts a client error into "nothing was sent" (connect, TLS) and "may have been sent".
+fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
+    let chain = error_chain(&e);
+    if chain_has::<rustls::Error>(&e) {
+        return UpstreamError::Tls(chain);
+    }
+    if e.is_connect() {
+        return UpstreamError::Connect(chain);
+    }
+    UpstreamError::Failed(chain)
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}
+
+fn chain_has<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.is::<T>() {
+            return true;
+        }
+        // rustls errors reach us wrapped in io::Error.
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.get_ref().is_some_and(|inner| inner.is::<T>()) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// A connector that dials `connect_to` instead of the URI's authority. It sits inside the
+/// TLS connector, so the certificate is still verified against the upstream's real name.
+#[derive(Clone)]
+pub struct ConnectTo {
+    inner: HttpConnector,
+    connect_to: Option<http::uri::Authority>,
+}
+
+impl tower_service::Service<Uri> for ConnectTo {
+    type Response = <HttpConnector as tower_service::Service<Uri>>::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        let dst = match &self.connect_to {
+            Some(authority) => {
+                let mut parts = dst.into_parts();
+                parts.authority = Some(authority.clone());
+                if parts.path_and_query.is_none() {
+                    parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+                }
+                match Uri::from_parts(parts) {
+                    Ok(uri) => uri,
+                    Err(e) => return Box::pin(async move { Err(e.into()) }),
+                }
+            }
+            None => dst,
+        };
+        let fut = self.inner.call(dst);
+        Box::pin(async move { fut.await.map_err(Into::into) })
+    }
+}

@@ -1,0 +1,290 @@
+//! Embedded backend: one SQLite file in WAL mode, owned by one writer thread.
+//!
+//! Requests queue on a channel; the thread runs everything queued in one transaction and
+//! answers only after COMMIT, so concurrent claims share one fsync (group commit) and an
+//! acknowledged claim survives a crash of the proxy (and, with `synchronous = full`, a power loss).
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OptionalExtension};
+use tokio::sync::oneshot;
+
+use super::{now_ms, Expiry, Store, StoreError};
+use crate::idempotency::record::{Fence, Record, State};
+
+/// The most operations one transaction takes from the queue.
+const MAX_BATCH: usize = 256;
+/// How often expired rows are deleted when the store is idle.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+enum Op {
+    InsertIfAbsent { scope: String, value: Vec<u8>, expires_at: Option<i64> },
+    Get { scope: String },
+    Replace { scope: String, fence: Fence, value: Vec<u8>, expires_at: Option<i64> },
+    Remove { scope: String, fence: Fence },
+    List { state: State, limit: usize },
+    Ping,
+}
+
+enum Reply {
+    Found(Option<Vec<u8>>),
+    Done(bool),
+    Listed(Vec<(String, Vec<u8>)>),
+    Pong,
+}
+
+struct Job {
+    op: Op,
+    reply: oneshot::Sender<Result<Reply, String>>,
+}
+
+pub struct SqliteStore {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl SqliteStore {
+    pub fn open(path: &str, synchronous: &str) -> Result<SqliteStore, StoreError> {
+        let open_err = |message: String| StoreError::Open {
+            url: format!("sqlite://{path}"),
+            message,
+        };
+        if path.is_empty() {
+            return Err(open_err("no file path after sqlite://".into()));
+        }
+        if let Some(dir) = Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| open_err(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path).map_err(|e| open_err(e.to_string()))?;
+        let sync = if synchronous == "normal" { "NORMAL" } else { "FULL" };
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode = WAL;
+             PRAGMA synchronous = {sync};
+             PRAGMA busy_timeout = 5000;
+             CREATE TABLE IF NOT EXISTS claims (
+                 scope      TEXT PRIMARY KEY,
+                 state      TEXT NOT NULL,
+                 value      BLOB NOT NULL,
+                 expires_at INTEGER
+             ) WITHOUT ROWID;
+             CREATE INDEX IF NOT EXISTS claims_expires_at ON claims(expires_at);
+             CREATE INDEX IF NOT EXISTS claims_state ON claims(state);"
+        ))
+        .map_err(|e| open_err(e.to_string()))?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("sqlite-store".into())
+            .spawn(move || writer(conn, rx))
+            .map_err(|e| open_err(format!("cannot start the store thread: {e}")))?;
+        Ok(SqliteStore { jobs: tx })
+    }
+
+    async fn run(&self, op: Op) -> Result<Reply, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.jobs
+            .send(Job { op, reply })
+            .map_err(|_| StoreError::Unavailable("the SQLite store thread has stopped".into()))?;
+        rx.await
+            .map_err(|_| StoreError::Unavailable("the SQLite store thread has stopped".into()))?
+            .map_err(StoreError::Unavailable)
+    }
+}
+
+fn expires_at(expiry: Expiry) -> Option<i64> {
+    match expiry {
+        Expiry::After(_) => Some((now_ms() + expiry.millis()) as i64),
+        Expiry::Never => None,
+    }
+}
+
+fn state_of(value: &[u8]) -> String {
+    value.first().map(|&b| (b as char).to_string()).unwrap_or_default()
+}
+
+fn decode(raw: Option<Vec<u8>>) -> Result<Option<Record>, StoreError> {
+    raw.map(|r| Record::decode(&r)).transpose().map_err(StoreError::from)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn insert_if_absent(&self, scope: &str, record: &Record, expiry: Expiry) -> Result<Option<Record>, StoreError> {
+        let op = Op::InsertIfAbsent {
+            scope: scope.to_string(),
+            value: record.encode(),
+            expires_at: expires_at(expiry),
+        };
+        match self.run(op).await? {
+            Reply::Found(raw) => decode(raw),
+            _ => Err(StoreError::Unavailable("unexpected reply".into())),
+        }
+    }
+
+    async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
+        match self.run(Op::Get { scope: scope.to_string() }).await? {
+            Reply::Found(raw) => decode(raw),
+            _ => Err(StoreError::Unavailable("unexpected reply".into())),
+        }
+    }
+
+    async fn replace(&self, scope: &str, fence: &Fence, record: &Record, expiry: Expiry) -> Result<bool, StoreError> {
+        let op = Op::Replace {
+            scope: scope.to_string(),
+            fence: fence.clone(),
+            value: record.encode(),
+            expires_at: expires_at(expiry),
+        };
+        match self.run(op).await? {
+            Reply::Done(done) => Ok(done),
+            _ => Err(StoreError::Unavailable("unexpected reply".into())),
+        }
+    }
+
+    async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError> {
+        let op = Op::Remove {
+            scope: scope.to_string(),
+            fence: fence.clone(),
+        };
+        match self.run(op).await? {
+            Reply::Done(done) => Ok(done),
+            _ => Err(StoreError::Unavailable("unexpected reply".into())),
+        }
+    }
+
+    async fn list(&self, state: State, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
+        match self.run(Op::List { state, limit }).await? {
+            Reply::Listed(rows) => rows
+                .into_iter()
+                .map(|(scope, raw)| Ok((scope, Record::decode(&raw)?)))
+                .collect(),
+            _ => Err(StoreError::Unavailable("unexpected reply".into())),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.run(Op::Ping).await.map(|_| ())
+    }
+}
+
+/// The writer thread: batches queued operations into one transaction each.
+fn writer(mut conn: Connection, jobs: mpsc::Receiver<Job>) {
+    loop {
+        let first = match jobs.recv_timeout(SWEEP_EVERY) {
+            Ok(job) => job,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(e) = conn.execute(
+                    "DELETE FROM claims WHERE expires_at IS NOT NULL AND expires_at <= ?1",
+                    params![now_ms() as i64],
+                ) {
+                    tracing::warn!(error = %e, "sweeping expired claims failed");
+                }
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        run_batch(&mut conn, batch);
+    }
+}
+
+fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
+    let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => {
+            let msg = format!("cannot begin a transaction: {e}");
+            for job in batch {
+                let _ = job.reply.send(Err(msg.clone()));
+            }
+            return;
+        }
+    };
+    let now = now_ms() as i64;
+    let mut results = Vec::with_capacity(batch.len());
+    for job in &batch {
+        results.push(apply(&tx, &job.op, now).map_err(|e| e.to_string()));
+    }
+    // Nothing is acknowledged before it is durable.
+    if let Err(e) = tx.commit() {
+        let msg = format!("commit failed: {e}");
+        for job in batch {
+            let _ = job.reply.send(Err(msg.clone()));
+        }
+        return;
+    }
+    for (job, result) in batch.into_iter().zip(results) {
+        let _ = job.reply.send(result);
+    }
+}
+
+fn live(tx: &rusqlite::Transaction<'_>, scope: &str, now: i64) -> rusqlite::Result<Option<Vec<u8>>> {
+    tx.query_row(
+        "SELECT value FROM claims WHERE scope = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
+        params![scope, now],
+        |row| row.get(0),
+    )
+    .optional()
+}
+
+fn admitted(fence: &Fence, raw: &[u8]) -> bool {
+    Record::decode(raw).map(|r| fence.admits(&r)).unwrap_or(false)
+}
+
+fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, now: i64) -> rusqlite::Result<Reply> {
+    match op {
+        Op::InsertIfAbsent { scope, value, expires_at } => {
+            // An expired row counts as absent; overwrite it in the same statement.
+            let inserted = tx.execute(
+                "INSERT INTO claims (scope, state, value, expires_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT(scope) DO UPDATE SET state = excluded.state, value = excluded.value,
+                     expires_at = excluded.expires_at
+                 WHERE claims.expires_at IS NOT NULL AND claims.expires_at <= ?5",
+                params![scope, state_of(value), value, expires_at, now],
+            )?;
+            if inserted == 1 {
+                Ok(Reply::Found(None))
+            } else {
+                Ok(Reply::Found(live(tx, scope, now)?))
+            }
+        }
+        Op::Get { scope } => Ok(Reply::Found(live(tx, scope, now)?)),
+        Op::Replace { scope, fence, value, expires_at } => {
+            let ok = live(tx, scope, now)?.is_some_and(|raw| admitted(fence, &raw));
+            if ok {
+                tx.execute(
+                    "UPDATE claims SET state = ?2, value = ?3, expires_at = ?4 WHERE scope = ?1",
+                    params![scope, state_of(value), value, expires_at],
+                )?;
+            }
+            Ok(Reply::Done(ok))
+        }
+        Op::Remove { scope, fence } => {
+            let ok = live(tx, scope, now)?.is_some_and(|raw| admitted(fence, &raw));
+            if ok {
+                tx.execute("DELETE FROM claims WHERE scope = ?1", params![scope])?;
+            }
+            Ok(Reply::Done(ok))
+        }
+        Op::List { state, limit } => {
+            let mut stmt = tx.prepare_cached(
+                "SELECT scope, value FROM claims WHERE state = ?1 AND (expires_at IS NULL OR expires_at > ?2)
+                 ORDER BY scope LIMIT ?3",
+            )?;
+            let code = (state.code() as char).to_string();
+            let rows = stmt
+                .query_map(params![code, now, *limit as i64], |row| Ok((row.get(0)?, row.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Reply::Listed(rows))
+        }
+        Op::Ping => {
+            tx.query_row("SELECT 1", [], |_| Ok(()))?;
+            Ok(Reply::Pong)
+        }
+    }
+}
