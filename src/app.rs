@@ -29,7 +29,12 @@ pub enum StartError {
 impl App {
     pub async fn build(config: &Config) -> Result<Arc<App>, StartError> {
         let routes = Routes::build(config)?;
-        let store = store::open(&config.store.url, &config.store.namespace, &config.store.sqlite_synchronous).await?;
+        let store = store::open(
+            &config.store.url,
+            &config.store.namespace,
+            &config.store.sqlite_synchronous,
+        )
+        .await?;
         let default_client = UpstreamClient::new(&ClientOptions {
             extra_roots: None,
             connect_to: None,

@@ -190,7 +190,9 @@ fn default_key_header() -> String {
     "Idempotency-Key".into()
 }
 fn default_methods() -> Vec<String> {
-    ["POST", "PUT", "PATCH", "DELETE"].map(String::from).to_vec()
+    ["POST", "PUT", "PATCH", "DELETE"]
+        .map(String::from)
+        .to_vec()
 }
 fn default_commit_statuses() -> Vec<String> {
     ["2xx", "3xx", "4xx", "!408", "!409", "!425", "!429"]
@@ -228,9 +230,9 @@ pub struct Dur(pub Duration);
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        humantime::parse_duration(s.trim())
-            .map(Dur)
-            .map_err(|e| serde::de::Error::custom(format!("`{s}` is not a duration like 30s, 5m or 24h: {e}")))
+        humantime::parse_duration(s.trim()).map(Dur).map_err(|e| {
+            serde::de::Error::custom(format!("`{s}` is not a duration like 30s, 5m or 24h: {e}"))
+        })
     }
 }
 
@@ -249,7 +251,11 @@ impl<'de> Deserialize<'de> for Hold {
         }
         humantime::parse_duration(s.trim())
             .map(Hold::For)
-            .map_err(|e| serde::de::Error::custom(format!("`{s}` is neither `forever` nor a duration like 5m: {e}")))
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "`{s}` is neither `forever` nor a duration like 5m: {e}"
+                ))
+            })
     }
 }
 
@@ -298,10 +304,16 @@ impl Config {
         if self.server.max_body_bytes == 0 {
             return Err(self.invalid("server.max_body_bytes", "must be greater than 0"));
         }
-        if !self.store.url.starts_with("sqlite://") && !self.store.url.starts_with("redis://") && !self.store.url.starts_with("rediss://") {
+        if !self.store.url.starts_with("sqlite://")
+            && !self.store.url.starts_with("redis://")
+            && !self.store.url.starts_with("rediss://")
+        {
             return Err(self.invalid(
                 "store.url",
-                format!("`{}` must start with sqlite://, redis:// or rediss://", self.store.url),
+                format!(
+                    "`{}` must start with sqlite://, redis:// or rediss://",
+                    self.store.url
+                ),
             ));
         }
         if !matches!(self.store.sqlite_synchronous.as_str(), "full" | "normal") {
@@ -316,7 +328,10 @@ impl Config {
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {
             if !names.insert(r.name.as_str()) {
-                return Err(self.invalid(format!("routes[{i}].name"), format!("`{}` is used by two routes", r.name)));
+                return Err(self.invalid(
+                    format!("routes[{i}].name"),
+                    format!("`{}` is used by two routes", r.name),
+                ));
             }
         }
         Ok(())

@@ -10,7 +10,11 @@ use idemproxy::config::{parse_listen, Config};
 use idemproxy::proxy::server::{serve, ServerOptions};
 
 #[derive(Parser)]
-#[command(name = "idemproxy", version, about = "Makes agent tools' side effects happen once")]
+#[command(
+    name = "idemproxy",
+    version,
+    about = "Makes agent tools' side effects happen once"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -50,7 +54,9 @@ fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IDEMPROXY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let json = std::env::var("IDEMPROXY_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
@@ -98,7 +104,9 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        let mut term = match tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::terminate(),
+        ) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the proxy gracefully");

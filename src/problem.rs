@@ -44,7 +44,10 @@ pub enum ProxyError {
     #[error("the idempotency store is unavailable: {0}")]
     StoreUnavailable(StoreError),
     #[error("{error}")]
-    Upstream { error: UpstreamError, claim: ClaimAfterFailure },
+    Upstream {
+        error: UpstreamError,
+        claim: ClaimAfterFailure,
+    },
     #[error("{0}")]
     NotImplemented(String),
 }
@@ -52,13 +55,18 @@ pub enum ProxyError {
 impl ProxyError {
     fn status(&self) -> StatusCode {
         match self {
-            ProxyError::InvalidKey(_) | ProxyError::MissingKey { .. } | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::InvalidKey(_)
+            | ProxyError::MissingKey { .. }
+            | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::NoRoute(_) => StatusCode::NOT_FOUND,
             ProxyError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ProxyError::InFlight { .. } | ProxyError::OutcomeUnknown { .. } => StatusCode::CONFLICT,
             ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::Upstream { error: UpstreamError::Timeout(_), .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Upstream {
+                error: UpstreamError::Timeout(_),
+                ..
+            } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         }
@@ -76,10 +84,22 @@ impl ProxyError {
             ProxyError::InFlight { .. } => "request-in-flight",
             ProxyError::OutcomeUnknown { .. } => "outcome-unknown",
             ProxyError::StoreUnavailable(_) => "store-unavailable",
-            ProxyError::Upstream { error: UpstreamError::Tls(_), .. } => "upstream-tls-failed",
-            ProxyError::Upstream { error: UpstreamError::Connect(_), .. } => "upstream-unreachable",
-            ProxyError::Upstream { error: UpstreamError::Timeout(_), .. } => "upstream-timeout",
-            ProxyError::Upstream { error: UpstreamError::ResponseTooLarge(_), .. } => "upstream-response-too-large",
+            ProxyError::Upstream {
+                error: UpstreamError::Tls(_),
+                ..
+            } => "upstream-tls-failed",
+            ProxyError::Upstream {
+                error: UpstreamError::Connect(_),
+                ..
+            } => "upstream-unreachable",
+            ProxyError::Upstream {
+                error: UpstreamError::Timeout(_),
+                ..
+            } => "upstream-timeout",
+            ProxyError::Upstream {
+                error: UpstreamError::ResponseTooLarge(_),
+                ..
+            } => "upstream-response-too-large",
             ProxyError::Upstream { .. } => "upstream-failed",
             ProxyError::NotImplemented(_) => "not-implemented",
         }
@@ -96,9 +116,18 @@ impl ProxyError {
             ProxyError::InFlight { .. } => "Request in flight",
             ProxyError::OutcomeUnknown { .. } => "Outcome unknown",
             ProxyError::StoreUnavailable(_) => "Idempotency store unavailable",
-            ProxyError::Upstream { error: UpstreamError::Tls(_), .. } => "Upstream certificate rejected",
-            ProxyError::Upstream { error: UpstreamError::Connect(_), .. } => "Upstream unreachable",
-            ProxyError::Upstream { error: UpstreamError::Timeout(_), .. } => "Upstream timed out",
+            ProxyError::Upstream {
+                error: UpstreamError::Tls(_),
+                ..
+            } => "Upstream certificate rejected",
+            ProxyError::Upstream {
+                error: UpstreamError::Connect(_),
+                ..
+            } => "Upstream unreachable",
+            ProxyError::Upstream {
+                error: UpstreamError::Timeout(_),
+                ..
+            } => "Upstream timed out",
             ProxyError::Upstream { .. } => "Upstream failed",
             ProxyError::NotImplemented(_) => "Not implemented",
         }
@@ -154,7 +183,10 @@ impl ProxyError {
         let mut resp = Response::new(full(body.to_string()));
         *resp.status_mut() = status;
         let h = resp.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         h.insert("x-idemproxy-error", HeaderValue::from_static(slug));
         if let Some(d) = self.retry_after() {
             // Whole seconds, rounded up, never 0: a client retrying at once would only hit it again.

@@ -11,18 +11,62 @@ pub struct Profile {
 }
 
 const PROFILES: &[Profile] = &[
-    Profile { name: "stripe", honours_key: true, forward_key_header: Some("Idempotency-Key") },
-    Profile { name: "adyen", honours_key: true, forward_key_header: Some("Idempotency-Key") },
-    Profile { name: "paypal", honours_key: true, forward_key_header: Some("PayPal-Request-Id") },
-    Profile { name: "checkout", honours_key: true, forward_key_header: Some("Cko-Idempotency-Key") },
-    Profile { name: "gocardless", honours_key: true, forward_key_header: Some("Idempotency-Key") },
-    Profile { name: "resend", honours_key: true, forward_key_header: Some("Idempotency-Key") },
+    Profile {
+        name: "stripe",
+        honours_key: true,
+        forward_key_header: Some("Idempotency-Key"),
+    },
+    Profile {
+        name: "adyen",
+        honours_key: true,
+        forward_key_header: Some("Idempotency-Key"),
+    },
+    Profile {
+        name: "paypal",
+        honours_key: true,
+        forward_key_header: Some("PayPal-Request-Id"),
+    },
+    Profile {
+        name: "checkout",
+        honours_key: true,
+        forward_key_header: Some("Cko-Idempotency-Key"),
+    },
+    Profile {
+        name: "gocardless",
+        honours_key: true,
+        forward_key_header: Some("Idempotency-Key"),
+    },
+    Profile {
+        name: "resend",
+        honours_key: true,
+        forward_key_header: Some("Idempotency-Key"),
+    },
     // No provider-side deduplication: the proxy's claim is the only protection.
-    Profile { name: "sendgrid", honours_key: false, forward_key_header: None },
-    Profile { name: "postmark", honours_key: false, forward_key_header: None },
-    Profile { name: "mailgun", honours_key: false, forward_key_header: None },
-    Profile { name: "ses", honours_key: false, forward_key_header: None },
-    Profile { name: "twilio", honours_key: false, forward_key_header: None },
+    Profile {
+        name: "sendgrid",
+        honours_key: false,
+        forward_key_header: None,
+    },
+    Profile {
+        name: "postmark",
+        honours_key: false,
+        forward_key_header: None,
+    },
+    Profile {
+        name: "mailgun",
+        honours_key: false,
+        forward_key_header: None,
+    },
+    Profile {
+        name: "ses",
+        honours_key: false,
+        forward_key_header: None,
+    },
+    Profile {
+        name: "twilio",
+        honours_key: false,
+        forward_key_header: None,
+    },
 ];
 
 pub fn lookup(name: &str) -> Option<&'static Profile> {

@@ -101,8 +101,16 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
     let field = |f: &str| format!("routes[{i}] ({}).{f}", r.name);
     let invalid = |f: &str, m: String| config.invalid(field(f), m);
 
-    if r.name.is_empty() || !r.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        return Err(config.invalid(format!("routes[{i}].name"), "must be non-empty letters, digits, - or _"));
+    if r.name.is_empty()
+        || !r
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(config.invalid(
+            format!("routes[{i}].name"),
+            "must be non-empty letters, digits, - or _",
+        ));
     }
     let uri: Uri = r
         .upstream
@@ -111,7 +119,12 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
     let scheme = match uri.scheme_str() {
         Some("https") => Scheme::HTTPS,
         Some("http") => Scheme::HTTP,
-        _ => return Err(invalid("upstream", format!("`{}` must start with http:// or https://", r.upstream))),
+        _ => {
+            return Err(invalid(
+                "upstream",
+                format!("`{}` must start with http:// or https://", r.upstream),
+            ))
+        }
     };
     let authority = uri
         .authority()
@@ -128,12 +141,16 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
     };
 
     let (host, port) = match &r.host {
-        Some(h) => split_host_port(h).ok_or_else(|| invalid("host", format!("`{h}` is not a host or host:port")))?,
+        Some(h) => split_host_port(h)
+            .ok_or_else(|| invalid("host", format!("`{h}` is not a host or host:port")))?,
         None => (upstream.host.clone(), None),
     };
     let prefix = match &r.prefix {
         Some(p) if !p.starts_with('/') || p.len() < 2 => {
-            return Err(invalid("prefix", format!("`{p}` must start with / and name a path, e.g. /stripe")))
+            return Err(invalid(
+                "prefix",
+                format!("`{p}` must start with / and name a path, e.g. /stripe"),
+            ))
         }
         Some(p) => Some(p.trim_end_matches('/').to_string()),
         None => None,
@@ -141,11 +158,20 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
 
     let profile = match &r.provider {
         Some(name) => Some(providers::lookup(name).ok_or_else(|| {
-            invalid("provider", format!("`{name}` is not a built-in profile; known: {}", providers::names().join(", ")))
+            invalid(
+                "provider",
+                format!(
+                    "`{name}` is not a built-in profile; known: {}",
+                    providers::names().join(", ")
+                ),
+            )
         })?),
         None => None,
     };
-    let honours_key = r.honours_key.or(profile.map(|p| p.honours_key)).unwrap_or(false);
+    let honours_key = r
+        .honours_key
+        .or(profile.map(|p| p.honours_key))
+        .unwrap_or(false);
     let forward_key_header = match &r.forward_key_header {
         Some(h) => Some(h.clone()),
         None => match profile {
@@ -154,35 +180,67 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         },
     }
     .filter(|h| !h.is_empty())
-    .map(|h| HeaderName::from_bytes(h.as_bytes()).map_err(|_| invalid("forward_key_header", format!("`{h}` is not a header name"))))
+    .map(|h| {
+        HeaderName::from_bytes(h.as_bytes())
+            .map_err(|_| invalid("forward_key_header", format!("`{h}` is not a header name")))
+    })
     .transpose()?;
-    let key_header = HeaderName::from_bytes(r.key_header.as_bytes())
-        .map_err(|_| invalid("key_header", format!("`{}` is not a header name", r.key_header)))?;
+    let key_header = HeaderName::from_bytes(r.key_header.as_bytes()).map_err(|_| {
+        invalid(
+            "key_header",
+            format!("`{}` is not a header name", r.key_header),
+        )
+    })?;
     let methods = r
         .methods
         .iter()
-        .map(|m| Method::from_bytes(m.to_ascii_uppercase().as_bytes()).map_err(|_| invalid("methods", format!("`{m}` is not a method"))))
+        .map(|m| {
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| invalid("methods", format!("`{m}` is not a method")))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let credential_headers = r
         .credential_headers
         .iter()
-        .map(|h| HeaderName::from_bytes(h.as_bytes()).map_err(|_| invalid("credential_headers", format!("`{h}` is not a header name"))))
+        .map(|h| {
+            HeaderName::from_bytes(h.as_bytes())
+                .map_err(|_| invalid("credential_headers", format!("`{h}` is not a header name")))
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    let commit_statuses = StatusSet::parse(&r.commit_statuses).map_err(|m| invalid("commit_statuses", m))?;
-    if let Some(bad) = r.unknown_statuses.iter().find(|s| !(100..=599).contains(*s)) {
-        return Err(invalid("unknown_statuses", format!("{bad} is not a status code")));
+    let commit_statuses =
+        StatusSet::parse(&r.commit_statuses).map_err(|m| invalid("commit_statuses", m))?;
+    if let Some(bad) = r
+        .unknown_statuses
+        .iter()
+        .find(|s| !(100..=599).contains(*s))
+    {
+        return Err(invalid(
+            "unknown_statuses",
+            format!("{bad} is not a status code"),
+        ));
     }
-    for (f, d) in [("lease", r.lease), ("retention", r.retention), ("connect_timeout", r.connect_timeout), ("timeout", r.timeout)] {
+    for (f, d) in [
+        ("lease", r.lease),
+        ("retention", r.retention),
+        ("connect_timeout", r.connect_timeout),
+        ("timeout", r.timeout),
+    ] {
         if d.0.is_zero() {
             return Err(invalid(f, "must be greater than 0".into()));
         }
     }
     if r.lease.0 < std::time::Duration::from_secs(1) {
-        return Err(invalid("lease", "must be at least 1s: it is renewed every third of it".into()));
+        return Err(invalid(
+            "lease",
+            "must be at least 1s: it is renewed every third of it".into(),
+        ));
     }
     if let Some(path) = &r.upstream_ca {
         if !path.is_file() {
-            return Err(invalid("upstream_ca", format!("{} does not exist", path.display())));
+            return Err(invalid(
+                "upstream_ca",
+                format!("{} does not exist", path.display()),
+            ));
         }
     }
     let client = UpstreamClient::new(&ClientOptions {
@@ -191,7 +249,16 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         connect_timeout: r.connect_timeout.0,
         pool_idle_timeout: config.server.pool_idle_timeout.0,
     })
-    .map_err(|m| invalid(if m.contains("host:port") { "connect_to" } else { "upstream_ca" }, m))?;
+    .map_err(|m| {
+        invalid(
+            if m.contains("host:port") {
+                "connect_to"
+            } else {
+                "upstream_ca"
+            },
+            m,
+        )
+    })?;
 
     Ok(Route {
         name: r.name.clone(),

@@ -21,8 +21,12 @@ pub enum Acquired {
     Execute(Claim),
     Replay(Receipt),
     Mismatch,
-    InFlight { retry_after: Duration },
-    Held { retry_after: Option<Duration> },
+    InFlight {
+        retry_after: Duration,
+    },
+    Held {
+        retry_after: Option<Duration>,
+    },
 }
 
 /// A claim this proxy holds.
@@ -57,14 +61,23 @@ impl Claims {
         &self.store
     }
 
-    async fn timed<T>(&self, op: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    async fn timed<T>(
+        &self,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         tokio::time::timeout(self.op_timeout, op)
             .await
             .unwrap_or(Err(StoreError::Timeout(self.op_timeout)))
     }
 
     /// Claims `scope` for a request with `fingerprint`, or says why it must not execute.
-    pub async fn acquire(&self, scope: &str, fingerprint: &str, route: &str, policy: &Policy) -> Result<Acquired, StoreError> {
+    pub async fn acquire(
+        &self,
+        scope: &str,
+        fingerprint: &str,
+        route: &str,
+        policy: &Policy,
+    ) -> Result<Acquired, StoreError> {
         let now = now_ms();
         let claim = Claim {
             scope: scope.to_string(),
@@ -80,7 +93,13 @@ impl Claims {
             },
         };
         let pending = claim.record(State::Pending, claim.body.clone());
-        let mut found = match self.timed(self.store.insert_if_absent(scope, &pending, pending_expiry(policy))).await {
+        let mut found = match self
+            .timed(
+                self.store
+                    .insert_if_absent(scope, &pending, pending_expiry(policy)),
+            )
+            .await
+        {
             Ok(None) => return Ok(Acquired::Execute(claim)),
             Ok(Some(found)) => found,
             Err(e) => return self.confirm_unanswered_claim(claim, e).await,
@@ -89,7 +108,9 @@ impl Claims {
             match decide(&found, fingerprint, now_ms(), policy) {
                 Decision::Replay(receipt) => return Ok(Acquired::Replay(receipt)),
                 Decision::Mismatch => return Ok(Acquired::Mismatch),
-                Decision::InFlight { retry_after } => return Ok(Acquired::InFlight { retry_after }),
+                Decision::InFlight { retry_after } => {
+                    return Ok(Acquired::InFlight { retry_after })
+                }
                 Decision::Held { retry_after } => {
                     if found.state == State::Pending {
                         self.mark_abandoned(scope, &found, policy).await;
@@ -101,10 +122,19 @@ impl Claims {
                     let now = now_ms();
                     pending.body.lease_until_ms = now + policy.lease.as_millis() as u64;
                     if self
-                        .timed(self.store.replace(scope, &found.fence(), &pending, pending_expiry(policy)))
+                        .timed(self.store.replace(
+                            scope,
+                            &found.fence(),
+                            &pending,
+                            pending_expiry(policy),
+                        ))
                         .await?
                     {
-                        tracing::info!(scope, previous = found.state.as_str(), "took over an unsettled claim");
+                        tracing::info!(
+                            scope,
+                            previous = found.state.as_str(),
+                            "took over an unsettled claim"
+                        );
                         return Ok(Acquired::Execute(Claim {
                             body: pending.body,
                             ..claim
@@ -115,20 +145,34 @@ impl Claims {
             // Someone else moved the record between our read and our write: look again.
             found = match self.timed(self.store.get(scope)).await? {
                 Some(r) => r,
-                None => match self.timed(self.store.insert_if_absent(scope, &pending, pending_expiry(policy))).await? {
+                None => match self
+                    .timed(
+                        self.store
+                            .insert_if_absent(scope, &pending, pending_expiry(policy)),
+                    )
+                    .await?
+                {
                     None => return Ok(Acquired::Execute(claim)),
                     Some(r) => r,
                 },
             };
         }
-        Err(StoreError::Unavailable(format!("claim for {scope} kept changing under us")))
+        Err(StoreError::Unavailable(format!(
+            "claim for {scope} kept changing under us"
+        )))
     }
 
     /// The insert's answer was lost: it may or may not have landed. Read it back by token
     /// before anything is forwarded; if even that fails, try to withdraw it.
-    async fn confirm_unanswered_claim(&self, claim: Claim, error: StoreError) -> Result<Acquired, StoreError> {
+    async fn confirm_unanswered_claim(
+        &self,
+        claim: Claim,
+        error: StoreError,
+    ) -> Result<Acquired, StoreError> {
         match self.timed(self.store.get(&claim.scope)).await {
-            Ok(Some(r)) if r.token == claim.token && r.state == State::Pending => Ok(Acquired::Execute(claim)),
+            Ok(Some(r)) if r.token == claim.token && r.state == State::Pending => {
+                Ok(Acquired::Execute(claim))
+            }
             Ok(_) => Err(error),
             Err(_) => {
                 let store = self.store.clone();
@@ -152,7 +196,13 @@ impl Claims {
         unknown.state = State::Unknown;
         unknown.body.unknown_since_ms = found.body.lease_until_ms;
         unknown.body.note = Some("the proxy holding this claim stopped renewing its lease (crashed or cut off) while the request may have been at the provider".into());
-        if let Err(e) = self.timed(self.store.replace(scope, &found.fence(), &unknown, unknown_expiry(policy))).await {
+        if let Err(e) = self
+            .timed(
+                self.store
+                    .replace(scope, &found.fence(), &unknown, unknown_expiry(policy)),
+            )
+            .await
+        {
             tracing::warn!(scope, error = %e, "could not record an abandoned claim as UNKNOWN");
         }
     }
@@ -162,15 +212,25 @@ impl Claims {
         let mut body = claim.body.clone();
         body.lease_until_ms = now_ms() + policy.lease.as_millis() as u64;
         let record = claim.record(State::Pending, body);
-        self.timed(self.store.replace(&claim.scope, &pending_fence(claim), &record, pending_expiry(policy)))
-            .await
+        self.timed(self.store.replace(
+            &claim.scope,
+            &pending_fence(claim),
+            &record,
+            pending_expiry(policy),
+        ))
+        .await
     }
 
     /// Keeps the provider's response as the receipt.
     ///
     /// Also admitted from UNKNOWN with our own token: a holder that was presumed dead but
     /// comes back with the real response replaces the doubt with the truth.
-    pub async fn commit(&self, claim: &Claim, receipt: Receipt, policy: &Policy) -> Result<bool, StoreError> {
+    pub async fn commit(
+        &self,
+        claim: &Claim,
+        receipt: Receipt,
+        policy: &Policy,
+    ) -> Result<bool, StoreError> {
         let mut body = claim.body.clone();
         body.receipt = Some(receipt);
         let record = claim.record(State::Committed, body);
@@ -178,23 +238,39 @@ impl Claims {
             token: claim.token.clone(),
             states: vec![State::Pending, State::Unknown],
         };
-        self.timed(self.store.replace(&claim.scope, &fence, &record, Expiry::After(policy.retention)))
-            .await
+        self.timed(self.store.replace(
+            &claim.scope,
+            &fence,
+            &record,
+            Expiry::After(policy.retention),
+        ))
+        .await
     }
 
     /// Deletes the claim so the next retry executes.
     pub async fn release(&self, claim: &Claim) -> Result<bool, StoreError> {
-        self.timed(self.store.remove(&claim.scope, &pending_fence(claim))).await
+        self.timed(self.store.remove(&claim.scope, &pending_fence(claim)))
+            .await
     }
 
     /// Records that the request may have taken effect.
-    pub async fn mark_unknown(&self, claim: &Claim, note: String, policy: &Policy) -> Result<bool, StoreError> {
+    pub async fn mark_unknown(
+        &self,
+        claim: &Claim,
+        note: String,
+        policy: &Policy,
+    ) -> Result<bool, StoreError> {
         let mut body = claim.body.clone();
         body.unknown_since_ms = now_ms();
         body.note = Some(note);
         let record = claim.record(State::Unknown, body);
-        self.timed(self.store.replace(&claim.scope, &pending_fence(claim), &record, unknown_expiry(policy)))
-            .await
+        self.timed(self.store.replace(
+            &claim.scope,
+            &pending_fence(claim),
+            &record,
+            unknown_expiry(policy),
+        ))
+        .await
     }
 }
 

@@ -107,9 +107,15 @@ mod tests {
     #[test]
     fn committed_replays_and_mismatch_wins_over_everything() {
         let p = policy(false, FIVE_MIN);
-        assert!(matches!(decide(&record(State::Committed, 0, 0), "fp", 5, &p), Decision::Replay(_)));
+        assert!(matches!(
+            decide(&record(State::Committed, 0, 0), "fp", 5, &p),
+            Decision::Replay(_)
+        ));
         for s in [State::Committed, State::Pending, State::Unknown] {
-            assert_eq!(decide(&record(s, 10_000, 0), "other", 5, &p), Decision::Mismatch);
+            assert_eq!(
+                decide(&record(s, 10_000, 0), "other", 5, &p),
+                Decision::Mismatch
+            );
         }
     }
 
@@ -133,13 +139,19 @@ mod tests {
                 retry_after: Some(Duration::from_millis(299_000))
             }
         );
-        assert_eq!(decide(&record(State::Pending, 1_000, 0), "fp", 301_000, &p), Decision::TakeOver);
+        assert_eq!(
+            decide(&record(State::Pending, 1_000, 0), "fp", 301_000, &p),
+            Decision::TakeOver
+        );
     }
 
     #[test]
     fn unknown_follows_route_policy() {
         let rec = record(State::Unknown, 0, 1_000);
-        assert_eq!(decide(&rec, "fp", 1_001, &policy(true, Hold::Forever)), Decision::TakeOver);
+        assert_eq!(
+            decide(&rec, "fp", 1_001, &policy(true, Hold::Forever)),
+            Decision::TakeOver
+        );
         assert_eq!(
             decide(&rec, "fp", 10_000_000, &policy(false, Hold::Forever)),
             Decision::Held { retry_after: None }
@@ -150,6 +162,9 @@ mod tests {
                 retry_after: Some(Duration::from_millis(299_000))
             }
         );
-        assert_eq!(decide(&rec, "fp", 301_000, &policy(false, FIVE_MIN)), Decision::TakeOver);
+        assert_eq!(
+            decide(&rec, "fp", 301_000, &policy(false, FIVE_MIN)),
+            Decision::TakeOver
+        );
     }
 }

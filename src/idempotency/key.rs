@@ -85,7 +85,10 @@ mod tests {
 
     fn key(v: &[u8]) -> Result<Option<String>, KeyError> {
         let mut h = HeaderMap::new();
-        h.insert("idempotency-key", http::HeaderValue::from_bytes(v).expect("header value"));
+        h.insert(
+            "idempotency-key",
+            http::HeaderValue::from_bytes(v).expect("header value"),
+        );
         from_headers(&h, &HeaderName::from_static("idempotency-key"))
     }
 
@@ -101,15 +104,24 @@ mod tests {
         assert!(matches!(key(b""), Err(KeyError::Empty { .. })));
         assert!(matches!(key(b"\"\""), Err(KeyError::Empty { .. })));
         assert!(key(&[b'a'; 255]).is_ok());
-        assert!(matches!(key(&[b'a'; 256]), Err(KeyError::TooLong { len: 256, .. })));
+        assert!(matches!(
+            key(&[b'a'; 256]),
+            Err(KeyError::TooLong { len: 256, .. })
+        ));
         assert!(matches!(key(b"a b"), Err(KeyError::BadByte { pos: 1, .. })));
-        assert!(matches!(key(&[b'a', 0xe9]), Err(KeyError::BadByte { pos: 1, .. })));
+        assert!(matches!(
+            key(&[b'a', 0xe9]),
+            Err(KeyError::BadByte { pos: 1, .. })
+        ));
     }
 
     #[test]
     fn absent_and_repeated() {
         let h = HeaderMap::new();
-        assert_eq!(from_headers(&h, &HeaderName::from_static("idempotency-key")), Ok(None));
+        assert_eq!(
+            from_headers(&h, &HeaderName::from_static("idempotency-key")),
+            Ok(None)
+        );
         let mut h = HeaderMap::new();
         h.append("idempotency-key", http::HeaderValue::from_static("a"));
         h.append("idempotency-key", http::HeaderValue::from_static("b"));

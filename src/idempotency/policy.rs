@@ -23,7 +23,9 @@ impl StatusSet {
                 Some(rest) => (true, rest.trim()),
                 None => (false, e.trim()),
             };
-            let range = if let Some(class) = body.strip_suffix("xx").or_else(|| body.strip_suffix("XX")) {
+            let range = if let Some(class) =
+                body.strip_suffix("xx").or_else(|| body.strip_suffix("XX"))
+            {
                 match class.parse::<u16>() {
                     Ok(c) if (1..=5).contains(&c) => (c * 100, c * 100 + 99),
                     _ => return Err(format!("`{e}` is not a status class like 2xx")),
@@ -69,8 +71,10 @@ mod tests {
 
     #[test]
     fn default_commit_set() {
-        let s = StatusSet::parse(&["2xx", "3xx", "4xx", "!408", "!409", "!425", "!429"].map(String::from))
-            .expect("parses");
+        let s = StatusSet::parse(
+            &["2xx", "3xx", "4xx", "!408", "!409", "!425", "!429"].map(String::from),
+        )
+        .expect("parses");
         for ok in [200, 201, 204, 302, 400, 402, 404, 422] {
             assert!(s.contains(ok), "{ok}");
         }

@@ -150,14 +150,19 @@ impl Record {
 
     pub fn decode(raw: &[u8]) -> Result<Record, DecodeError> {
         if raw.len() < HEADER_LEN {
-            return Err(DecodeError(format!("{} bytes is shorter than the header", raw.len())));
+            return Err(DecodeError(format!(
+                "{} bytes is shorter than the header",
+                raw.len()
+            )));
         }
-        let state = State::from_code(raw[0]).ok_or_else(|| DecodeError(format!("unknown state byte {:#x}", raw[0])))?;
+        let state = State::from_code(raw[0])
+            .ok_or_else(|| DecodeError(format!("unknown state byte {:#x}", raw[0])))?;
         let token = std::str::from_utf8(&raw[1..HEADER_LEN])
             .ok()
             .filter(|t| t.bytes().all(|b| b.is_ascii_hexdigit()))
             .ok_or_else(|| DecodeError("token is not hex".into()))?;
-        let body = serde_json::from_slice(&raw[HEADER_LEN..]).map_err(|e| DecodeError(e.to_string()))?;
+        let body =
+            serde_json::from_slice(&raw[HEADER_LEN..]).map_err(|e| DecodeError(e.to_string()))?;
         Ok(Record {
             state,
             token: Token(token.to_string()),
@@ -201,7 +206,10 @@ mod tests {
                 note: None,
                 receipt: Some(Receipt {
                     status: 201,
-                    headers: vec![("x-odd".into(), Receipt::header_value_string(&[0xff, b'a', 0x80]))],
+                    headers: vec![(
+                        "x-odd".into(),
+                        Receipt::header_value_string(&[0xff, b'a', 0x80]),
+                    )],
                     body: Bytes::from_static(&[0, 1, 2, 255]),
                 }),
             },
@@ -212,7 +220,10 @@ mod tests {
         let back = Record::decode(&enc).expect("decodes");
         assert_eq!(back, r);
         let receipt = back.body.receipt.expect("receipt");
-        assert_eq!(Receipt::header_value_bytes(&receipt.headers[0].1), vec![0xff, b'a', 0x80]);
+        assert_eq!(
+            Receipt::header_value_bytes(&receipt.headers[0].1),
+            vec![0xff, b'a', 0x80]
+        );
     }
 
     #[test]

@@ -27,7 +27,14 @@ pub fn credential_fingerprint(headers: &HeaderMap, credential_headers: &[HeaderN
 }
 
 /// `namespace:tenant:sha256(route, upstream host, credential fingerprint, key)`.
-pub fn scope(namespace: &str, tenant: &str, route: &str, upstream_host: &str, credentials: &str, key: &str) -> String {
+pub fn scope(
+    namespace: &str,
+    tenant: &str,
+    route: &str,
+    upstream_host: &str,
+    credentials: &str,
+    key: &str,
+) -> String {
     let mut h = Sha256::new();
     for part in [route, upstream_host, credentials, key] {
         h.update((part.len() as u64).to_be_bytes());
@@ -44,18 +51,33 @@ mod tests {
     fn credentials_separate_scopes() {
         let names = [HeaderName::from_static("authorization")];
         let mut a = HeaderMap::new();
-        a.insert("authorization", http::HeaderValue::from_static("Bearer sk_a"));
+        a.insert(
+            "authorization",
+            http::HeaderValue::from_static("Bearer sk_a"),
+        );
         let mut b = HeaderMap::new();
-        b.insert("authorization", http::HeaderValue::from_static("Bearer sk_b"));
+        b.insert(
+            "authorization",
+            http::HeaderValue::from_static("Bearer sk_b"),
+        );
         let fa = credential_fingerprint(&a, &names);
         let fb = credential_fingerprint(&b, &names);
         assert_ne!(fa, fb);
         assert!(!fa.contains("sk_a"));
         assert_eq!(credential_fingerprint(&HeaderMap::new(), &names), "");
         let s1 = scope("idem", "t", "stripe", "api.stripe.com", &fa, "k1");
-        assert_ne!(s1, scope("idem", "t", "stripe", "api.stripe.com", &fb, "k1"));
-        assert_ne!(s1, scope("idem", "u", "stripe", "api.stripe.com", &fa, "k1"));
-        assert_ne!(s1, scope("idem", "t", "stripe2", "api.stripe.com", &fa, "k1"));
+        assert_ne!(
+            s1,
+            scope("idem", "t", "stripe", "api.stripe.com", &fb, "k1")
+        );
+        assert_ne!(
+            s1,
+            scope("idem", "u", "stripe", "api.stripe.com", &fa, "k1")
+        );
+        assert_ne!(
+            s1,
+            scope("idem", "t", "stripe2", "api.stripe.com", &fa, "k1")
+        );
         assert!(s1.starts_with("idem:t:"));
     }
 }

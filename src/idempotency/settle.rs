@@ -28,7 +28,9 @@ pub fn settle(outcome: Outcome, policy: &Policy) -> Settlement {
         Outcome::Responded(status) if policy.commit_statuses.contains(status) => Settlement::Commit,
         // The provider deduplicates on our key, so the retry is safe whatever happened.
         _ if policy.honours_key => Settlement::Release,
-        Outcome::Responded(status) if policy.unknown_statuses.contains(&status) => Settlement::Unknown,
+        Outcome::Responded(status) if policy.unknown_statuses.contains(&status) => {
+            Settlement::Unknown
+        }
         Outcome::Responded(_) | Outcome::FailedBeforeSend => Settlement::Release,
         Outcome::FailedAfterSend => Settlement::Unknown,
     }
@@ -44,8 +46,10 @@ mod tests {
     fn policy(honours_key: bool) -> Policy {
         Policy {
             honours_key,
-            commit_statuses: StatusSet::parse(&["2xx", "3xx", "4xx", "!408", "!409", "!425", "!429"].map(String::from))
-                .expect("parses"),
+            commit_statuses: StatusSet::parse(
+                &["2xx", "3xx", "4xx", "!408", "!409", "!425", "!429"].map(String::from),
+            )
+            .expect("parses"),
             unknown_statuses: vec![500, 502, 504],
             hold: Hold::For(Duration::from_secs(300)),
             lease: Duration::from_secs(10),
@@ -74,7 +78,11 @@ mod tests {
             (FailedAfterSend, Release, Unknown),
         ] {
             assert_eq!(settle(outcome, &keyed), with_key, "{outcome:?} keyed");
-            assert_eq!(settle(outcome, &unkeyed), without_key, "{outcome:?} unkeyed");
+            assert_eq!(
+                settle(outcome, &unkeyed),
+                without_key,
+                "{outcome:?} unkeyed"
+            );
         }
     }
 }

@@ -55,7 +55,10 @@ mod tests {
         h.insert("x-hop", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
-        h.insert("proxy-authorization", HeaderValue::from_static("Basic eDp5"));
+        h.insert(
+            "proxy-authorization",
+            HeaderValue::from_static("Basic eDp5"),
+        );
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
         h.insert("te", HeaderValue::from_static("trailers"));
         h.insert("upgrade", HeaderValue::from_static("websocket"));

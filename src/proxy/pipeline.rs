@@ -23,18 +23,32 @@ use crate::problem::{ClaimAfterFailure, ProxyError};
 use crate::routes::Route;
 
 /// Runs a request the route protects (its method is one of the route's).
-pub async fn run(app: &App, route: &Arc<Route>, req: Request<Incoming>, upstream_uri: Uri, tenant: &str) -> Response<Body> {
+pub async fn run(
+    app: &App,
+    route: &Arc<Route>,
+    req: Request<Incoming>,
+    upstream_uri: Uri,
+    tenant: &str,
+) -> Response<Body> {
     match protect(app, route, req, upstream_uri, tenant).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
 }
 
-async fn protect(app: &App, route: &Route, req: Request<Incoming>, upstream_uri: Uri, tenant: &str) -> Result<Response<Body>, ProxyError> {
+async fn protect(
+    app: &App,
+    route: &Route,
+    req: Request<Incoming>,
+    upstream_uri: Uri,
+    tenant: &str,
+) -> Result<Response<Body>, ProxyError> {
     // key
     let Some(key) = key::from_headers(req.headers(), &route.key_header)? else {
         return match route.missing_key {
-            MissingKey::Forward => Ok(super::passthrough::forward(&route.client, req, upstream_uri).await),
+            MissingKey::Forward => {
+                Ok(super::passthrough::forward(&route.client, req, upstream_uri).await)
+            }
             MissingKey::Reject => Err(ProxyError::MissingKey {
                 header: route.key_header.to_string(),
             }),
@@ -45,43 +59,77 @@ async fn protect(app: &App, route: &Route, req: Request<Incoming>, upstream_uri:
     // (hyper answers `Expect: 100-continue` on the first poll).
     let (parts, body) = req.into_parts();
     if declared_length(&parts.headers).is_some_and(|n| n > app.max_body_bytes as u64) {
-        return Err(ProxyError::BodyTooLarge { limit: app.max_body_bytes });
+        return Err(ProxyError::BodyTooLarge {
+            limit: app.max_body_bytes,
+        });
     }
-    let body = read_limited(body, app.max_body_bytes).await.map_err(|e| match e {
-        ReadError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
-        ReadError::Failed(e) => ProxyError::BadRequest(format!("the request body could not be read: {e}")),
-    })?;
+    let body = read_limited(body, app.max_body_bytes)
+        .await
+        .map_err(|e| match e {
+            ReadError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
+            ReadError::Failed(e) => {
+                ProxyError::BadRequest(format!("the request body could not be read: {e}"))
+            }
+        })?;
 
     // scope: who is asking, through which route, with which key.
     let credentials = scope::credential_fingerprint(&parts.headers, &route.credential_headers);
-    let scope = scope::scope(&app.namespace, tenant, &route.name, &route.upstream.host, &credentials, &key);
+    let scope = scope::scope(
+        &app.namespace,
+        tenant,
+        &route.name,
+        &route.upstream.host,
+        &credentials,
+        &key,
+    );
 
     // fingerprint: what exactly is being asked.
-    let path_and_query = upstream_uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let content_type = parts.headers.get(header::CONTENT_TYPE).map(HeaderValue::as_bytes);
-    let fingerprint = fingerprint::fingerprint(parts.method.as_str(), path_and_query, content_type, &body);
+    let path_and_query = upstream_uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .map(HeaderValue::as_bytes);
+    let fingerprint =
+        fingerprint::fingerprint(parts.method.as_str(), path_and_query, content_type, &body);
 
     // claim
     let policy = &route.policy;
-    let claim = match app.claims.acquire(&scope, &fingerprint, &route.name, policy).await {
+    let claim = match app
+        .claims
+        .acquire(&scope, &fingerprint, &route.name, policy)
+        .await
+    {
         Ok(Acquired::Execute(claim)) => claim,
         Ok(Acquired::Replay(receipt)) => return Ok(receipt::respond(&receipt, true)),
         Ok(Acquired::Mismatch) => return Err(ProxyError::KeyReused),
         Ok(Acquired::InFlight { retry_after }) => {
             return match policy.on_in_flight {
-                OnInFlight::Conflict | OnInFlight::Wait => Err(ProxyError::InFlight { retry_after }),
+                OnInFlight::Conflict | OnInFlight::Wait => {
+                    Err(ProxyError::InFlight { retry_after })
+                }
             }
         }
-        Ok(Acquired::Held { retry_after }) => return Err(ProxyError::OutcomeUnknown { retry_after }),
+        Ok(Acquired::Held { retry_after }) => {
+            return Err(ProxyError::OutcomeUnknown { retry_after })
+        }
         Err(e) if policy.fail_open => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
             let request = upstream_request(&parts, upstream_uri, body, route, &key);
-            let (resp_parts, resp_body) = call(&route.client, request, route, app.max_receipt_bytes)
-                .await
-                .map_err(|error| ProxyError::Upstream { error, claim: ClaimAfterFailure::None })?;
+            let (resp_parts, resp_body) =
+                call(&route.client, request, route, app.max_receipt_bytes)
+                    .await
+                    .map_err(|error| ProxyError::Upstream {
+                        error,
+                        claim: ClaimAfterFailure::None,
+                    })?;
             let mut resp = receipt::respond(&receipt::from_response(&resp_parts, resp_body), false);
-            resp.headers_mut()
-                .insert("x-idemproxy-warning", HeaderValue::from_static("unprotected: store unavailable"));
+            resp.headers_mut().insert(
+                "x-idemproxy-warning",
+                HeaderValue::from_static("unprotected: store unavailable"),
+            );
             return Ok(resp);
         }
         Err(e) => return Err(ProxyError::StoreUnavailable(e)),
@@ -89,7 +137,13 @@ async fn protect(app: &App, route: &Route, req: Request<Incoming>, upstream_uri:
 
     // forward, renewing the claim's lease while the provider works.
     let request = upstream_request(&parts, upstream_uri, body, route, &key);
-    let result = with_lease_renewal(&app.claims, &claim, policy, call(&route.client, request, route, app.max_receipt_bytes)).await;
+    let result = with_lease_renewal(
+        &app.claims,
+        &claim,
+        policy,
+        call(&route.client, request, route, app.max_receipt_bytes),
+    )
+    .await;
 
     // settle, fenced by the claim's token.
     let result = result.map(|(parts, body)| receipt::from_response(&parts, body));
@@ -98,23 +152,45 @@ async fn protect(app: &App, route: &Route, req: Request<Incoming>, upstream_uri:
         Err(e) if e.may_have_been_sent() => Outcome::FailedAfterSend,
         Err(_) => Outcome::FailedBeforeSend,
     };
-    let settled = settle_claim(&app.claims, &claim, policy, settle(outcome, policy), &result).await;
+    let settled = settle_claim(
+        &app.claims,
+        &claim,
+        policy,
+        settle(outcome, policy),
+        &result,
+    )
+    .await;
     tracing::info!(route = %route.name, ?outcome, ?settled, "settled");
 
     // respond: the provider's real answer, built exactly as a replay would be.
     match result {
         Ok(receipt) => Ok(receipt::respond(&receipt, false)),
-        Err(error) => Err(ProxyError::Upstream { error, claim: settled }),
+        Err(error) => Err(ProxyError::Upstream {
+            error,
+            claim: settled,
+        }),
     }
 }
 
 fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
-    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The request as the provider gets it: end-to-end headers, the buffered body, and the key
 /// in the provider's own header instead of the client's.
-fn upstream_request(parts: &http::request::Parts, uri: Uri, body: Bytes, route: &Route, key: &str) -> Request<Body> {
+fn upstream_request(
+    parts: &http::request::Parts,
+    uri: Uri,
+    body: Bytes,
+    route: &Route,
+    key: &str,
+) -> Request<Body> {
     let mut headers = parts.headers.clone();
     for_upstream(&mut headers, true);
     headers.remove(&route.key_header);
@@ -133,13 +209,20 @@ fn upstream_request(parts: &http::request::Parts, uri: Uri, body: Bytes, route: 
 }
 
 /// One upstream call under the route's total deadline, reading the whole response.
-async fn call(client: &UpstreamClient, req: Request<Body>, route: &Route, max_receipt: usize) -> Result<(http::response::Parts, Bytes), UpstreamError> {
+async fn call(
+    client: &UpstreamClient,
+    req: Request<Body>,
+    route: &Route,
+    max_receipt: usize,
+) -> Result<(http::response::Parts, Bytes), UpstreamError> {
     let deadline = route.timeout;
     let exchange = async {
         let (parts, body) = client.send(req).await?.into_parts();
         let body = read_limited(body, max_receipt).await.map_err(|e| match e {
             ReadError::TooLarge(n) => UpstreamError::ResponseTooLarge(n),
-            ReadError::Failed(e) => UpstreamError::Failed(format!("reading the response body: {e}")),
+            ReadError::Failed(e) => {
+                UpstreamError::Failed(format!("reading the response body: {e}"))
+            }
         })?;
         Ok((parts, body))
     };
@@ -150,7 +233,12 @@ async fn call(client: &UpstreamClient, req: Request<Body>, route: &Route, max_re
 
 /// Runs `work` while renewing the claim every third of its lease, so a slow provider does
 /// not make a live claim look abandoned.
-async fn with_lease_renewal<T>(claims: &Claims, claim: &Claim, policy: &Policy, work: impl std::future::Future<Output = T>) -> T {
+async fn with_lease_renewal<T>(
+    claims: &Claims,
+    claim: &Claim,
+    policy: &Policy,
+    work: impl std::future::Future<Output = T>,
+) -> T {
     let renew = async {
         let every = policy.lease / 3;
         loop {
@@ -161,7 +249,9 @@ async fn with_lease_renewal<T>(claims: &Claims, claim: &Claim, policy: &Policy, 
                     tracing::warn!(scope = %claim.scope, "lost the claim while the upstream call runs; its settle will be refused");
                     break;
                 }
-                Err(e) => tracing::warn!(scope = %claim.scope, error = %e, "could not renew the claim lease"),
+                Err(e) => {
+                    tracing::warn!(scope = %claim.scope, error = %e, "could not renew the claim lease")
+                }
             }
         }
         std::future::pending::<T>().await
@@ -181,14 +271,25 @@ async fn settle_claim(
     result: &Result<Receipt, UpstreamError>,
 ) -> ClaimAfterFailure {
     let (done, settled) = match (settlement, result) {
-        (Settlement::Commit, Ok(receipt)) => (claims.commit(claim, receipt.clone(), policy).await, ClaimAfterFailure::None),
-        (Settlement::Release, _) | (Settlement::Commit, Err(_)) => (claims.release(claim).await, ClaimAfterFailure::Released),
+        (Settlement::Commit, Ok(receipt)) => (
+            claims.commit(claim, receipt.clone(), policy).await,
+            ClaimAfterFailure::None,
+        ),
+        (Settlement::Release, _) | (Settlement::Commit, Err(_)) => {
+            (claims.release(claim).await, ClaimAfterFailure::Released)
+        }
         (Settlement::Unknown, _) => {
             let why = match result {
-                Ok(receipt) => format!("the provider answered {} and does not deduplicate on keys", receipt.status),
+                Ok(receipt) => format!(
+                    "the provider answered {} and does not deduplicate on keys",
+                    receipt.status
+                ),
                 Err(e) => format!("{e} after the request may have reached the provider"),
             };
-            (claims.mark_unknown(claim, why, policy).await, ClaimAfterFailure::Unknown)
+            (
+                claims.mark_unknown(claim, why, policy).await,
+                ClaimAfterFailure::Unknown,
+            )
         }
     };
     match done {

@@ -22,7 +22,12 @@ pub fn from_response(parts: &http::response::Parts, body: Bytes) -> Receipt {
         status: parts.status.as_u16(),
         headers: headers
             .iter()
-            .map(|(k, v)| (k.as_str().to_string(), Receipt::header_value_string(v.as_bytes())))
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    Receipt::header_value_string(v.as_bytes()),
+                )
+            })
             .collect(),
         body,
     }
@@ -40,7 +45,13 @@ pub fn respond(receipt: &Receipt, replayed: bool) -> Response<Body> {
             h.append(n, v);
         }
     }
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(receipt.body.len()));
-    h.insert(REPLAYED, HeaderValue::from_static(if replayed { "true" } else { "false" }));
+    h.insert(
+        header::CONTENT_LENGTH,
+        HeaderValue::from(receipt.body.len()),
+    );
+    h.insert(
+        REPLAYED,
+        HeaderValue::from_static(if replayed { "true" } else { "false" }),
+    );
     resp
 }

@@ -21,7 +21,12 @@ pub struct ServerOptions {
 
 /// Serves until `shutdown` resolves, then stops accepting and waits up to the grace period
 /// for open connections to finish their requests.
-pub async fn serve(app: Arc<App>, listener: TcpListener, opts: ServerOptions, shutdown: impl Future<Output = ()>) {
+pub async fn serve(
+    app: Arc<App>,
+    listener: TcpListener,
+    opts: ServerOptions,
+    shutdown: impl Future<Output = ()>,
+) {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
     builder
@@ -47,7 +52,9 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, opts: ServerOptions, sh
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         let svc = service_fn(move |req| dispatch::handle(app.clone(), req));
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned();
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+            .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -57,7 +64,12 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, opts: ServerOptions, sh
     }
     drop(listener);
     tracing::info!("shutting down: waiting for in-flight requests");
-    if tokio::time::timeout(opts.shutdown_grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!("grace period over; unsettled claims become UNKNOWN when their leases run out");
+    if tokio::time::timeout(opts.shutdown_grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "grace period over; unsettled claims become UNKNOWN when their leases run out"
+        );
     }
 }

@@ -68,16 +68,18 @@ impl UpstreamClient {
                 return Err(format!("{} holds no certificate", path.display()));
             }
             for cert in certs {
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("{} holds a certificate rustls rejects: {e}", path.display()))?;
+                roots.add(cert).map_err(|e| {
+                    format!("{} holds a certificate rustls rejects: {e}", path.display())
+                })?;
             }
         }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -97,7 +99,10 @@ impl UpstreamClient {
             .https_or_http()
             .enable_http1()
             .enable_http2()
-            .wrap_connector(ConnectTo { inner: http, connect_to });
+            .wrap_connector(ConnectTo {
+                inner: http,
+                connect_to,
+            });
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(opts.pool_idle_timeout)
             .pool_timer(TokioTimer::new())

@@ -46,13 +46,24 @@ impl Expiry {
 pub trait Store: Send + Sync + 'static {
     /// Atomically stores `record` unless a live record is there. `None` when inserted,
     /// otherwise the record found (untouched).
-    async fn insert_if_absent(&self, scope: &str, record: &Record, expiry: Expiry) -> Result<Option<Record>, StoreError>;
+    async fn insert_if_absent(
+        &self,
+        scope: &str,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<Option<Record>, StoreError>;
 
     async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError>;
 
     /// Atomically overwrites the record if `fence` admits the one stored. `false` when it does
     /// not (the claim was taken over, settled or expired): nothing is written then.
-    async fn replace(&self, scope: &str, fence: &Fence, record: &Record, expiry: Expiry) -> Result<bool, StoreError>;
+    async fn replace(
+        &self,
+        scope: &str,
+        fence: &Fence,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<bool, StoreError>;
 
     /// Atomically deletes the record if `fence` admits it.
     async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError>;
@@ -70,7 +81,11 @@ pub trait Store: Send + Sync + 'static {
 }
 
 /// Opens the store a URL names: `sqlite://PATH` or `redis://…`.
-pub async fn open(url: &str, namespace: &str, sqlite_synchronous: &str) -> Result<Arc<dyn Store>, StoreError> {
+pub async fn open(
+    url: &str,
+    namespace: &str,
+    sqlite_synchronous: &str,
+) -> Result<Arc<dyn Store>, StoreError> {
     if let Some(path) = url.strip_prefix("sqlite://") {
         Ok(Arc::new(SqliteStore::open(path, sqlite_synchronous)?))
     } else if url.starts_with("redis://") {

@@ -68,23 +68,43 @@ fn unavailable(e: redis::RedisError) -> StoreError {
 
 #[async_trait]
 impl Store for RedisStore {
-    async fn insert_if_absent(&self, scope: &str, record: &Record, expiry: Expiry) -> Result<Option<Record>, StoreError> {
+    async fn insert_if_absent(
+        &self,
+        scope: &str,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<Option<Record>, StoreError> {
         let mut cmd = redis::cmd("SET");
         cmd.arg(scope).arg(record.encode()).arg("NX");
         if let Expiry::After(_) = expiry {
             cmd.arg("PX").arg(expiry.millis());
         }
         cmd.arg("GET");
-        let found: Option<Vec<u8>> = cmd.query_async(&mut self.conn.clone()).await.map_err(unavailable)?;
-        found.map(|raw| Record::decode(&raw)).transpose().map_err(StoreError::from)
+        let found: Option<Vec<u8>> = cmd
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        found
+            .map(|raw| Record::decode(&raw))
+            .transpose()
+            .map_err(StoreError::from)
     }
 
     async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
         let found: Option<Vec<u8>> = self.conn.clone().get(scope).await.map_err(unavailable)?;
-        found.map(|raw| Record::decode(&raw)).transpose().map_err(StoreError::from)
+        found
+            .map(|raw| Record::decode(&raw))
+            .transpose()
+            .map_err(StoreError::from)
     }
 
-    async fn replace(&self, scope: &str, fence: &Fence, record: &Record, expiry: Expiry) -> Result<bool, StoreError> {
+    async fn replace(
+        &self,
+        scope: &str,
+        fence: &Fence,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<bool, StoreError> {
         let done: i64 = self
             .replace
             .key(scope)

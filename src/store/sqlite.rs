@@ -21,11 +21,28 @@ const MAX_BATCH: usize = 256;
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 enum Op {
-    InsertIfAbsent { scope: String, value: Vec<u8>, expires_at: Option<i64> },
-    Get { scope: String },
-    Replace { scope: String, fence: Fence, value: Vec<u8>, expires_at: Option<i64> },
-    Remove { scope: String, fence: Fence },
-    List { state: State, limit: usize },
+    InsertIfAbsent {
+        scope: String,
+        value: Vec<u8>,
+        expires_at: Option<i64>,
+    },
+    Get {
+        scope: String,
+    },
+    Replace {
+        scope: String,
+        fence: Fence,
+        value: Vec<u8>,
+        expires_at: Option<i64>,
+    },
+    Remove {
+        scope: String,
+        fence: Fence,
+    },
+    List {
+        state: State,
+        limit: usize,
+    },
     Ping,
 }
 
@@ -54,11 +71,19 @@ impl SqliteStore {
         if path.is_empty() {
             return Err(open_err("no file path after sqlite://".into()));
         }
-        if let Some(dir) = Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| open_err(format!("cannot create {}: {e}", dir.display())))?;
+        if let Some(dir) = Path::new(path)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| open_err(format!("cannot create {}: {e}", dir.display())))?;
         }
         let conn = Connection::open(path).map_err(|e| open_err(e.to_string()))?;
-        let sync = if synchronous == "normal" { "NORMAL" } else { "FULL" };
+        let sync = if synchronous == "normal" {
+            "NORMAL"
+        } else {
+            "FULL"
+        };
         conn.execute_batch(&format!(
             "PRAGMA journal_mode = WAL;
              PRAGMA synchronous = {sync};
@@ -100,16 +125,26 @@ fn expires_at(expiry: Expiry) -> Option<i64> {
 }
 
 fn state_of(value: &[u8]) -> String {
-    value.first().map(|&b| (b as char).to_string()).unwrap_or_default()
+    value
+        .first()
+        .map(|&b| (b as char).to_string())
+        .unwrap_or_default()
 }
 
 fn decode(raw: Option<Vec<u8>>) -> Result<Option<Record>, StoreError> {
-    raw.map(|r| Record::decode(&r)).transpose().map_err(StoreError::from)
+    raw.map(|r| Record::decode(&r))
+        .transpose()
+        .map_err(StoreError::from)
 }
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn insert_if_absent(&self, scope: &str, record: &Record, expiry: Expiry) -> Result<Option<Record>, StoreError> {
+    async fn insert_if_absent(
+        &self,
+        scope: &str,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<Option<Record>, StoreError> {
         let op = Op::InsertIfAbsent {
             scope: scope.to_string(),
             value: record.encode(),
@@ -122,13 +157,24 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
-        match self.run(Op::Get { scope: scope.to_string() }).await? {
+        match self
+            .run(Op::Get {
+                scope: scope.to_string(),
+            })
+            .await?
+        {
             Reply::Found(raw) => decode(raw),
             _ => Err(StoreError::Unavailable("unexpected reply".into())),
         }
     }
 
-    async fn replace(&self, scope: &str, fence: &Fence, record: &Record, expiry: Expiry) -> Result<bool, StoreError> {
+    async fn replace(
+        &self,
+        scope: &str,
+        fence: &Fence,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<bool, StoreError> {
         let op = Op::Replace {
             scope: scope.to_string(),
             fence: fence.clone(),
@@ -223,7 +269,11 @@ fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
     }
 }
 
-fn live(tx: &rusqlite::Transaction<'_>, scope: &str, now: i64) -> rusqlite::Result<Option<Vec<u8>>> {
+fn live(
+    tx: &rusqlite::Transaction<'_>,
+    scope: &str,
+    now: i64,
+) -> rusqlite::Result<Option<Vec<u8>>> {
     tx.query_row(
         "SELECT value FROM claims WHERE scope = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
         params![scope, now],
@@ -233,12 +283,18 @@ fn live(tx: &rusqlite::Transaction<'_>, scope: &str, now: i64) -> rusqlite::Resu
 }
 
 fn admitted(fence: &Fence, raw: &[u8]) -> bool {
-    Record::decode(raw).map(|r| fence.admits(&r)).unwrap_or(false)
+    Record::decode(raw)
+        .map(|r| fence.admits(&r))
+        .unwrap_or(false)
 }
 
 fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, now: i64) -> rusqlite::Result<Reply> {
     match op {
-        Op::InsertIfAbsent { scope, value, expires_at } => {
+        Op::InsertIfAbsent {
+            scope,
+            value,
+            expires_at,
+        } => {
             // An expired row counts as absent; overwrite it in the same statement.
             let inserted = tx.execute(
                 "INSERT INTO claims (scope, state, value, expires_at) VALUES (?1, ?2, ?3, ?4)
@@ -254,7 +310,12 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, now: i64) -> rusqlite::Result<
             }
         }
         Op::Get { scope } => Ok(Reply::Found(live(tx, scope, now)?)),
-        Op::Replace { scope, fence, value, expires_at } => {
+        Op::Replace {
+            scope,
+            fence,
+            value,
+            expires_at,
+        } => {
             let ok = live(tx, scope, now)?.is_some_and(|raw| admitted(fence, &raw));
             if ok {
                 tx.execute(
@@ -278,7 +339,9 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, now: i64) -> rusqlite::Result<
             )?;
             let code = (state.code() as char).to_string();
             let rows = stmt
-                .query_map(params![code, now, *limit as i64], |row| Ok((row.get(0)?, row.get(1)?)))?
+                .query_map(params![code, now, *limit as i64], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(Reply::Listed(rows))
         }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh Debian machine: installs what the tests talk to
+# (redis-server, curl, Python requests/httpx), then runs every test.
+# Extra arguments go to `cargo test` (e.g. scripts/test.sh --test core).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! python3 -c 'import requests, httpx' >/dev/null 2>&1; then
+  echo "installing: python requests, httpx"
+  python3 -m pip install -q requests httpx 2>/dev/null \
+    || as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-requests python3-httpx >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo is missing: install Rust >= 1.89 (https://rustup.rs), then run this again" >&2
+  exit 1
+fi
+
+# Tests start their own redis-server processes on free ports; nothing here uses port 6379.
+exec cargo test --locked "$@"

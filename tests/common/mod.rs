@@ -1,0 +1,47 @@
+//! Test harness: real processes and sockets on loopback. A fake provider that counts the side
+//! effects it performs, a redis-server per test, the idemproxy binary, and a plain HTTP client.
+#![allow(dead_code)]
+
+pub mod client;
+pub mod provider;
+pub mod proxy;
+pub mod redis;
+
+use std::net::{SocketAddr, TcpListener};
+
+/// Which store a proxy under test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Redis,
+}
+
+/// A port nobody listens on right now (for things that cannot bind port 0 themselves).
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Runs one async test body against both stores: `both_backends!(name);` expects
+/// `async fn name(backend: Backend)` in the same file.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name($crate::common::Backend::Sqlite).await }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name($crate::common::Backend::Redis).await }
+            )*
+        }
+    };
+}

@@ -1,0 +1,137 @@
+//! Many proxies, one Redis: the way users scale out. And what happens when Redis goes away.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::client::{post, send};
+use common::provider::FakeProvider;
+use common::proxy::{config, route, Proxy, StoreFixture};
+use common::Backend;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxies_sharing_redis_execute_once() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Redis);
+    let text = config(&store.url(), &route("pay", provider.port(), ""));
+    let a = Proxy::start(&text);
+    let b = Proxy::start(&text);
+
+    // Sequential: a retry that lands on the other replica replays.
+    let first = post(a.addr, "/pay/v1/charges", Some("shared-1"), "{}").await;
+    let second = post(b.addr, "/pay/v1/charges", Some("shared-1"), "{}").await;
+    assert_eq!(second.replayed(), Some("true"));
+    assert_eq!(first.body, second.body);
+
+    // Concurrent duplicates split across both replicas.
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let addr = if i % 2 == 0 { a.addr } else { b.addr };
+        tasks.push(tokio::spawn(async move {
+            let h = [
+                ("content-type", "application/json"),
+                ("idempotency-key", "shared-2"),
+                ("x-fake-delay-ms", "200"),
+            ];
+            send(addr, "POST", "/pay/v1/charges", &h, "{}").await
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        let r = t.await.expect("task").expect("reply");
+        assert!(r.status == 200 || r.status == 409, "{}", r.status);
+        ok += usize::from(r.status == 200);
+    }
+    assert!(ok >= 1);
+    assert_eq!(
+        provider.effects(),
+        2,
+        "one effect per key across both replicas"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_closed_fast_and_recovers() {
+    let provider = FakeProvider::start().await;
+    let mut store = StoreFixture::new(Backend::Redis);
+    let proxy = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
+    assert_eq!(
+        post(proxy.addr, "/pay/v1/charges", Some("before"), "{}")
+            .await
+            .status,
+        200
+    );
+
+    store.redis().kill();
+    let started = Instant::now();
+    let down = post(proxy.addr, "/pay/v1/charges", Some("during"), "{}").await;
+    assert_eq!(down.status, 503, "{}", down.text());
+    assert_eq!(
+        down.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert!(down.header("retry-after").is_some());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "refused in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        provider.effects(),
+        1,
+        "nothing forwarded while the store is down"
+    );
+
+    // Unprotected traffic does not need the store.
+    assert_eq!(
+        send(proxy.addr, "GET", "/pay/v1/charges", &[], "")
+            .await
+            .expect("get")
+            .status,
+        200
+    );
+
+    store.redis().restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after = post(proxy.addr, "/pay/v1/charges", Some("during"), "{}").await;
+    while after.status == 503 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        after = post(proxy.addr, "/pay/v1/charges", Some("during"), "{}").await;
+    }
+    assert_eq!(after.status, 200, "the proxy reconnects by itself");
+    // AOF kept the receipt from before the outage.
+    let replay = post(proxy.addr, "/pay/v1/charges", Some("before"), "{}").await;
+    assert_eq!(replay.replayed(), Some("true"));
+    assert_eq!(provider.effects(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_and_routes_separate_receipts() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Redis);
+    let proxy = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
+    let as_user = |token: &'static str| {
+        let addr = proxy.addr;
+        async move {
+            let auth = format!("Bearer {token}");
+            let h = [
+                ("content-type", "application/json"),
+                ("idempotency-key", "same-key"),
+                ("authorization", auth.as_str()),
+            ];
+            send(addr, "POST", "/pay/v1/charges", &h, "{}")
+                .await
+                .expect("send")
+        }
+    };
+    let a = as_user("sk_alice").await;
+    let b = as_user("sk_bob").await;
+    assert_eq!(
+        (a.replayed(), b.replayed()),
+        (Some("false"), Some("false")),
+        "another API key never sees the receipt"
+    );
+    assert_ne!(a.body, b.body);
+    assert_eq!(as_user("sk_alice").await.body, a.body);
+    assert_eq!(provider.effects(), 2);
+}
