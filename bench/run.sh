@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# The benchmark: idemproxy next to a direct call and nginx as a plain reverse proxy, in ONE run
+# on this machine, against the same fake provider (nginx answering ~300 bytes of JSON to
+# POST /v1/charges). Prints a Markdown table of medians over repetitions.
+#
+#   bench/run.sh                      # defaults: 32 connections, 3 reps x 10 s per scenario
+#   BENCH_SECS=5 BENCH_REPS=1 bench/run.sh
+#
+# Only loopback traffic; every process it starts is stopped on exit. Installs nginx-light if
+# missing (Debian). Pinning on 2 cores: load generator + provider on CPU 0, the proxy under test
+# (idemproxy or nginx) + its store on CPU 1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECS=${BENCH_SECS:-10}
+REPS=${BENCH_REPS:-3}
+CONNS=${BENCH_CONNS:-32}
+WARMUP=${BENCH_WARMUP:-2}
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  echo "installing nginx-light" >&2
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
+  as_root pkill -x nginx || true   # the package may start its own instance on :80
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+for tool in redis-server redis-benchmark openssl python3 taskset; do
+  command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
+done
+
+echo "building (release)..." >&2
+cargo build --release --locked --quiet --bin idemproxy --example loadgen
+BIN=target/release/idemproxy
+LOADGEN=target/release/examples/loadgen
+
+WORK=$(mktemp -d /tmp/idemproxy-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+if [ "$(nproc)" -ge 2 ]; then LOAD_CPU=0; PROXY_CPU=1; else LOAD_CPU=0; PROXY_CPU=0; fi
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+
+# --- PKI: a bench CA and a leaf for the fake provider's TLS port -----------------------------
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj "/CN=bench CA" \
+  -keyout "$WORK/bench-ca.key" -out "$WORK/bench-ca.pem" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=api.bench.test" \
+  -keyout "$WORK/leaf.key" -out "$WORK/leaf.csr" 2>/dev/null
+printf 'subjectAltName=DNS:api.bench.test,DNS:secure.bench.test\nextendedKeyUsage=serverAuth\n' > "$WORK/leaf.ext"
+openssl x509 -req -in "$WORK/leaf.csr" -CA "$WORK/bench-ca.pem" -CAkey "$WORK/bench-ca.key" -CAcreateserial \
+  -days 2 -extfile "$WORK/leaf.ext" -out "$WORK/leaf.pem" 2>/dev/null
+
+# --- the fake provider (nginx, CPU 0) and nginx as a plain reverse proxy (CPU 1) --------------
+P_HTTP=$(free_port); P_TLS=$(free_port); P_NGINX=$(free_port)
+BODY='{"id":"ch_3MmlLrLkdIwHu7ix0snN0B15","object":"charge","amount":2000,"amount_captured":2000,"balance_transaction":"txn_3MmlLrLkdIwHu7ix0uke3Ezy","captured":true,"created":1679090539,"currency":"usd","livemode":false,"paid":true,"status":"succeeded","outcome":{"network_status":"approved_by_network","risk_level":"normal","type":"authorized"}}'
+mkdir -p "$WORK/nginx-provider" "$WORK/nginx-proxy"
+cat > "$WORK/nginx-provider/nginx.conf" <<NGX
+worker_processes 1; daemon off; pid $WORK/nginx-provider/pid; error_log $WORK/nginx-provider/error.log;
+events { worker_connections 8192; }
+http {
+  access_log off; keepalive_requests 1000000; keepalive_timeout 120s;
+  client_body_temp_path $WORK/nginx-provider; proxy_temp_path $WORK/nginx-provider;
+  server { listen 127.0.0.1:$P_HTTP; location / { default_type application/json; return 200 '$BODY'; } }
+  server { listen 127.0.0.1:$P_TLS ssl; ssl_certificate $WORK/leaf.pem; ssl_certificate_key $WORK/leaf.key;
+           location / { default_type application/json; return 200 '$BODY'; } }
+}
+NGX
+cat > "$WORK/nginx-proxy/nginx.conf" <<NGX
+worker_processes 1; daemon off; pid $WORK/nginx-proxy/pid; error_log $WORK/nginx-proxy/error.log;
+events { worker_connections 8192; }
+http {
+  access_log off; keepalive_requests 1000000; keepalive_timeout 120s;
+  client_body_temp_path $WORK/nginx-proxy; proxy_temp_path $WORK/nginx-proxy;
+  upstream provider { server 127.0.0.1:$P_HTTP; keepalive 64; }
+  server { listen 127.0.0.1:$P_NGINX;
+           location / { proxy_pass http://provider; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+}
+NGX
+taskset -c $LOAD_CPU "$NGINX" -p "$WORK/nginx-provider" -c "$WORK/nginx-provider/nginx.conf" & PIDS+=($!)
+taskset -c $PROXY_CPU "$NGINX" -p "$WORK/nginx-proxy" -c "$WORK/nginx-proxy/nginx.conf" & PIDS+=($!)
+wait_port "$P_HTTP"; wait_port "$P_TLS"; wait_port "$P_NGINX"
+
+# --- Redis (CPU 1), with AOF as production should run it --------------------------------------
+P_REDIS=$(free_port)
+taskset -c $PROXY_CPU redis-server --port "$P_REDIS" --bind 127.0.0.1 --save "" --appendonly yes --appendfsync everysec \
+  --dir "$WORK" --logfile "$WORK/redis.log" & PIDS+=($!)
+wait_port "$P_REDIS"
+
+# --- idemproxy configs -------------------------------------------------------------------------
+HAVE_TLS=0
+if "$BIN" ca init --help >/dev/null 2>&1; then
+  "$BIN" ca init --dir "$WORK/ca" >/dev/null && HAVE_TLS=1
+fi
+write_config() { # $1 file, $2 store url
+  cat > "$1" <<TOML
+[server]
+listen = "127.0.0.1:0"
+[store]
+url = "$2"
+$( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" )
+$( [ -n "${BENCH_EXTRA_TOML:-}" ] && printf '%s\n' "$BENCH_EXTRA_TOML" )
+[[routes]]
+name = "bench"
+prefix = "/bench"
+host = "api.bench.test"
+upstream = "http://api.bench.test"
+connect_to = "127.0.0.1:$P_HTTP"
+provider = "stripe"
+[[routes]]
+name = "secure"
+host = "secure.bench.test"
+upstream = "https://secure.bench.test"
+connect_to = "127.0.0.1:$P_TLS"
+upstream_ca = "$WORK/bench-ca.pem"
+provider = "stripe"
+TOML
+}
+PROXY_PID=""; PROXY_ADDR=""
+start_proxy() { # $1 config
+  : > "$WORK/proxy.out"
+  taskset -c $PROXY_CPU "$BIN" serve --config "$1" > "$WORK/proxy.out" 2> "$WORK/proxy.err" & PROXY_PID=$!; PIDS+=($PROXY_PID)
+  for _ in $(seq 200); do
+    PROXY_ADDR=$(sed -n 's/^idemproxy listening proxy=\([^ ]*\).*/\1/p' "$WORK/proxy.out")
+    [ -n "$PROXY_ADDR" ] && return 0
+    sleep 0.05
+  done
+  echo "idemproxy did not start:" >&2; cat "$WORK/proxy.err" >&2; exit 1
+}
+stop_proxy() { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/null || true; }
+peak_rss_mib() { awk '/VmHWM/ {printf "%.1f", $2/1024}' "/proc/$1/status" 2>/dev/null || echo "?"; }
+
+# --- measuring ---------------------------------------------------------------------------------
+RESULTS="$WORK/results.jsonl"; : > "$RESULTS"
+measure() { # $1 name, $2 rss, rest: loadgen args
+  local name=$1 rss=$2; shift 2
+  for rep in $(seq "$REPS"); do
+    local line
+    line=$(taskset -c $LOAD_CPU "$LOADGEN" --connections "$CONNS" --duration "${SECS}s" --warmup "${WARMUP}s" "$@")
+    echo "{\"name\":\"$name\",\"rep\":$rep,\"rss\":\"$rss\",\"result\":$line}" >> "$RESULTS"
+    echo "  $name rep $rep: $line" >&2
+  done
+}
+# Records the proxy's peak RSS for the rows measured since the proxy started.
+set_rss() { python3 - "$RESULTS" "$1" "$2" <<'PY'
+import json,sys
+path,name,rss=sys.argv[1:]
+rows=[json.loads(l) for l in open(path)]
+for r in rows:
+    if r["name"]==name: r["rss"]=rss
+open(path,"w").write("".join(json.dumps(r)+"\n" for r in rows))
+PY
+}
+
+echo "direct" >&2
+measure "direct to provider" "-" --addr "127.0.0.1:$P_HTTP" --keys none
+echo "nginx reverse proxy" >&2
+measure "nginx reverse proxy (no idempotency)" "-" --addr "127.0.0.1:$P_NGINX" --keys none
+
+for store in redis sqlite; do
+  if [ $store = redis ]; then url="redis://127.0.0.1:$P_REDIS/0"; else url="sqlite://$WORK/claims-$RANDOM.db"; fi
+  write_config "$WORK/$store.toml" "$url"
+  start_proxy "$WORK/$store.toml"
+  echo "idemproxy on $store ($PROXY_ADDR)" >&2
+  measure "idemproxy $store: A new key per request" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
+  set_rss "idemproxy $store: A new key per request" "$(peak_rss_mib "$PROXY_PID")"
+  measure "idemproxy $store: B replay (one key)" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys fixed
+  set_rss "idemproxy $store: B replay (one key)" "$(peak_rss_mib "$PROXY_PID")"
+  stop_proxy
+done
+
+if [ $HAVE_TLS = 1 ]; then
+  write_config "$WORK/tls.toml" "redis://127.0.0.1:$P_REDIS/0"
+  start_proxy "$WORK/tls.toml"
+  echo "HTTPS_PROXY ($PROXY_ADDR)" >&2
+  measure "HTTPS_PROXY blind tunnel (baseline)" "?" --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TLS" \
+    --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
+  measure "HTTPS_PROXY interception, redis: A" "?" --addr "$PROXY_ADDR" --connect "secure.bench.test:443" \
+    --host secure.bench.test --cacert "$WORK/ca/ca.pem" --keys unique
+  set_rss "HTTPS_PROXY interception, redis: A" "$(peak_rss_mib "$PROXY_PID")"
+  stop_proxy
+else
+  echo "this build has no 'ca init': HTTPS_PROXY rows skipped" >&2
+fi
+
+# Memory with 1,000 idle keep-alive connections (after a warm replay run on the embedded store).
+write_config "$WORK/idle.toml" "sqlite://$WORK/idle.db"
+start_proxy "$WORK/idle.toml"
+taskset -c $LOAD_CPU "$LOADGEN" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys fixed --connections 8 --duration 2s --warmup 0s >/dev/null
+taskset -c $LOAD_CPU "$LOADGEN" --addr "$PROXY_ADDR" --path /bench/v1/charges --idle 1000 --hold 4s > /dev/null & IDLE=$!
+sleep 3
+IDLE_RSS=$(awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$PROXY_PID/status")
+wait $IDLE || true
+stop_proxy
+
+# One store round trip for reference.
+RB=$(taskset -c $LOAD_CPU redis-benchmark -p "$P_REDIS" -c "$CONNS" -n 200000 -r 100000000 -q \
+  SET "bench:__rand_int__" v NX PX 60000 2>/dev/null | tr '\r' '\n' | grep -v '^$' | tail -1)
+
+python3 - "$RESULTS" "$SECS" "$REPS" "$CONNS" "$IDLE_RSS" "$RB" "$LOAD_CPU" "$PROXY_CPU" <<'PY'
+import json, statistics, sys
+path, secs, reps, conns, idle_rss, rb, load_cpu, proxy_cpu = sys.argv[1:]
+rows = [json.loads(l) for l in open(path)]
+names = list(dict.fromkeys(r["name"] for r in rows))
+med = {}
+for n in names:
+    rs = [r for r in rows if r["name"] == n]
+    m = lambda k: statistics.median(r["result"][k] for r in rs)
+    med[n] = dict(rps=m("rps"), p50=m("p50_us"), p99=m("p99_us"),
+                  errors=sum(r["result"]["errors"] for r in rs), non2xx=sum(r["result"]["non2xx"] for r in rs),
+                  rss=rs[-1]["rss"])
+direct = med["direct to provider"]; nginx = med["nginx reverse proxy (no idempotency)"]
+tunnel = med.get("HTTPS_PROXY blind tunnel (baseline)")
+print(f"\n{conns} connections, {reps} x {secs}s per row (medians), load generator + provider pinned to CPU {load_cpu}, proxy + store to CPU {proxy_cpu}.\n")
+print("| scenario | req/s | × direct | × nginx | × tunnel | p50 ms | p99 ms | p50 added vs direct (ms) | errors | non-2xx | peak RSS MiB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for n in names:
+    r = med[n]
+    xt = f"{r['rps']/tunnel['rps']:.2f}" if tunnel and n.startswith("HTTPS") else ""
+    print(f"| {n} | {r['rps']:.0f} | {r['rps']/direct['rps']:.2f} | {r['rps']/nginx['rps']:.2f} | {xt} | "
+          f"{r['p50']/1000:.3f} | {r['p99']/1000:.3f} | {(r['p50']-direct['p50'])/1000:+.3f} | {r['errors']} | {r['non2xx']} | {r['rss']} |")
+print(f"\nidemproxy RSS with 1,000 idle keep-alive connections (after a warm replay run): {idle_rss} MiB")
+print(f"Redis SET NX PX round trip (redis-benchmark, {conns} clients): {rb}")
+PY
