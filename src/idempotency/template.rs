@@ -133,9 +133,11 @@ impl Template {
                         "the `}}` at byte {i} closes nothing (write `}}}}` for a literal one)"
                     ))
                 }
-                c if !c.is_ascii_graphic() => return Err(format!(
+                c if !c.is_ascii_graphic() => {
+                    return Err(format!(
                     "literal text may only hold visible ASCII (keys do); found {c:?} at byte {i}"
-                )),
+                ))
+                }
                 c => literal.push(c),
             }
         }
