@@ -272,6 +272,21 @@ async fn alpaca_duplicate_rejection_is_held_never_a_receipt(backend: Backend) {
     assert_eq!(b.replayed(), Some("true"));
     assert_eq!(a.body, b.body);
     assert_eq!(provider.received().len(), 2);
+
+    // A tool that sets its own client_order_id keeps it: the body goes down untouched, and
+    // the operator is pointed at that id.
+    provider.then([Behavior::Answer(422, ALPACA_DUPLICATE)]);
+    let own = r#"{"symbol":"AAPL","client_order_id":"tool-77"}"#;
+    let r = post_keyed(&proxy, "/alpaca/v2/orders", "ord-3", own).await;
+    assert_eq!(r.status, 409);
+    assert!(
+        r.json()["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("client_order_id=tool-77")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(provider.received()[2].body, own.as_bytes());
 }
 
 both_backends!(

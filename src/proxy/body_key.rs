@@ -6,14 +6,15 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
 
 /// The body as forwarded: `body` with `"field":"key"` added, or `body` itself when it is
-/// empty (e.g. a DELETE) or already carries the field (the client chose its own provider key).
-pub fn inject(body: &Bytes, field: &str, key: &str) -> Result<Bytes, String> {
+/// empty (e.g. a DELETE) or already carries the field (the client chose its own provider key,
+/// returned as the second value when it is a string).
+pub fn inject(body: &Bytes, field: &str, key: &str) -> Result<(Bytes, Option<String>), String> {
     let start = match body.iter().position(|b| !b.is_ascii_whitespace()) {
         Some(i) => i,
-        None => return Ok(body.clone()),
+        None => return Ok((body.clone(), None)),
     };
     let not_object = |why: String| {
         format!(
@@ -21,10 +22,11 @@ pub fn inject(body: &Bytes, field: &str, key: &str) -> Result<Bytes, String> {
         )
     };
     let text = std::str::from_utf8(body).map_err(|e| not_object(format!("not UTF-8: {e}")))?;
-    let fields: HashMap<String, IgnoredAny> =
+    let fields: HashMap<String, &RawValue> =
         serde_json::from_str(text).map_err(|e| not_object(e.to_string()))?;
-    if fields.contains_key(field) {
-        return Ok(body.clone());
+    if let Some(own) = fields.get(field) {
+        let own = serde_json::from_str::<String>(own.get()).ok();
+        return Ok((body.clone(), own));
     }
     let pair = format!(
         "{}:{}",
@@ -38,7 +40,7 @@ pub fn inject(body: &Bytes, field: &str, key: &str) -> Result<Bytes, String> {
         out.push(b',');
     }
     out.extend_from_slice(&body[start + 1..]);
-    Ok(Bytes::from(out))
+    Ok((Bytes::from(out), None))
 }
 
 #[cfg(test)]
@@ -47,7 +49,7 @@ mod tests {
 
     fn inj(body: &str) -> Result<String, String> {
         inject(&Bytes::from(body.to_string()), "client_order_id", "k\"1")
-            .map(|b| String::from_utf8(b.to_vec()).expect("utf-8"))
+            .map(|(b, _)| String::from_utf8(b.to_vec()).expect("utf-8"))
     }
 
     #[test]
@@ -69,9 +71,10 @@ mod tests {
     #[test]
     fn leaves_empty_bodies_and_client_fields_alone() {
         assert_eq!(inj("").as_deref(), Ok(""));
+        let mine = Bytes::from_static(br#"{"client_order_id":"mine"}"#);
         assert_eq!(
-            inj(r#"{"client_order_id":"mine"}"#).as_deref(),
-            Ok(r#"{"client_order_id":"mine"}"#)
+            inject(&mine, "client_order_id", "k"),
+            Ok((mine.clone(), Some("mine".to_string())))
         );
     }
 

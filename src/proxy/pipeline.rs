@@ -106,7 +106,7 @@ async fn protect(
     // deduplicating it far longer (Stripe: 24 h) and answer a deliberate later payment with
     // the earlier one's response. Each execution gets a fresh provider key instead, and with
     // no provider-side dedup to lean on, an ambiguous outcome is held.
-    let (key, passed_down, policy) = match keyed {
+    let (key, mut passed_down, policy) = match keyed {
         Keyed::Key(k) => {
             let down = route.forward_key_limits.fit(&provider_key(tenant, &k));
             (k, down, Cow::Borrowed(&route.policy))
@@ -140,7 +140,13 @@ async fn protect(
     // a body field. Refused before anything is claimed.
     let upstream_body = match &route.forward_key_field {
         Some(field) => {
-            body_key::inject(&body, field, &passed_down).map_err(ProxyError::MalformedBody)?
+            let (with_key, own) =
+                body_key::inject(&body, field, &passed_down).map_err(ProxyError::MalformedBody)?;
+            // The client set the field itself: that is the provider's key for this request.
+            if let Some(own) = own {
+                passed_down = own;
+            }
+            with_key
         }
         None => body,
     };
