@@ -289,7 +289,53 @@ async fn alpaca_duplicate_rejection_is_held_never_a_receipt(backend: Backend) {
     assert_eq!(provider.received()[2].body, own.as_bytes());
 }
 
+async fn a_route_overrides_every_part_of_a_profile(backend: Backend) {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(backend);
+    // Stripe's profile, but this (hypothetical) endpoint takes a short key in the body and
+    // answers a reused one with 409 {"code":"duplicate_request"}.
+    let options = r#"provider = "stripe"
+forward_key_field = "request_id"
+forward_key_max_len = 20
+forward_key_charset = "a-z0-9-"
+honours_key = false
+duplicate = { status = 409, code = "duplicate_request", lookup_hint = "GET /v1/requests/{key}" }"#;
+    let proxy = Proxy::start(&config(
+        &store.url(),
+        &route("custom", provider.port(), options),
+    ));
+    let r = post_keyed(&proxy, "/custom/v1/transfers", "tr-1", r#"{"a":1}"#).await;
+    assert_eq!(r.status, 200);
+    let got = provider.received().pop().expect("received");
+    assert_eq!(got.body, &br#"{"request_id":"tr-1","a":1}"#[..]);
+    assert!(
+        got.headers.get("idempotency-key").is_none(),
+        "not the profile's header"
+    );
+
+    provider.then([Behavior::Answer(409, r#"{"code":"duplicate_request"}"#)]);
+    let key = "Transfer:2026/11/30";
+    let r = post_keyed(&proxy, "/custom/v1/transfers", key, r#"{"a":2}"#).await;
+    let down = expected_passed_down(key, 1, 20, true);
+    assert_eq!(down.len(), 20);
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.json()["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(&format!("GET /v1/requests/{down}"))),
+        "{}",
+        r.text()
+    );
+    let again = post_keyed(&proxy, "/custom/v1/transfers", key, r#"{"a":2}"#).await;
+    assert_eq!(
+        again.json()["type"],
+        "urn:idemproxy:problem:outcome-unknown"
+    );
+    assert_eq!(provider.received().len(), 2, "held, not re-sent");
+}
+
 both_backends!(
+    a_route_overrides_every_part_of_a_profile,
     every_profile_passes_the_key_where_its_provider_expects_it,
     a_derived_provider_key_is_the_same_on_every_retry,
     alpaca_duplicate_rejection_is_held_never_a_receipt,

@@ -267,10 +267,14 @@ fn parse_body_path(path: &str) -> Result<Vec<String>, String> {
                 if !current.is_empty() {
                     segments.push(std::mem::take(&mut current));
                 }
-                let inner: String = chars.by_ref().take_while(|c| *c != ']').collect();
-                segments.push(inner);
+                let after = chars.as_str();
+                let close = after
+                    .find(']')
+                    .ok_or_else(|| format!("`body.{path}` has a `[` that is never closed"))?;
+                segments.push(after[..close].to_string());
                 // `a[b].c` and `a[b][c]`: a dot right after `]` only separates.
-                let rest = chars.as_str();
+                let rest = &after[close + 1..];
+                chars = rest.chars();
                 if let Some(stripped) = rest.strip_prefix('.') {
                     chars = stripped.chars();
                 } else if !rest.is_empty() && !rest.starts_with('[') {
@@ -754,6 +758,8 @@ mod tests {
             ("p:{path.x}", "numbered"),
             ("p:{body.}", "empty segment"),
             ("p:{body.a..b}", "empty segment"),
+            ("p:{body.a[b}", "never closed"),
+            ("p:{body.a[b]c}", "after `]`"),
             ("p {body.a}", "visible ASCII"),
             ("p:{header.bad header}", "not a header name"),
         ] {
