@@ -348,12 +348,17 @@ impl Field {
 }
 
 enum ParsedBody<'a> {
+    /// No body at all (a DELETE, a bodiless POST): every body field is missing.
+    Empty,
     Json(&'a RawValue),
     Form(Vec<(Vec<String>, String)>),
 }
 
 impl<'a> ParsedBody<'a> {
     fn parse(headers: &HeaderMap, body: &'a [u8]) -> Result<ParsedBody<'a>, RenderError> {
+        if body.is_empty() {
+            return Ok(ParsedBody::Empty);
+        }
         let content_type = headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -383,6 +388,7 @@ impl<'a> ParsedBody<'a> {
 
     fn lookup(&self, path: &[String], field: &str) -> Result<Option<String>, RenderError> {
         match self {
+            ParsedBody::Empty => Ok(None),
             ParsedBody::Form(pairs) => {
                 let mut found = pairs.iter().filter(|(k, _)| k.as_slice() == path);
                 let Some((_, v)) = found.next() else {
@@ -670,6 +676,10 @@ mod tests {
         assert_eq!(
             key("p:{path.9}", &json_headers(), "{}"),
             Ok(Rendered::Missing("path.9".into()))
+        );
+        assert_eq!(
+            key("p:{body.a}", &HeaderMap::new(), ""),
+            Ok(Rendered::Missing("body.a".into()))
         );
     }
 
