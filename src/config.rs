@@ -116,6 +116,10 @@ pub enum MissingKey {
     Forward,
     /// Answer 400.
     Reject,
+    /// Key the request by its whole fingerprint (method, path, content type, body) for
+    /// `dedup_window`. The risky opt-in: two intended identical payments inside the window
+    /// become one.
+    Derive,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -142,11 +146,27 @@ pub struct RouteConfig {
     pub upstream_ca: Option<PathBuf>,
     /// Dial this `host:port` instead of the upstream's (TLS still verifies the upstream name).
     pub connect_to: Option<String>,
-    /// Built-in provider profile that sets `honours_key` and `forward_key_header`.
+    /// Built-in provider profile: sets how the key is passed down, the provider's key
+    /// limits, `honours_key`, `commit_statuses`, `hold` and duplicate rejections.
     pub provider: Option<String>,
     pub honours_key: Option<bool>,
     /// Header the key is passed down in; empty for none.
     pub forward_key_header: Option<String>,
+    /// Top-level JSON body field the key is passed down in, instead of a header.
+    pub forward_key_field: Option<String>,
+    /// The provider's key limits; a key outside them is passed down in a derived form.
+    pub forward_key_min_len: Option<usize>,
+    pub forward_key_max_len: Option<usize>,
+    /// Characters the provider accepts in a key, like a regex class body: `A-Za-z0-9 _-`.
+    pub forward_key_charset: Option<String>,
+    /// Template deriving the key from a request that carries none, e.g.
+    /// `payment:{body.metadata.invoice_id}:{body.amount|decimal:2}`.
+    pub key: Option<String>,
+    /// With `missing_key = "derive"`: how long identical requests count as one.
+    #[serde(default = "default_dedup_window")]
+    pub dedup_window: Dur,
+    /// A provider answer meaning "this key was already used", which is never a receipt.
+    pub duplicate: Option<DuplicateConfig>,
     /// Header the client sends its key in.
     #[serde(default = "default_key_header")]
     pub key_header: String,
@@ -158,15 +178,13 @@ pub struct RouteConfig {
     #[serde(default)]
     pub on_in_flight: OnInFlight,
     /// Statuses that become the receipt. Entries: `2xx`, `404`, `!409` (exclude).
-    #[serde(default = "default_commit_statuses")]
-    pub commit_statuses: Vec<String>,
+    /// Default: the profile's, else `default_commit_statuses()`.
+    pub commit_statuses: Option<Vec<String>>,
     /// Statuses that leave the outcome UNKNOWN on a provider that does not honour keys.
-    #[serde(default = "default_unknown_statuses")]
-    pub unknown_statuses: Vec<u16>,
+    pub unknown_statuses: Option<Vec<u16>>,
     /// How long an UNKNOWN claim is held before the next retry executes; `forever` to hold
-    /// until an operator resolves it.
-    #[serde(default = "default_hold")]
-    pub hold: Hold,
+    /// until an operator resolves it. Default: the profile's, else 5 minutes.
+    pub hold: Option<Hold>,
     /// How long receipts (and every other claim) are kept.
     #[serde(default = "default_retention")]
     pub retention: Dur,
@@ -186,6 +204,20 @@ pub struct RouteConfig {
     pub fail_open: bool,
 }
 
+/// A provider's "key already used" answer: this status with this top-level JSON `code`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DuplicateConfig {
+    pub status: u16,
+    pub code: String,
+    /// Where an operator finds the original operation; `{key}` is the key passed down.
+    #[serde(default)]
+    pub lookup_hint: String,
+}
+
+fn default_dedup_window() -> Dur {
+    Dur(Duration::from_secs(600))
+}
 fn default_key_header() -> String {
     "Idempotency-Key".into()
 }
@@ -194,15 +226,15 @@ fn default_methods() -> Vec<String> {
         .map(String::from)
         .to_vec()
 }
-fn default_commit_statuses() -> Vec<String> {
+pub fn default_commit_statuses() -> Vec<String> {
     ["2xx", "3xx", "4xx", "!408", "!409", "!425", "!429"]
         .map(String::from)
         .to_vec()
 }
-fn default_unknown_statuses() -> Vec<u16> {
+pub fn default_unknown_statuses() -> Vec<u16> {
     vec![500, 502, 504]
 }
-fn default_hold() -> Hold {
+pub fn default_hold() -> Hold {
     Hold::For(Duration::from_secs(300))
 }
 fn default_retention() -> Dur {

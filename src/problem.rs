@@ -29,6 +29,14 @@ pub enum ProxyError {
     InvalidKey(#[from] KeyError),
     #[error("this route requires an idempotency key in the {header} header")]
     MissingKey { header: String },
+    #[error("the request has no {header} header and its key template needs {field}, which the request does not carry")]
+    MissingKeyField { header: String, field: String },
+    #[error("{0}")]
+    MalformedBody(String),
+    /// The provider answered "this key was already used" instead of replaying: the operation
+    /// exists, but its response is not known here.
+    #[error("{note}")]
+    DuplicateRejected { note: String },
     #[error("the request body is larger than {limit} bytes")]
     BodyTooLarge { limit: usize },
     #[error("{0}")]
@@ -57,11 +65,15 @@ impl ProxyError {
         match self {
             ProxyError::InvalidKey(_)
             | ProxyError::MissingKey { .. }
+            | ProxyError::MissingKeyField { .. }
+            | ProxyError::MalformedBody(_)
             | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::NoRoute(_) => StatusCode::NOT_FOUND,
             ProxyError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProxyError::InFlight { .. } | ProxyError::OutcomeUnknown { .. } => StatusCode::CONFLICT,
+            ProxyError::InFlight { .. }
+            | ProxyError::OutcomeUnknown { .. }
+            | ProxyError::DuplicateRejected { .. } => StatusCode::CONFLICT,
             ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Upstream {
                 error: UpstreamError::Timeout(_),
@@ -76,7 +88,11 @@ impl ProxyError {
     pub fn slug(&self) -> &'static str {
         match self {
             ProxyError::InvalidKey(_) => "invalid-idempotency-key",
-            ProxyError::MissingKey { .. } => "missing-idempotency-key",
+            ProxyError::MissingKey { .. } | ProxyError::MissingKeyField { .. } => {
+                "missing-idempotency-key"
+            }
+            ProxyError::MalformedBody(_) => "malformed-body",
+            ProxyError::DuplicateRejected { .. } => "outcome-unknown",
             ProxyError::BodyTooLarge { .. } => "body-too-large",
             ProxyError::BadRequest(_) => "bad-request",
             ProxyError::NoRoute(_) => "no-route",
@@ -108,7 +124,13 @@ impl ProxyError {
     fn title(&self) -> &'static str {
         match self {
             ProxyError::InvalidKey(_) => "Invalid idempotency key",
-            ProxyError::MissingKey { .. } => "Idempotency key required",
+            ProxyError::MissingKey { .. } | ProxyError::MissingKeyField { .. } => {
+                "Idempotency key required"
+            }
+            ProxyError::MalformedBody(_) => "Malformed request body",
+            ProxyError::DuplicateRejected { .. } => {
+                "Outcome unknown: the provider already has this operation"
+            }
             ProxyError::BodyTooLarge { .. } => "Request body too large",
             ProxyError::BadRequest(_) => "Bad request",
             ProxyError::NoRoute(_) => "No route",
@@ -137,6 +159,9 @@ impl ProxyError {
         match self {
             ProxyError::InvalidKey(_) => "Send a key of 1 to 255 visible ASCII characters, e.g. a UUID.".into(),
             ProxyError::MissingKey { .. } => "Add the header with a key that stays the same across retries of this operation.".into(),
+            ProxyError::MissingKeyField { header, .. } => format!("Nothing was forwarded or claimed. Add the field, or send a {header} header that stays the same across retries of this operation."),
+            ProxyError::MalformedBody(_) => "Nothing was forwarded or claimed. Send a well-formed body.".into(),
+            ProxyError::DuplicateRejected { .. } => "Its real response was not kept, so none is replayed; retries with this key are held (409 outcome-unknown) until an operator resolves the key through the admin API.".into(),
             ProxyError::BodyTooLarge { .. } => "Protected requests are buffered to fingerprint them; send a smaller body or raise server.max_body_bytes.".into(),
             ProxyError::BadRequest(_) => "Fix the request; nothing was forwarded or claimed.".into(),
             ProxyError::NoRoute(_) => "Use a path under a configured route prefix, or send the request through the proxy with an absolute URL.".into(),

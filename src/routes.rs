@@ -6,9 +6,10 @@ use std::sync::Arc;
 use http::uri::{Authority, Scheme};
 use http::{HeaderName, Method, Uri};
 
-use crate::config::{Config, ConfigError, MissingKey, RouteConfig};
+use crate::config::{self, Config, ConfigError, Hold, MissingKey, RouteConfig};
 use crate::idempotency::policy::{Policy, StatusSet};
-use crate::providers;
+use crate::idempotency::template::Template;
+use crate::providers::{self, DuplicateRejection, KeyLimits, Placement};
 use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 
 pub struct Upstream {
@@ -31,8 +32,18 @@ pub struct Route {
     pub policy: Policy,
     pub key_header: HeaderName,
     pub forward_key_header: Option<HeaderName>,
+    /// JSON body field the key is passed down in (exclusive with `forward_key_header`).
+    pub forward_key_field: Option<String>,
+    /// The provider's key limits; keys outside them are passed down in a derived form.
+    pub forward_key_limits: KeyLimits,
+    /// Derives a key for requests that carry none.
+    pub key_template: Option<Template>,
     pub methods: Vec<Method>,
     pub missing_key: MissingKey,
+    /// How long a fingerprint-derived key (`missing_key = "derive"`) lasts.
+    pub dedup_window: std::time::Duration,
+    /// The provider's "key already used" answer, never kept as a receipt.
+    pub duplicate: Option<DuplicateRejection>,
     pub credential_headers: Vec<HeaderName>,
     /// Total deadline for one upstream call.
     pub timeout: std::time::Duration,
@@ -170,21 +181,82 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
     };
     let honours_key = r
         .honours_key
-        .or(profile.map(|p| p.honours_key))
+        .or(profile.as_ref().map(|p| p.honours_key))
         .unwrap_or(false);
-    let forward_key_header = match &r.forward_key_header {
-        Some(h) => Some(h.clone()),
-        None => match profile {
-            Some(p) => p.forward_key_header.map(String::from),
-            None => Some("Idempotency-Key".to_string()),
+    let placement = match (&r.forward_key_header, &r.forward_key_field) {
+        (Some(h), Some(f)) if !h.is_empty() && !f.is_empty() => {
+            return Err(invalid(
+                "forward_key_field",
+                "set either forward_key_header or forward_key_field, not both".into(),
+            ))
+        }
+        (Some(h), _) if !h.is_empty() => Placement::Header(h.clone()),
+        (_, Some(f)) if !f.is_empty() => Placement::BodyField(f.clone()),
+        (Some(_), _) | (_, Some(_)) => Placement::None,
+        (None, None) => match &profile {
+            Some(p) => p.placement.clone(),
+            None => Placement::Header("Idempotency-Key".into()),
         },
-    }
-    .filter(|h| !h.is_empty())
-    .map(|h| {
-        HeaderName::from_bytes(h.as_bytes())
-            .map_err(|_| invalid("forward_key_header", format!("`{h}` is not a header name")))
-    })
-    .transpose()?;
+    };
+    let (forward_key_header, forward_key_field) = match placement {
+        Placement::Header(h) => (
+            Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                invalid("forward_key_header", format!("`{h}` is not a header name"))
+            })?),
+            None,
+        ),
+        Placement::BodyField(f) => (None, Some(f)),
+        Placement::None => (None, None),
+    };
+    let base_limits = profile
+        .as_ref()
+        .map(|p| p.limits.clone())
+        .unwrap_or_else(providers::default_limits);
+    let forward_key_limits = KeyLimits::new(
+        r.forward_key_min_len.unwrap_or(base_limits.min_len),
+        r.forward_key_max_len.unwrap_or(base_limits.max_len),
+        r.forward_key_charset
+            .as_deref()
+            .unwrap_or(base_limits.charset.spec()),
+    )
+    .map_err(|m| {
+        invalid(
+            if r.forward_key_charset.is_some() && m.contains("charset") {
+                "forward_key_charset"
+            } else {
+                "forward_key_max_len"
+            },
+            m,
+        )
+    })?;
+    let key_template = r
+        .key
+        .as_deref()
+        .map(Template::parse)
+        .transpose()
+        .map_err(|m| invalid("key", format!("the key template cannot be used: {m}")))?;
+    let duplicate = match &r.duplicate {
+        Some(d) => Some(DuplicateRejection {
+            status: d.status,
+            code: d.code.clone(),
+            lookup_hint: d.lookup_hint.clone(),
+        }),
+        None => profile.as_ref().and_then(|p| p.duplicate.clone()),
+    };
+    let hold = r.hold.unwrap_or(match &profile {
+        Some(p) if p.hold_forever => Hold::Forever,
+        _ => config::default_hold(),
+    });
+    let commit_statuses = r.commit_statuses.clone().unwrap_or_else(|| {
+        match profile.as_ref().and_then(|p| p.commit_statuses) {
+            Some(set) => set.iter().map(|s| s.to_string()).collect(),
+            None => config::default_commit_statuses(),
+        }
+    });
+    let unknown_statuses = r
+        .unknown_statuses
+        .clone()
+        .unwrap_or_else(config::default_unknown_statuses);
     let key_header = HeaderName::from_bytes(r.key_header.as_bytes()).map_err(|_| {
         invalid(
             "key_header",
@@ -208,12 +280,8 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         })
         .collect::<Result<Vec<_>, _>>()?;
     let commit_statuses =
-        StatusSet::parse(&r.commit_statuses).map_err(|m| invalid("commit_statuses", m))?;
-    if let Some(bad) = r
-        .unknown_statuses
-        .iter()
-        .find(|s| !(100..=599).contains(*s))
-    {
+        StatusSet::parse(&commit_statuses).map_err(|m| invalid("commit_statuses", m))?;
+    if let Some(bad) = unknown_statuses.iter().find(|s| !(100..=599).contains(*s)) {
         return Err(invalid(
             "unknown_statuses",
             format!("{bad} is not a status code"),
@@ -224,6 +292,7 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         ("retention", r.retention),
         ("connect_timeout", r.connect_timeout),
         ("timeout", r.timeout),
+        ("dedup_window", r.dedup_window),
     ] {
         if d.0.is_zero() {
             return Err(invalid(f, "must be greater than 0".into()));
@@ -269,8 +338,8 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         policy: Policy {
             honours_key,
             commit_statuses,
-            unknown_statuses: r.unknown_statuses.clone(),
-            hold: r.hold,
+            unknown_statuses,
+            hold,
             lease: r.lease.0,
             retention: r.retention.0,
             on_in_flight: r.on_in_flight,
@@ -278,8 +347,13 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         },
         key_header,
         forward_key_header,
+        forward_key_field,
+        forward_key_limits,
+        key_template,
         methods,
         missing_key: r.missing_key,
+        dedup_window: r.dedup_window.0,
+        duplicate,
         credential_headers,
         timeout: r.timeout.0,
         client,

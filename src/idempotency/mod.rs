@@ -9,3 +9,4 @@ pub mod policy;
 pub mod record;
 pub mod scope;
 pub mod settle;
+pub mod template;

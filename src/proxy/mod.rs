@@ -2,6 +2,7 @@
 //! upstream client.
 
 pub mod body;
+pub mod body_key;
 pub mod dispatch;
 pub mod headers;
 pub mod passthrough;

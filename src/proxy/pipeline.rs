@@ -2,22 +2,26 @@
 //! `route → key → scope → fingerprint → claim → forward → settle → respond`.
 //! (The route was chosen by `dispatch`.)
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
-use super::body::{full, read_limited, Body, ReadError};
-use super::headers::for_upstream;
+use super::body::{full, read_limited, stream, Body, ReadError};
+use super::body_key;
+use super::dispatch::DEFAULT_TENANT;
+use super::headers::{for_upstream, strip_hop_by_hop};
 use super::receipt;
 use super::upstream::{UpstreamClient, UpstreamError};
 use crate::app::App;
 use crate::config::{MissingKey, OnInFlight};
 use crate::idempotency::claims::{Acquired, Claim, Claims};
 use crate::idempotency::policy::Policy;
-use crate::idempotency::record::Receipt;
+use crate::idempotency::record::{Receipt, Token};
 use crate::idempotency::settle::{settle, Outcome, Settlement};
+use crate::idempotency::template::{Rendered, RequestView};
 use crate::idempotency::{fingerprint, key, scope};
 use crate::problem::{ClaimAfterFailure, ProxyError};
 use crate::routes::Route;
@@ -43,17 +47,21 @@ async fn protect(
     upstream_uri: Uri,
     tenant: &str,
 ) -> Result<Response<Body>, ProxyError> {
-    // key
-    let Some(key) = key::from_headers(req.headers(), &route.key_header)? else {
-        return match route.missing_key {
+    // key, from the client's header; a route with no other source of keys decides now.
+    let client_key = key::from_headers(req.headers(), &route.key_header)?;
+    if client_key.is_none() && route.key_template.is_none() {
+        match route.missing_key {
             MissingKey::Forward => {
-                Ok(super::passthrough::forward(&route.client, req, upstream_uri).await)
+                return Ok(super::passthrough::forward(&route.client, req, upstream_uri).await)
             }
-            MissingKey::Reject => Err(ProxyError::MissingKey {
-                header: route.key_header.to_string(),
-            }),
-        };
-    };
+            MissingKey::Reject => {
+                return Err(ProxyError::MissingKey {
+                    header: route.key_header.to_string(),
+                })
+            }
+            MissingKey::Derive => {}
+        }
+    }
 
     // The body is read only now, so a request refused above never has to send it
     // (hyper answers `Expect: 100-continue` on the first poll).
@@ -72,16 +80,14 @@ async fn protect(
             }
         })?;
 
-    // scope: who is asking, through which route, with which key.
-    let credentials = scope::credential_fingerprint(&parts.headers, &route.credential_headers);
-    let scope = scope::scope(
-        &app.namespace,
-        tenant,
-        &route.name,
-        &route.upstream.host,
-        &credentials,
-        &key,
-    );
+    // key, derived: the route's template over the request, else its missing-key policy.
+    let keyed = match client_key {
+        Some(k) => Keyed::Key(k),
+        None => match derive_key(route, &parts, &upstream_uri, &body)? {
+            Some(keyed) => keyed,
+            None => return forward_unprotected(route, &parts, upstream_uri, body).await,
+        },
+    };
 
     // fingerprint: what exactly is being asked.
     let path_and_query = upstream_uri
@@ -95,8 +101,57 @@ async fn protect(
     let fingerprint =
         fingerprint::fingerprint(parts.method.as_str(), path_and_query, content_type, &body);
 
+    // The key passed down, in the provider's form (`forward_key_limits.fit`). A fingerprint
+    // key lasts only the dedup window and is never passed down: the provider would keep
+    // deduplicating it far longer (Stripe: 24 h) and answer a deliberate later payment with
+    // the earlier one's response. Each execution gets a fresh provider key instead, and with
+    // no provider-side dedup to lean on, an ambiguous outcome is held.
+    let (key, mut passed_down, policy) = match keyed {
+        Keyed::Key(k) => {
+            let down = route.forward_key_limits.fit(&provider_key(tenant, &k));
+            (k, down, Cow::Borrowed(&route.policy))
+        }
+        Keyed::Fingerprint => (
+            format!("fp:{fingerprint}"),
+            route
+                .forward_key_limits
+                .fit(&format!("fp-{}", Token::random().as_str())),
+            Cow::Owned(Policy {
+                retention: route.dedup_window,
+                honours_key: false,
+                ..route.policy.clone()
+            }),
+        ),
+    };
+    let policy: &Policy = &policy;
+
+    // scope: who is asking, through which route, with which key.
+    let credentials = scope::credential_fingerprint(&parts.headers, &route.credential_headers);
+    let scope = scope::scope(
+        &app.namespace,
+        tenant,
+        &route.name,
+        &route.upstream.host,
+        &credentials,
+        &key,
+    );
+
+    // The forwarded body: the client's bytes, plus the key for a provider that takes it in
+    // a body field. Refused before anything is claimed.
+    let upstream_body = match &route.forward_key_field {
+        Some(field) => {
+            let (with_key, own) =
+                body_key::inject(&body, field, &passed_down).map_err(ProxyError::MalformedBody)?;
+            // The client set the field itself: that is the provider's key for this request.
+            if let Some(own) = own {
+                passed_down = own;
+            }
+            with_key
+        }
+        None => body,
+    };
+
     // claim
-    let policy = &route.policy;
     let claim = match app
         .claims
         .acquire(&scope, &fingerprint, &route.name, policy)
@@ -117,7 +172,13 @@ async fn protect(
         }
         Err(e) if policy.fail_open => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
-            let request = upstream_request(&parts, upstream_uri, body, route, &key);
+            let request = upstream_request(
+                &parts,
+                upstream_uri,
+                upstream_body,
+                route,
+                Some(&passed_down),
+            );
             let (resp_parts, resp_body) =
                 call(&route.client, request, route, app.max_receipt_bytes)
                     .await
@@ -136,7 +197,13 @@ async fn protect(
     };
 
     // forward, renewing the claim's lease while the provider works.
-    let request = upstream_request(&parts, upstream_uri, body, route, &key);
+    let request = upstream_request(
+        &parts,
+        upstream_uri,
+        upstream_body,
+        route,
+        Some(&passed_down),
+    );
     let result = with_lease_renewal(
         &app.claims,
         &claim,
@@ -145,22 +212,40 @@ async fn protect(
     )
     .await;
 
-    // settle, fenced by the claim's token.
+    // settle, fenced by the claim's token. A provider's "key already used" answer is never a
+    // receipt: the operation exists, but this is not its response, so the claim is UNKNOWN.
     let result = result.map(|(parts, body)| receipt::from_response(&parts, body));
     let outcome = match &result {
         Ok(receipt) => Outcome::Responded(receipt.status),
         Err(e) if e.may_have_been_sent() => Outcome::FailedAfterSend,
         Err(_) => Outcome::FailedBeforeSend,
     };
+    let duplicate = match (&result, &route.duplicate) {
+        (Ok(r), Some(d)) if d.matches(r.status, &r.body) => Some(format!(
+            "the provider answered {} (code {}): it already has an operation with the key `{passed_down}` passed down, from an earlier attempt. Look it up with {}",
+            r.status,
+            d.code,
+            d.lookup_hint.replace("{key}", &passed_down)
+        )),
+        _ => None,
+    };
+    let settlement = match duplicate {
+        Some(_) => Settlement::Unknown,
+        None => settle(outcome, policy),
+    };
     let settled = settle_claim(
         &app.claims,
         &claim,
         policy,
-        settle(outcome, policy),
+        settlement,
+        duplicate.clone(),
         &result,
     )
     .await;
     tracing::info!(route = %route.name, ?outcome, ?settled, "settled");
+    if let Some(note) = duplicate {
+        return Err(ProxyError::DuplicateRejected { note });
+    }
 
     // respond: the provider's real answer, built exactly as a replay would be.
     match result {
@@ -182,19 +267,102 @@ fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
         .ok()
 }
 
+/// How a protected request is keyed.
+enum Keyed {
+    /// The client's key, or the one the route's template derived.
+    Key(String),
+    /// `missing_key = "derive"`: the request's own fingerprint, for the dedup window.
+    Fingerprint,
+}
+
+/// A key for a request without one: the route's template, else its missing-key policy.
+/// `None`: forward it unprotected.
+fn derive_key(
+    route: &Route,
+    parts: &http::request::Parts,
+    uri: &Uri,
+    body: &[u8],
+) -> Result<Option<Keyed>, ProxyError> {
+    let missing = |field: Option<String>| match route.missing_key {
+        MissingKey::Forward => Ok(None),
+        MissingKey::Reject => {
+            let header = route.key_header.to_string();
+            Err(match field {
+                Some(field) => ProxyError::MissingKeyField { header, field },
+                None => ProxyError::MissingKey { header },
+            })
+        }
+        MissingKey::Derive => Ok(Some(Keyed::Fingerprint)),
+    };
+    let Some(template) = &route.key_template else {
+        return missing(None);
+    };
+    let path = uri
+        .path()
+        .strip_prefix(route.upstream.base_path.as_str())
+        .unwrap_or(uri.path());
+    let view = RequestView {
+        method: parts.method.as_str(),
+        path,
+        headers: &parts.headers,
+        body,
+    };
+    match template.render(&view) {
+        Ok(Rendered::Key(k)) => Ok(Some(Keyed::Key(k))),
+        Ok(Rendered::Missing(field)) => missing(Some(field)),
+        Err(e) => Err(ProxyError::MalformedBody(format!(
+            "route {}: {e}, so its key template cannot derive a key",
+            route.name
+        ))),
+    }
+}
+
+/// The key as the provider gets it, before its limits apply. Outside the default tenant it
+/// carries the tenant: tenants sharing one provider account must not have the provider
+/// deduplicate one tenant's request against another's and hand over its response.
+fn provider_key(tenant: &str, key: &str) -> String {
+    if tenant == DEFAULT_TENANT {
+        key.to_string()
+    } else {
+        format!("{tenant}:{key}")
+    }
+}
+
+/// A request the route's template could not key, on a route that forwards such requests:
+/// its body was read already, so it goes down buffered; the response streams back.
+async fn forward_unprotected(
+    route: &Route,
+    parts: &http::request::Parts,
+    uri: Uri,
+    body: Bytes,
+) -> Result<Response<Body>, ProxyError> {
+    let request = upstream_request(parts, uri, body, route, None);
+    match route.client.send(request).await {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Ok(Response::from_parts(parts, stream(body)))
+        }
+        Err(error) => Err(ProxyError::Upstream {
+            error,
+            claim: ClaimAfterFailure::None,
+        }),
+    }
+}
+
 /// The request as the provider gets it: end-to-end headers, the buffered body, and the key
-/// in the provider's own header instead of the client's.
+/// (when given) in the provider's own header instead of the client's.
 fn upstream_request(
     parts: &http::request::Parts,
     uri: Uri,
     body: Bytes,
     route: &Route,
-    key: &str,
+    key: Option<&str>,
 ) -> Request<Body> {
     let mut headers = parts.headers.clone();
     for_upstream(&mut headers, true);
     headers.remove(&route.key_header);
-    if let Some(name) = &route.forward_key_header {
+    if let (Some(name), Some(key)) = (&route.forward_key_header, key) {
         if let Ok(v) = HeaderValue::from_str(key) {
             headers.insert(name.clone(), v);
         }
@@ -268,6 +436,7 @@ async fn settle_claim(
     claim: &Claim,
     policy: &Policy,
     settlement: Settlement,
+    note: Option<String>,
     result: &Result<Receipt, UpstreamError>,
 ) -> ClaimAfterFailure {
     let (done, settled) = match (settlement, result) {
@@ -279,13 +448,13 @@ async fn settle_claim(
             (claims.release(claim).await, ClaimAfterFailure::Released)
         }
         (Settlement::Unknown, _) => {
-            let why = match result {
+            let why = note.unwrap_or_else(|| match result {
                 Ok(receipt) => format!(
                     "the provider answered {} and does not deduplicate on keys",
                     receipt.status
                 ),
                 Err(e) => format!("{e} after the request may have reached the provider"),
-            };
+            });
             (
                 claims.mark_unknown(claim, why, policy).await,
                 ClaimAfterFailure::Unknown,

@@ -34,6 +34,9 @@ pub enum Behavior {
     DropAfterEffect,
     /// Wait, then behave as `Ok`.
     Slow(Duration),
+    /// Answer this status and JSON body without performing anything (e.g. a provider's
+    /// "this key was already used" rejection).
+    Answer(u16, &'static str),
 }
 
 #[derive(Debug, Clone)]
@@ -173,6 +176,9 @@ impl FakeProvider {
                     Bytes::from_static(br#"{"error":{"type":"api_error"}}"#),
                     None,
                 ));
+            }
+            Behavior::Answer(status, body) => {
+                return Ok(json(status, Bytes::from_static(body.as_bytes()), None));
             }
             Behavior::Slow(d) => {
                 tokio::time::sleep(d).await;
