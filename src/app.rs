@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::config::{Config, ConfigError};
 use crate::idempotency::claims::Claims;
+use crate::proxy::connect::ConnectPolicy;
 use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 use crate::routes::Routes;
 use crate::store::{self, StoreError};
@@ -16,6 +17,8 @@ pub struct App {
     pub max_receipt_bytes: usize,
     /// For forward-proxy requests to hosts no route covers.
     pub default_client: UpstreamClient,
+    /// CONNECT: allowed ports, unknown hosts, and the CA for interception.
+    pub connect: ConnectPolicy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +32,7 @@ pub enum StartError {
 impl App {
     pub async fn build(config: &Config) -> Result<Arc<App>, StartError> {
         let routes = Routes::build(config)?;
+        let connect = ConnectPolicy::build(config)?;
         let store = store::open(
             &config.store.url,
             &config.store.namespace,
@@ -49,6 +53,7 @@ impl App {
             max_body_bytes: config.server.max_body_bytes,
             max_receipt_bytes: config.server.max_receipt_bytes,
             default_client,
+            connect,
         }))
     }
 }

@@ -101,11 +101,37 @@ impl Default for StoreConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
+    /// The proxy's CA (`idemproxy ca init`); needed to intercept CONNECT to routed hosts.
     pub ca_cert: Option<PathBuf>,
     pub ca_key: Option<PathBuf>,
+    /// What CONNECT to a host no route covers gets: a blind tunnel, or 403.
+    pub unknown_hosts: UnknownHosts,
+    /// Ports CONNECT may reach (intercepted or tunnelled); any other port is a 403.
+    pub connect_ports: Vec<u16>,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        Self {
+            ca_cert: None,
+            ca_key: None,
+            unknown_hosts: UnknownHosts::Tunnel,
+            connect_ports: vec![443],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownHosts {
+    /// Copy bytes both ways untouched (the worker's other HTTPS keeps working).
+    #[default]
+    Tunnel,
+    /// Answer 403.
+    Deny,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -356,6 +382,21 @@ impl Config {
         }
         if self.store.op_timeout.0.is_zero() {
             return Err(self.invalid("store.op_timeout", "must be greater than 0"));
+        }
+        if self.tls.connect_ports.is_empty() || self.tls.connect_ports.contains(&0) {
+            return Err(self.invalid(
+                "tls.connect_ports",
+                "must list at least one port, each 1-65535 (default [443])",
+            ));
+        }
+        match (&self.tls.ca_cert, &self.tls.ca_key) {
+            (Some(_), None) => {
+                return Err(self.invalid("tls.ca_key", "must be set together with tls.ca_cert"))
+            }
+            (None, Some(_)) => {
+                return Err(self.invalid("tls.ca_cert", "must be set together with tls.ca_key"))
+            }
+            _ => {}
         }
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {

@@ -9,3 +9,4 @@ pub mod providers;
 pub mod proxy;
 pub mod routes;
 pub mod store;
+pub mod tls;

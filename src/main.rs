@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use idemproxy::app::App;
 use idemproxy::config::{parse_listen, Config};
 use idemproxy::proxy::server::{serve, ServerOptions};
+use idemproxy::tls::init::InitOptions;
 
 #[derive(Parser)]
 #[command(
@@ -32,6 +33,34 @@ enum Command {
         #[arg(long, default_value = "config/idemproxy.toml")]
         config: PathBuf,
     },
+    /// The CA that signs the certificates of intercepted HTTPS hosts.
+    Ca {
+        #[command(subcommand)]
+        command: CaCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CaCommand {
+    /// Create the CA (ca.pem, ca.key with mode 0600, ca-bundle.pem) and print the settings
+    /// the proxy and its workers need.
+    Init {
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+        /// Replace an existing CA (workers must then trust the new one).
+        #[arg(long)]
+        force: bool,
+        /// The proxy as workers reach it (printed as HTTPS_PROXY).
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        proxy_url: String,
+        /// Where workers see --dir (a read-only volume mount); default: --dir itself.
+        #[arg(long)]
+        worker_dir: Option<PathBuf>,
+        /// PEM bundle of trusted roots combined with the CA into ca-bundle.pem (default: the
+        /// system bundle, e.g. /etc/ssl/certs/ca-certificates.crt).
+        #[arg(long)]
+        system_bundle: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -40,6 +69,22 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve { config } => run_serve(config),
         Command::CheckConfig { config } => check_config(config),
+        Command::Ca {
+            command:
+                CaCommand::Init {
+                    dir,
+                    force,
+                    proxy_url,
+                    worker_dir,
+                    system_bundle,
+                },
+        } => ca_init(InitOptions {
+            dir,
+            force,
+            proxy_url,
+            worker_dir,
+            system_bundle,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -68,7 +113,14 @@ fn check_config(path: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(&path)?;
     // Building routes also checks provider names, URLs and CA files.
     idemproxy::routes::Routes::build(&config)?;
+    idemproxy::proxy::connect::ConnectPolicy::build(&config)?;
     println!("{}: OK ({} routes)", path.display(), config.routes.len());
+    Ok(())
+}
+
+fn ca_init(opts: InitOptions) -> anyhow::Result<()> {
+    let written = idemproxy::tls::init::init(&opts)?;
+    print!("{}", idemproxy::tls::init::instructions(&written, &opts));
     Ok(())
 }
 
@@ -82,6 +134,9 @@ fn run_serve(path: PathBuf) -> anyhow::Result<()> {
         let app = App::build(&config).await?;
         if let Some(warning) = app.claims.store().durability_warning().await {
             tracing::warn!("{warning}");
+        }
+        if app.connect.leaves.is_none() && !app.routes.all().is_empty() {
+            tracing::warn!("no [tls] CA configured: CONNECT (HTTPS_PROXY) to routed hosts is refused with 403; run `idemproxy ca init`");
         }
         let addr = parse_listen(&config.server.listen).map_err(|m| config.invalid("server.listen", m))?;
         let listener = tokio::net::TcpListener::bind(addr)

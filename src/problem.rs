@@ -7,6 +7,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 
 use crate::idempotency::key::KeyError;
 use crate::proxy::body::{full, Body};
+use crate::proxy::connect::ConnectError;
 use crate::proxy::upstream::UpstreamError;
 use crate::store::StoreError;
 
@@ -58,6 +59,8 @@ pub enum ProxyError {
     },
     #[error("{0}")]
     NotImplemented(String),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
 }
 
 impl ProxyError {
@@ -81,6 +84,7 @@ impl ProxyError {
             } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            ProxyError::Connect(e) => e.status(),
         }
     }
 
@@ -118,6 +122,7 @@ impl ProxyError {
             } => "upstream-response-too-large",
             ProxyError::Upstream { .. } => "upstream-failed",
             ProxyError::NotImplemented(_) => "not-implemented",
+            ProxyError::Connect(e) => e.slug(),
         }
     }
 
@@ -152,6 +157,7 @@ impl ProxyError {
             } => "Upstream timed out",
             ProxyError::Upstream { .. } => "Upstream failed",
             ProxyError::NotImplemented(_) => "Not implemented",
+            ProxyError::Connect(e) => e.title(),
         }
     }
 
@@ -184,6 +190,7 @@ impl ProxyError {
                 ClaimAfterFailure::Unsettled => "The proxy could not record the outcome; retries with this key are held until its claim lease runs out, then follow the route's policy for unknown outcomes.".into(),
             },
             ProxyError::NotImplemented(_) => "This feature is not available yet.".into(),
+            ProxyError::Connect(e) => e.advice(),
         }
     }
 

@@ -7,7 +7,7 @@ use http::{Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use super::body::Body;
-use super::{passthrough, pipeline};
+use super::{connect, passthrough, pipeline};
 use crate::app::App;
 use crate::problem::ProxyError;
 use crate::routes::Route;
@@ -18,10 +18,7 @@ pub const DEFAULT_TENANT: &str = "default";
 /// Entry point for every request on the proxy listener.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     if req.method() == Method::CONNECT {
-        return Ok(ProxyError::NotImplemented(
-            "CONNECT (HTTPS_PROXY) is not supported by this build".into(),
-        )
-        .into_response());
+        return Ok(connect::handle(app, req).await);
     }
     let uri = req.uri().clone();
     let path_and_query = uri

@@ -1,12 +1,15 @@
-//! The proxy: listener, dispatch to routes, the idempotency pipeline, passthrough and the
-//! upstream client.
+//! The proxy: listener, dispatch to routes, CONNECT (interception and tunnels), the
+//! idempotency pipeline, passthrough and the upstream client.
 
 pub mod body;
 pub mod body_key;
+pub mod connect;
 pub mod dispatch;
 pub mod headers;
+pub mod intercept;
 pub mod passthrough;
 pub mod pipeline;
 pub mod receipt;
 pub mod server;
+pub mod tunnel;
 pub mod upstream;

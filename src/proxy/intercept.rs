@@ -1,0 +1,119 @@
+//! TLS interception of a CONNECT to a routed host: terminate TLS with a leaf certificate for
+//! the host the client names, then serve HTTP/1.1 or HTTP/2 (by ALPN) and run every request
+//! through the same route dispatch as the other ways in.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::AsyncWriteExt;
+use tokio_rustls::LazyConfigAcceptor;
+
+use super::body::Body;
+use super::connect::Target;
+use super::dispatch;
+use crate::app::App;
+use crate::routes::Route;
+
+/// What a client that speaks plain HTTP inside the tunnel gets back.
+const NOT_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 72\r\n\r\nThis CONNECT tunnel is intercepted by idemproxy and expects TLS (https).\n";
+
+/// Serves one intercepted connection to its end. Every failure is the client's connection
+/// closing; none can affect the listener or another connection.
+pub async fn serve(app: Arc<App>, route: Arc<Route>, target: Target, upgrade: OnUpgrade) {
+    let Some(leaves) = app.connect.leaves.as_ref() else {
+        return;
+    };
+    let timeout = app.connect.handshake_timeout;
+    let io = match upgrade.await {
+        Ok(upgraded) => TokioIo::new(upgraded),
+        Err(e) => {
+            tracing::debug!(%target, error = %e, "CONNECT upgrade failed");
+            return;
+        }
+    };
+
+    let mut acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+    let start = match tokio::time::timeout(timeout, &mut acceptor).await {
+        Ok(Ok(start)) => start,
+        Ok(Err(e)) => {
+            tracing::debug!(%target, error = %e, "not a TLS client hello inside the tunnel");
+            if let Some(mut io) = acceptor.take_io() {
+                let _ = io.write_all(NOT_TLS).await;
+                let _ = io.shutdown().await;
+            }
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%target, "no TLS client hello within {timeout:?}");
+            return;
+        }
+    };
+
+    // The certificate names the host the client asked for by SNI, else the CONNECT host. A
+    // different SNI must be a routed host too: the proxy never mints certificates for hosts
+    // it does not protect.
+    let sni = start
+        .client_hello()
+        .server_name()
+        .map(|s| s.trim_end_matches('.').to_ascii_lowercase());
+    let (name, route) = match sni {
+        Some(sni) if sni != target.name() => match app.routes.by_host(&sni, target.port) {
+            Some(r) => (sni, r.clone()),
+            None => {
+                tracing::warn!(%target, %sni, "TLS server name is not a routed host; closing");
+                return;
+            }
+        },
+        _ => (target.name().to_string(), route),
+    };
+    let config = match leaves.server_config(&name).await {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::error!(%target, error = %e, "no certificate for an intercepted host");
+            return;
+        }
+    };
+    let tls = match tokio::time::timeout(timeout, start.into_stream(config)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::debug!(%target, error = %e, "TLS handshake with the client failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%target, "TLS handshake not finished within {timeout:?}");
+            return;
+        }
+    };
+
+    let svc = service_fn(move |req: Request<Incoming>| {
+        let app = app.clone();
+        let route = route.clone();
+        async move { Ok::<_, Infallible>(request(&app, &route, req).await) }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout)
+        .keep_alive(true);
+    if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
+        tracing::debug!(%target, error = %e, "intercepted connection ended with an error");
+    }
+}
+
+/// One decrypted request: its path goes to the route's upstream, as in forward-proxy mode.
+async fn request(app: &App, route: &Arc<Route>, req: Request<Incoming>) -> Response<Body> {
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/")
+        .to_string();
+    dispatch::to_route(app, route, req, &path_and_query).await
+}
