@@ -3,7 +3,9 @@
 //! through the same route dispatch as the other ways in.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -11,7 +13,7 @@ use hyper::service::service_fn;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_rustls::LazyConfigAcceptor;
 
 use super::body::Body;
@@ -30,7 +32,7 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, target: Target, upgrade: On
         return;
     };
     let timeout = app.connect.handshake_timeout;
-    let io = match upgrade.await {
+    let mut io = match upgrade.await {
         Ok(upgraded) => TokioIo::new(upgraded),
         Err(e) => {
             tracing::debug!(%target, error = %e, "CONNECT upgrade failed");
@@ -38,15 +40,32 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, target: Target, upgrade: On
         }
     };
 
-    let mut acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
-    let start = match tokio::time::timeout(timeout, &mut acceptor).await {
+    // A TLS record starts with 0x16 (handshake). Anything else is most likely plain HTTP
+    // sent by mistake: answer it in plain HTTP, before rustls answers with an alert.
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, io.read(&mut first)).await {
+        Ok(Ok(1)) if first[0] == 0x16 => {}
+        Ok(Ok(1)) => {
+            tracing::debug!(%target, "plain bytes inside an intercepted tunnel");
+            let _ = io.write_all(NOT_TLS).await;
+            let _ = io.shutdown().await;
+            return;
+        }
+        _ => {
+            tracing::debug!(%target, "no TLS client hello within {timeout:?}");
+            return;
+        }
+    }
+    let io = Prefixed {
+        first: Some(first[0]),
+        io,
+    };
+
+    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+    let start = match tokio::time::timeout(timeout, acceptor).await {
         Ok(Ok(start)) => start,
         Ok(Err(e)) => {
-            tracing::debug!(%target, error = %e, "not a TLS client hello inside the tunnel");
-            if let Some(mut io) = acceptor.take_io() {
-                let _ = io.write_all(NOT_TLS).await;
-                let _ = io.shutdown().await;
-            }
+            tracing::debug!(%target, error = %e, "bad TLS client hello inside the tunnel");
             return;
         }
         Err(_) => {
@@ -116,4 +135,56 @@ async fn request(app: &App, route: &Arc<Route>, req: Request<Incoming>) -> Respo
         .unwrap_or("/")
         .to_string();
     dispatch::to_route(app, route, req, &path_and_query).await
+}
+
+/// The connection with the byte read to tell TLS from plain HTTP put back in front.
+struct Prefixed<IO> {
+    first: Option<u8>,
+    io: IO,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Prefixed<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if buf.remaining() > 0 {
+            if let Some(b) = self.first.take() {
+                buf.put_slice(&[b]);
+                return Poll::Ready(Ok(()));
+            }
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefixed<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
 }

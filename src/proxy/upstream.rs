@@ -145,10 +145,17 @@ fn chain_has<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'stati
         if err.is::<T>() {
             return true;
         }
-        // rustls errors reach us wrapped in io::Error.
+        // rustls errors reach us wrapped in io::Error, twice over from hyper-rustls
+        // (`io::Error::other(io_error)`), and io::Error::source skips the wrapped error.
         if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if io.get_ref().is_some_and(|inner| inner.is::<T>()) {
-                return true;
+            let mut inner = io.get_ref();
+            while let Some(e) = inner {
+                if e.is::<T>() {
+                    return true;
+                }
+                inner = e
+                    .downcast_ref::<std::io::Error>()
+                    .and_then(|io| io.get_ref());
             }
         }
         cur = err.source();

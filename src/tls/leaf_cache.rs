@@ -50,10 +50,21 @@ impl LeafCache {
     /// `h2` and `http/1.1`.
     pub async fn server_config(&self, host: &str) -> Result<Arc<ServerConfig>, Arc<LeafError>> {
         let host = host.to_ascii_lowercase();
+        self.get_or_generate(&host, async { self.build(&host) })
+            .await
+    }
+
+    /// Callers asking for a host whose generation is under way wait for it, rather than
+    /// starting their own (moka resolves one init future per key).
+    async fn get_or_generate(
+        &self,
+        host: &str,
+        generate: impl std::future::Future<Output = Result<ServerConfig, LeafError>>,
+    ) -> Result<Arc<ServerConfig>, Arc<LeafError>> {
         self.cache
-            .try_get_with_by_ref(&host, async {
+            .try_get_with_by_ref(host, async {
                 self.generated.fetch_add(1, Ordering::Relaxed);
-                self.build(&host).map(Arc::new)
+                generate.await.map(Arc::new)
             })
             .await
     }
@@ -100,10 +111,18 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_burst_for_one_new_host_generates_once() {
         let cache = Arc::new(cache());
+        // Every caller asks while the first generation is still running (it is made slow
+        // here), which is exactly when a get-then-insert cache would generate again.
         let tasks: Vec<_> = (0..50)
             .map(|_| {
                 let cache = cache.clone();
-                tokio::spawn(async move { cache.server_config("api.burst.test").await.unwrap() })
+                tokio::spawn(async move {
+                    let slow = async {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        cache.build("api.burst.test")
+                    };
+                    cache.get_or_generate("api.burst.test", slow).await.unwrap()
+                })
             })
             .collect();
         let mut configs = Vec::new();

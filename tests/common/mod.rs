@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod connect;
+pub mod pki;
 pub mod provider;
 pub mod proxy;
 pub mod redis;

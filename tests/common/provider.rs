@@ -76,6 +76,22 @@ impl FakeProvider {
     }
 
     pub async fn start_with(opts: ProviderOptions) -> FakeProvider {
+        Self::start_inner(opts, None).await
+    }
+
+    /// The same provider behind TLS (`tls` from `pki::TestPki::server_config`); serves
+    /// HTTP/1.1 and HTTP/2 by ALPN.
+    pub async fn start_https(
+        opts: ProviderOptions,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> FakeProvider {
+        Self::start_inner(opts, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    }
+
+    async fn start_inner(
+        opts: ProviderOptions,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> FakeProvider {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind provider");
@@ -87,15 +103,24 @@ impl FakeProvider {
             while let Ok((stream, _)) = listener.accept().await {
                 let p = p.clone();
                 let opts = opts.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let p = p.clone();
                         let opts = opts.clone();
                         async move { p.serve(req, &opts).await }
                     });
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    match tls {
+                        None => {
+                            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                            }
+                        }
+                    }
                 });
             }
         });
