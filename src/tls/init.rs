@@ -111,7 +111,12 @@ pub fn init(opts: &InitOptions) -> Result<Written, InitError> {
 /// Writes through a temporary file and a rename, created with `mode` from the start so the
 /// key is never readable by others, not even for a moment.
 fn write_file(path: &Path, contents: &str, mode: u32) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        name.unwrap_or_default(),
+        std::process::id()
+    ));
     let _ = std::fs::remove_file(&tmp);
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
@@ -183,8 +188,7 @@ pub fn instructions(written: &Written, opts: &InitOptions) -> String {
     let _ = writeln!(out, "ca_key = {:?}", written.key.display().to_string());
     let _ = writeln!(
         out,
-        "\n# 2. Worker environment (workers see {} at {}; mount it read-only, without {KEY_FILE}):\n",
-        written.cert.parent().unwrap_or(Path::new(".")).display(),
+        "\n# 2. Worker environment. Workers see {CERT_FILE} and {BUNDLE_FILE} in {}:\n#    mount those two files read-only, never {KEY_FILE}.\n",
         worker_dir.display()
     );
     for (name, value) in [
