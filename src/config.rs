@@ -111,6 +111,9 @@ pub struct TlsConfig {
     pub unknown_hosts: UnknownHosts,
     /// Ports CONNECT may reach (intercepted or tunnelled); any other port is a 403.
     pub connect_ports: Vec<u16>,
+    /// A blind tunnel with no byte in either direction for this long is closed, so tunnels
+    /// whose client vanished without a FIN do not pile up.
+    pub tunnel_idle_timeout: Dur,
 }
 
 impl Default for TlsConfig {
@@ -120,6 +123,7 @@ impl Default for TlsConfig {
             ca_key: None,
             unknown_hosts: UnknownHosts::Tunnel,
             connect_ports: vec![443],
+            tunnel_idle_timeout: Dur(Duration::from_secs(600)),
         }
     }
 }
@@ -388,6 +392,9 @@ impl Config {
                 "tls.connect_ports",
                 "must list at least one port, each 1-65535 (default [443])",
             ));
+        }
+        if self.tls.tunnel_idle_timeout.0.is_zero() {
+            return Err(self.invalid("tls.tunnel_idle_timeout", "must be greater than 0"));
         }
         match (&self.tls.ca_cert, &self.tls.ca_key) {
             (Some(_), None) => {

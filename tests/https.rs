@@ -475,6 +475,53 @@ async fn tunnel_handles_half_close() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_is_closed_after_its_idle_timeout_not_while_bytes_flow() {
+    // A server that sends a tick every 300 ms for 2 s, then goes silent with the socket open.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        if let Ok((mut s, _)) = listener.accept().await {
+            for _ in 0..7 {
+                if s.write_all(b"tick\n").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+    });
+    let s = Setup::start(
+        Backend::Sqlite,
+        "",
+        &format!("connect_ports = [443, {port}]\ntunnel_idle_timeout = \"1s\""),
+    )
+    .await;
+    let mut c = connect::connect(s.proxy.addr, &format!("127.0.0.1:{port}"))
+        .await
+        .expect("connect");
+    assert_eq!(c.status, 200, "{}", c.head);
+    let started = Instant::now();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(15), c.stream.read_to_end(&mut got))
+        .await
+        .expect("the idle tunnel is closed by the proxy")
+        .expect("read");
+    let closed_after = started.elapsed();
+    assert_eq!(
+        got,
+        b"tick\n".repeat(7),
+        "every tick flowed, past the idle timeout"
+    );
+    // Last tick at ~1.8 s, then 1 s of silence.
+    assert!(
+        closed_after >= Duration::from_millis(2600) && closed_after < Duration::from_secs(6),
+        "closed after {closed_after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_clear_and_the_proxy_keeps_serving() {
     let other = FakeProvider::start().await;
     let port = other.port();

@@ -26,6 +26,7 @@ pub struct ConnectPolicy {
     pub leaves: Option<LeafCache>,
     /// Time a client has to finish its TLS handshake and send each request head.
     pub handshake_timeout: Duration,
+    pub tunnel_idle_timeout: Duration,
 }
 
 impl ConnectPolicy {
@@ -44,6 +45,7 @@ impl ConnectPolicy {
             unknown_hosts: config.tls.unknown_hosts,
             leaves,
             handshake_timeout: config.server.header_read_timeout.0,
+            tunnel_idle_timeout: config.tls.tunnel_idle_timeout.0,
         })
     }
 }
@@ -178,7 +180,12 @@ async fn open(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, C
     // Dial before answering, so an unreachable target is a 502 the client can read rather
     // than a tunnel that closes at once.
     let upstream = tunnel::dial(&target, DIAL_TIMEOUT).await?;
-    tokio::spawn(tunnel::run(hyper::upgrade::on(req), upstream, target));
+    tokio::spawn(tunnel::run(
+        hyper::upgrade::on(req),
+        upstream,
+        target,
+        policy.tunnel_idle_timeout,
+    ));
     Ok(established())
 }
 

@@ -1,11 +1,17 @@
 //! Blind tunnels for hosts no route covers: bytes copied both ways as they arrive, each
-//! direction closed on its own (half-close), so long-lived streams keep flowing untouched.
+//! direction closed on its own (half-close), so long-lived streams keep flowing untouched;
+//! a tunnel with no traffic at all for `tls.tunnel_idle_timeout` is closed.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::connect::{ConnectError, Target};
@@ -43,8 +49,8 @@ pub async fn dial(target: &Target, timeout: Duration) -> Result<TcpStream, Conne
     Ok(stream)
 }
 
-/// Copies bytes both ways until both sides have closed.
-pub async fn run(upgrade: OnUpgrade, mut upstream: TcpStream, target: Target) {
+/// Copies bytes both ways until both sides have closed, or nothing moved for `idle`.
+pub async fn run(upgrade: OnUpgrade, upstream: TcpStream, target: Target, idle: Duration) {
     let client = match upgrade.await {
         Ok(upgraded) => upgraded,
         Err(e) => {
@@ -52,9 +58,97 @@ pub async fn run(upgrade: OnUpgrade, mut upstream: TcpStream, target: Target) {
             return;
         }
     };
-    let mut client = TokioIo::new(client);
-    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        Ok((up, down)) => tracing::debug!(%target, up, down, "tunnel closed"),
-        Err(e) => tracing::debug!(%target, error = %e, "tunnel ended with an error"),
+    let activity = Activity::new();
+    let mut client = activity.track(TokioIo::new(client));
+    let mut upstream = activity.track(upstream);
+    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+    tokio::pin!(copy);
+    loop {
+        let quiet = activity.quiet_for();
+        if quiet >= idle {
+            tracing::debug!(%target, ?idle, "tunnel idle; closed");
+            return;
+        }
+        tokio::select! {
+            done = &mut copy => {
+                match done {
+                    Ok((up, down)) => tracing::debug!(%target, up, down, "tunnel closed"),
+                    Err(e) => tracing::debug!(%target, error = %e, "tunnel ended with an error"),
+                }
+                return;
+            }
+            () = tokio::time::sleep(idle - quiet) => {}
+        }
+    }
+}
+
+/// When a byte last moved through a tunnel, in either direction.
+#[derive(Clone)]
+struct Activity {
+    since: Instant,
+    last_ms: Arc<AtomicU64>,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            since: Instant::now(),
+            last_ms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn touch(&self) {
+        let now = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn quiet_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.since.elapsed().saturating_sub(last)
+    }
+
+    fn track<IO>(&self, io: IO) -> Tracked<IO> {
+        Tracked {
+            io,
+            activity: self.clone(),
+        }
+    }
+}
+
+struct Tracked<IO> {
+    io: IO,
+    activity: Activity,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        polled
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
