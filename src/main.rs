@@ -150,7 +150,12 @@ fn run_serve(path: PathBuf) -> anyhow::Result<()> {
             header_read_timeout: config.server.header_read_timeout.0,
             shutdown_grace: config.server.shutdown_grace.0,
         };
-        serve(app, listener, opts, shutdown_signal()).await;
+        let grace = opts.shutdown_grace;
+        serve(app.clone(), listener, opts, shutdown_signal()).await;
+        // Intercepted HTTPS connections are not the listener's; let their requests settle too.
+        if !app.connect.drain_intercepted(grace).await {
+            tracing::warn!("grace period over for intercepted HTTPS connections; unsettled claims become UNKNOWN when their leases run out");
+        }
         Ok(())
     })
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::connect;
 use common::pki::{self, ProxyCa, TestPki};
-use common::provider::{FakeProvider, ProviderOptions};
+use common::provider::{Behavior, FakeProvider, ProviderOptions};
 use common::proxy::{config, Proxy, StoreFixture};
 use common::Backend;
 use http_body_util::BodyExt;
@@ -299,6 +299,46 @@ both_backends!(
     curl_http2_through_the_tunnel_executes_once_and_replays,
     python_requests_and_httpx_share_one_effect,
 );
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_an_intercepted_request_settle_then_the_retry_replays() {
+    let mut s = Setup::start(Backend::Sqlite, "", "").await;
+    s.provider
+        .then([Behavior::Slow(Duration::from_millis(1500))]);
+    let mut a = vec![
+        "--proxy".to_string(),
+        s.proxy_url(),
+        "--cacert".into(),
+        s.ca.cert.display().to_string(),
+    ];
+    a.extend(charge("in-flight-at-sigterm", r#"{"amount":9}"#));
+    let first = {
+        let a = a.clone();
+        tokio::spawn(async move { curl(&args(&a), &no_proxy_env()).await })
+    };
+    // SIGTERM while the provider is still working on the request.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let exit = tokio::task::block_in_place(|| s.proxy.terminate());
+    let first = first.await.expect("curl task");
+    assert_eq!(
+        first.status, 200,
+        "the in-flight request finished: {}",
+        first.stderr
+    );
+    assert_eq!(first.header("idempotent-replayed"), Some("false"));
+    assert!(exit.success(), "{exit:?}");
+    assert_eq!(s.provider.effects(), 1);
+
+    s.proxy.restart();
+    let retry = curl(&args(&a), &no_proxy_env()).await;
+    assert_eq!(retry.status, 200, "{}", retry.stderr);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        retry.body, first.body,
+        "its receipt was committed before exit"
+    );
+    assert_eq!(s.provider.effects(), 1);
+}
 
 // ---------------------------------------------------------------------------------------
 // Upstream TLS is always verified.

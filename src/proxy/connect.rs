@@ -1,11 +1,12 @@
 //! `CONNECT host:port` (HTTPS_PROXY): a host a route covers is intercepted, so its requests go
 //! through the idempotency pipeline; any other host gets a blind tunnel, or a 403 by config.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 
 use super::body::{empty, Body};
 use super::{intercept, tunnel};
@@ -27,6 +28,10 @@ pub struct ConnectPolicy {
     /// Time a client has to finish its TLS handshake and send each request head.
     pub handshake_timeout: Duration,
     pub tunnel_idle_timeout: Duration,
+    /// Intercepted connections outlive the CONNECT request that opened them, so the
+    /// listener's graceful shutdown never sees them; they are watched here instead.
+    /// `None` once shutdown has begun.
+    intercepted: Mutex<Option<GracefulShutdown>>,
 }
 
 impl ConnectPolicy {
@@ -46,7 +51,30 @@ impl ConnectPolicy {
             leaves,
             handshake_timeout: config.server.header_read_timeout.0,
             tunnel_idle_timeout: config.tls.tunnel_idle_timeout.0,
+            intercepted: Mutex::new(Some(GracefulShutdown::new())),
         })
+    }
+
+    /// A watcher for a new intercepted connection; `None` when the proxy is shutting down.
+    pub fn watcher(&self) -> Option<Watcher> {
+        self.lock_intercepted()
+            .as_ref()
+            .map(GracefulShutdown::watcher)
+    }
+
+    /// Asks every intercepted connection to finish its in-flight requests and close, and
+    /// waits up to `grace` for them. Returns whether they all finished.
+    pub async fn drain_intercepted(&self, grace: Duration) -> bool {
+        let Some(graceful) = self.lock_intercepted().take() else {
+            return true;
+        };
+        tokio::time::timeout(grace, graceful.shutdown())
+            .await
+            .is_ok()
+    }
+
+    fn lock_intercepted(&self) -> std::sync::MutexGuard<'_, Option<GracefulShutdown>> {
+        self.intercepted.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -31,6 +31,10 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, target: Target, upgrade: On
     let Some(leaves) = app.connect.leaves.as_ref() else {
         return;
     };
+    let Some(watcher) = app.connect.watcher() else {
+        tracing::debug!(%target, "shutting down; intercepted connection not served");
+        return;
+    };
     let timeout = app.connect.handshake_timeout;
     let mut io = match upgrade.await {
         Ok(upgraded) => TokioIo::new(upgraded),
@@ -121,7 +125,12 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, target: Target, upgrade: On
         .timer(TokioTimer::new())
         .header_read_timeout(timeout)
         .keep_alive(true);
-    if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
+    let conn = watcher.watch(
+        builder
+            .serve_connection(TokioIo::new(tls), svc)
+            .into_owned(),
+    );
+    if let Err(e) = conn.await {
         tracing::debug!(%target, error = %e, "intercepted connection ended with an error");
     }
 }
