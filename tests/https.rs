@@ -565,10 +565,12 @@ async fn a_tunnel_is_closed_after_its_idle_timeout_not_while_bytes_flow() {
 async fn refusals_are_clear_and_the_proxy_keeps_serving() {
     let other = FakeProvider::start().await;
     let port = other.port();
+    // A second route protects another host on port 8443 only.
+    let ported = "\n[[routes]]\nname = \"ported\"\nhost = \"ported.fake.test:8443\"\nupstream = \"https://ported.fake.test\"\n";
     let s = Setup::start(
         Backend::Sqlite,
-        "",
-        &format!("unknown_hosts = \"deny\"\nconnect_ports = [443, {port}]"),
+        ported,
+        &format!("unknown_hosts = \"deny\"\nconnect_ports = [443, 8443, {port}]"),
     )
     .await;
     let refusal = |c: &connect::Connected| c.head.to_ascii_lowercase();
@@ -584,10 +586,16 @@ async fn refusals_are_clear_and_the_proxy_keeps_serving() {
         c.head
     );
     // a port outside tls.connect_ports, even for a routed host
-    let c = connect::connect(s.proxy.addr, &format!("{HOST}:8443"))
+    let c = connect::connect(s.proxy.addr, &format!("{HOST}:9443"))
         .await
         .expect("connect");
     assert_eq!(c.status, 403);
+    assert!(refusal(&c).contains("connect-port-forbidden"), "{}", c.head);
+    // a routed host on a port its route does not name: refused, never tunnelled past it
+    let c = connect::connect(s.proxy.addr, "ported.fake.test:443")
+        .await
+        .expect("connect");
+    assert_eq!(c.status, 403, "{}", c.head);
     assert!(refusal(&c).contains("connect-port-forbidden"), "{}", c.head);
     // malformed authorities
     for bad in [HOST, &format!("{HOST}:0"), &format!("user@{HOST}:443")] {

@@ -91,6 +91,12 @@ pub enum ConnectError {
     NoCa { route: String, host: String },
     #[error("cannot reach {target}: {reason}")]
     Unreachable { target: String, reason: String },
+    #[error("route `{route}` protects {host} on port {route_port}, not on this port")]
+    RouteOnOtherPort {
+        route: String,
+        host: String,
+        route_port: u16,
+    },
 }
 
 impl ConnectError {
@@ -99,7 +105,8 @@ impl ConnectError {
             ConnectError::BadTarget(_) => StatusCode::BAD_REQUEST,
             ConnectError::PortNotAllowed(_)
             | ConnectError::HostDenied(_)
-            | ConnectError::NoCa { .. } => StatusCode::FORBIDDEN,
+            | ConnectError::NoCa { .. }
+            | ConnectError::RouteOnOtherPort { .. } => StatusCode::FORBIDDEN,
             ConnectError::Unreachable { .. } => StatusCode::BAD_GATEWAY,
         }
     }
@@ -107,7 +114,9 @@ impl ConnectError {
     pub fn slug(&self) -> &'static str {
         match self {
             ConnectError::BadTarget(_) => "bad-connect-target",
-            ConnectError::PortNotAllowed(_) => "connect-port-forbidden",
+            ConnectError::PortNotAllowed(_) | ConnectError::RouteOnOtherPort { .. } => {
+                "connect-port-forbidden"
+            }
             ConnectError::HostDenied(_) => "connect-host-forbidden",
             ConnectError::NoCa { .. } => "interception-not-configured",
             ConnectError::Unreachable { .. } => "tunnel-target-unreachable",
@@ -117,7 +126,9 @@ impl ConnectError {
     pub fn title(&self) -> &'static str {
         match self {
             ConnectError::BadTarget(_) => "Bad CONNECT target",
-            ConnectError::PortNotAllowed(_) => "CONNECT port not allowed",
+            ConnectError::PortNotAllowed(_) | ConnectError::RouteOnOtherPort { .. } => {
+                "CONNECT port not allowed"
+            }
             ConnectError::HostDenied(_) => "CONNECT host not allowed",
             ConnectError::NoCa { .. } => "HTTPS interception not configured",
             ConnectError::Unreachable { .. } => "Tunnel target unreachable",
@@ -131,6 +142,7 @@ impl ConnectError {
             ConnectError::HostDenied(_) => "Only hosts a route covers may be reached through this proxy; add a route or set tls.unknown_hosts = \"tunnel\".".into(),
             ConnectError::NoCa { .. } => "The proxy refuses to tunnel a protected host past its idempotency checks. Run `idemproxy ca init`, set tls.ca_cert and tls.ca_key, and trust the CA on the worker; or use the route's base URL instead of HTTPS_PROXY.".into(),
             ConnectError::Unreachable { .. } => "Nothing was sent. Check the host name and that it accepts connections, then retry.".into(),
+            ConnectError::RouteOnOtherPort { .. } => "A tunnel to this port would bypass the route's idempotency checks. Use the route's port, or add this one to the route's host.".into(),
         }
     }
 }
@@ -201,6 +213,15 @@ async fn open(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, C
         let upgrade = hyper::upgrade::on(req);
         tokio::spawn(intercept::serve(app.clone(), route, target, upgrade));
         return Ok(established());
+    }
+    // A protected host on a port its route does not name is refused, not tunnelled past
+    // the route.
+    if let Some(route) = app.routes.all().iter().find(|r| r.host == target.host) {
+        return Err(ConnectError::RouteOnOtherPort {
+            route: route.name.clone(),
+            host: target.host.clone(),
+            route_port: route.port.unwrap_or(target.port),
+        });
     }
     if policy.unknown_hosts == UnknownHosts::Deny {
         return Err(ConnectError::HostDenied(target.to_string()));
