@@ -14,6 +14,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
 use super::body::Body;
@@ -28,92 +29,22 @@ const NOT_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\
 /// Serves one intercepted connection to its end. Every failure is the client's connection
 /// closing; none can affect the listener or another connection.
 pub async fn serve(app: Arc<App>, route: Arc<Route>, target: Target, upgrade: OnUpgrade) {
-    let Some(leaves) = app.connect.leaves.as_ref() else {
-        return;
-    };
     let Some(watcher) = app.connect.watcher() else {
         tracing::debug!(%target, "shutting down; intercepted connection not served");
         return;
     };
-    let timeout = app.connect.handshake_timeout;
-    let mut io = match upgrade.await {
+    let io = match upgrade.await {
         Ok(upgraded) => TokioIo::new(upgraded),
         Err(e) => {
             tracing::debug!(%target, error = %e, "CONNECT upgrade failed");
             return;
         }
     };
-
-    // A TLS record starts with 0x16 (handshake). Anything else is most likely plain HTTP
-    // sent by mistake: answer it in plain HTTP, before rustls answers with an alert.
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(timeout, io.read(&mut first)).await {
-        Ok(Ok(1)) if first[0] == 0x16 => {}
-        Ok(Ok(1)) => {
-            tracing::debug!(%target, "plain bytes inside an intercepted tunnel");
-            let _ = io.write_all(NOT_TLS).await;
-            let _ = io.shutdown().await;
-            return;
-        }
-        _ => {
-            tracing::debug!(%target, "no TLS client hello within {timeout:?}");
-            return;
-        }
-    }
-    let io = Prefixed {
-        first: Some(first[0]),
-        io,
+    let Some((tls, route)) = handshake(&app, route, &target, io).await else {
+        return;
     };
 
-    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
-    let start = match tokio::time::timeout(timeout, acceptor).await {
-        Ok(Ok(start)) => start,
-        Ok(Err(e)) => {
-            tracing::debug!(%target, error = %e, "bad TLS client hello inside the tunnel");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%target, "no TLS client hello within {timeout:?}");
-            return;
-        }
-    };
-
-    // The certificate names the host the client asked for by SNI, else the CONNECT host. A
-    // different SNI must be a routed host too: the proxy never mints certificates for hosts
-    // it does not protect.
-    let sni = start
-        .client_hello()
-        .server_name()
-        .map(|s| s.trim_end_matches('.').to_ascii_lowercase());
-    let (name, route) = match sni {
-        Some(sni) if sni != target.name() => match app.routes.by_host(&sni, target.port) {
-            Some(r) => (sni, r.clone()),
-            None => {
-                tracing::warn!(%target, %sni, "TLS server name is not a routed host; closing");
-                return;
-            }
-        },
-        _ => (target.name().to_string(), route),
-    };
-    let config = match leaves.server_config(&name).await {
-        Ok(config) => config,
-        Err(e) => {
-            tracing::error!(%target, error = %e, "no certificate for an intercepted host");
-            return;
-        }
-    };
-    let tls = match tokio::time::timeout(timeout, start.into_stream(config)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => {
-            tracing::debug!(%target, error = %e, "TLS handshake with the client failed");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%target, "TLS handshake not finished within {timeout:?}");
-            return;
-        }
-    };
-
+    let timeout = app.connect.handshake_timeout;
     let svc = service_fn(move |req: Request<Incoming>| {
         let app = app.clone();
         let route = route.clone();
@@ -132,6 +63,91 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, target: Target, upgrade: On
     );
     if let Err(e) = conn.await {
         tracing::debug!(%target, error = %e, "intercepted connection ended with an error");
+    }
+}
+
+/// The TLS server side of the tunnel, and the route its requests belong to; `None` (after
+/// logging why) when the client does not complete a handshake the proxy is willing to do.
+async fn handshake<IO>(
+    app: &App,
+    route: Arc<Route>,
+    target: &Target,
+    mut io: IO,
+) -> Option<(TlsStream<Prefixed<IO>>, Arc<Route>)>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let leaves = app.connect.leaves.as_ref()?;
+    let timeout = app.connect.handshake_timeout;
+
+    // A TLS record starts with 0x16 (handshake). Anything else is most likely plain HTTP
+    // sent by mistake: answer it in plain HTTP, before rustls answers with an alert.
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, io.read(&mut first)).await {
+        Ok(Ok(1)) if first[0] == 0x16 => {}
+        Ok(Ok(1)) => {
+            tracing::debug!(%target, "plain bytes inside an intercepted tunnel");
+            let _ = io.write_all(NOT_TLS).await;
+            let _ = io.shutdown().await;
+            return None;
+        }
+        _ => {
+            tracing::debug!(%target, "no TLS client hello within {timeout:?}");
+            return None;
+        }
+    }
+    let io = Prefixed {
+        first: Some(first[0]),
+        io,
+    };
+
+    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+    let start = match tokio::time::timeout(timeout, acceptor).await {
+        Ok(Ok(start)) => start,
+        Ok(Err(e)) => {
+            tracing::debug!(%target, error = %e, "bad TLS client hello inside the tunnel");
+            return None;
+        }
+        Err(_) => {
+            tracing::debug!(%target, "no TLS client hello within {timeout:?}");
+            return None;
+        }
+    };
+
+    // The certificate names the host the client asked for by SNI, else the CONNECT host. A
+    // different SNI must be a routed host too: the proxy never mints certificates for hosts
+    // it does not protect.
+    let sni = start
+        .client_hello()
+        .server_name()
+        .map(|s| s.trim_end_matches('.').to_ascii_lowercase());
+    let (name, route) = match sni {
+        Some(sni) if sni != target.name() => match app.routes.by_host(&sni, target.port) {
+            Some(r) => (sni, r.clone()),
+            None => {
+                tracing::warn!(%target, %sni, "TLS server name is not a routed host; closing");
+                return None;
+            }
+        },
+        _ => (target.name().to_string(), route),
+    };
+    let config = match leaves.server_config(&name).await {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::error!(%target, error = %e, "no certificate for an intercepted host");
+            return None;
+        }
+    };
+    match tokio::time::timeout(timeout, start.into_stream(config)).await {
+        Ok(Ok(tls)) => Some((tls, route)),
+        Ok(Err(e)) => {
+            tracing::debug!(%target, error = %e, "TLS handshake with the client failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%target, "TLS handshake not finished within {timeout:?}");
+            None
+        }
     }
 }
 
