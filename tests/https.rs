@@ -340,6 +340,43 @@ async fn sigterm_lets_an_intercepted_request_settle_then_the_retry_replays() {
     assert_eq!(s.provider.effects(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unprotected_requests_to_an_intercepted_host_stream_through() {
+    let s = Setup::start(Backend::Sqlite, "", "").await;
+    let client = pki::client_config(&s.ca.cert, &[b"http/1.1"]);
+    let (tls, _) = connect::tls(s.proxy.addr, &format!("{HOST}:443"), HOST, client)
+        .await
+        .expect("intercepted");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("h1 over TLS");
+    tokio::spawn(conn);
+    let req = http::Request::get("/stream?n=4&ms=300")
+        .header("host", HOST)
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let started = Instant::now();
+    let mut body = sender
+        .send_request(req)
+        .await
+        .expect("response")
+        .into_body();
+    let mut arrivals = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if frame.expect("frame").is_data() {
+            arrivals.push(started.elapsed());
+        }
+    }
+    assert_eq!(arrivals.len(), 4, "{arrivals:?}");
+    assert!(
+        arrivals[0] < Duration::from_millis(600) && arrivals[3] >= Duration::from_millis(800),
+        "a GET is not buffered: {arrivals:?}"
+    );
+    assert_eq!(s.provider.received().len(), 1, "it did reach the provider");
+    assert_eq!(s.provider.effects(), 0);
+}
+
 // ---------------------------------------------------------------------------------------
 // Upstream TLS is always verified.
 
