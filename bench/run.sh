@@ -102,7 +102,7 @@ write_config() { # $1 file, $2 store url
 listen = "127.0.0.1:0"
 [store]
 url = "$2"
-$( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" )
+$( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\nconnect_ports = [443, %s]\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" "$P_TLS" )
 $( [ -n "${BENCH_EXTRA_TOML:-}" ] && printf '%s\n' "$BENCH_EXTRA_TOML" )
 [[routes]]
 name = "bench"
@@ -220,7 +220,7 @@ print("| scenario | req/s | × direct | × nginx | × tunnel | p50 ms | p99 ms |
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for n in names:
     r = med[n]
-    xt = f"{r['rps']/tunnel['rps']:.2f}" if tunnel and n.startswith("HTTPS") else ""
+    xt = f"{r['rps']/tunnel['rps']:.2f}" if tunnel and tunnel["rps"] and n.startswith("HTTPS") else ""
     print(f"| {n} | {r['rps']:.0f} | {r['rps']/direct['rps']:.2f} | {r['rps']/nginx['rps']:.2f} | {xt} | "
           f"{r['p50']/1000:.3f} | {r['p99']/1000:.3f} | {(r['p50']-direct['p50'])/1000:+.3f} | {r['errors']} | {r['non2xx']} | {r['rss']} |")
 print(f"\nidemproxy RSS with 1,000 idle keep-alive connections (after a warm replay run): {idle_rss} MiB")
