@@ -11,7 +11,7 @@ use crate::store::{self, StoreError};
 
 pub struct App {
     pub routes: Routes,
-    pub claims: Claims,
+    pub claims: Arc<Claims>,
     pub namespace: String,
     pub max_body_bytes: usize,
     pub max_receipt_bytes: usize,
@@ -33,10 +33,11 @@ impl App {
     pub async fn build(config: &Config) -> Result<Arc<App>, StartError> {
         let routes = Routes::build(config)?;
         let connect = ConnectPolicy::build(config)?;
-        let store = store::open(
+        let store = store::open_with(
             &config.store.url,
             &config.store.namespace,
             &config.store.sqlite_synchronous,
+            config.store.op_timeout.0,
         )
         .await?;
         let default_client = UpstreamClient::new(&ClientOptions {
@@ -48,7 +49,7 @@ impl App {
         .map_err(|m| config.invalid("server", m))?;
         Ok(Arc::new(App {
             routes,
-            claims: Claims::new(store, config.store.op_timeout.0),
+            claims: Arc::new(Claims::new(store, config.store.op_timeout.0)),
             namespace: config.store.namespace.clone(),
             max_body_bytes: config.server.max_body_bytes,
             max_receipt_bytes: config.server.max_receipt_bytes,

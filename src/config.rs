@@ -207,6 +207,10 @@ pub struct RouteConfig {
     pub missing_key: MissingKey,
     #[serde(default)]
     pub on_in_flight: OnInFlight,
+    /// With `on_in_flight = "wait"`: how long a duplicate waits for the first to settle
+    /// before it gets 409.
+    #[serde(default = "default_wait_timeout")]
+    pub wait_timeout: Dur,
     /// Statuses that become the receipt. Entries: `2xx`, `404`, `!409` (exclude).
     /// Default: the profile's, else `default_commit_statuses()`.
     pub commit_statuses: Option<Vec<String>>,
@@ -272,6 +276,9 @@ fn default_retention() -> Dur {
 }
 fn default_lease() -> Dur {
     Dur(Duration::from_secs(15))
+}
+fn default_wait_timeout() -> Dur {
+    Dur(Duration::from_secs(30))
 }
 fn default_connect_timeout() -> Dur {
     Dur(Duration::from_secs(5))

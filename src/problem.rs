@@ -187,7 +187,7 @@ impl ProxyError {
                 ClaimAfterFailure::Released if error.may_have_been_sent() => "The provider deduplicates on the key passed down, so retry with the same key.".into(),
                 ClaimAfterFailure::Released => "Nothing reached the provider. Retry with the same key.".into(),
                 ClaimAfterFailure::Unknown => "The request may have taken effect at the provider; retries with this key are held (409 outcome-unknown) until the hold period ends or an operator resolves it.".into(),
-                ClaimAfterFailure::Unsettled => "The proxy could not record the outcome; retries with this key are held until its claim lease runs out, then follow the route's policy for unknown outcomes.".into(),
+                ClaimAfterFailure::Unsettled => "The proxy could not record the outcome: the store did not answer (it keeps trying in the background) or another request took the claim over after its lease lapsed. Retries with this key get 409 until the claim settles or lapses into an unknown outcome.".into(),
             },
             ProxyError::NotImplemented(_) => "This feature is not available yet.".into(),
             ProxyError::Connect(e) => e.advice(),

@@ -47,6 +47,8 @@ pub struct Route {
     pub credential_headers: Vec<HeaderName>,
     /// Total deadline for one upstream call.
     pub timeout: std::time::Duration,
+    /// `on_in_flight = "wait"`: how long a duplicate waits for the first request to settle.
+    pub wait_timeout: std::time::Duration,
     pub client: UpstreamClient,
 }
 
@@ -293,6 +295,7 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         ("connect_timeout", r.connect_timeout),
         ("timeout", r.timeout),
         ("dedup_window", r.dedup_window),
+        ("wait_timeout", r.wait_timeout),
     ] {
         if d.0.is_zero() {
             return Err(invalid(f, "must be greater than 0".into()));
@@ -302,6 +305,17 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         return Err(invalid(
             "lease",
             "must be at least 1s: it is renewed every third of it".into(),
+        ));
+    }
+    // A renewal lands at most a third of the lease plus one store timeout after the last;
+    // any shorter lease lapses under a live holder whenever the store is merely slow.
+    if r.lease.0.as_secs_f64() <= 1.5 * config.store.op_timeout.0.as_secs_f64() {
+        return Err(invalid(
+            "lease",
+            format!(
+                "must be longer than 1.5 × store.op_timeout ({}), or a slow store lets a live claim lapse",
+                humantime::format_duration(config.store.op_timeout.0)
+            ),
         ));
     }
     if let Some(path) = &r.upstream_ca {
@@ -342,6 +356,7 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
             hold,
             lease: r.lease.0,
             retention: r.retention.0,
+            upstream_timeout: r.timeout.0,
             on_in_flight: r.on_in_flight,
             fail_open: r.fail_open,
         },
@@ -356,6 +371,7 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         duplicate,
         credential_headers,
         timeout: r.timeout.0,
+        wait_timeout: r.wait_timeout.0,
         client,
     })
 }

@@ -3,16 +3,27 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use tokio_util::task::TaskTracker;
 
 use super::decide::{decide, Decision};
 use super::policy::Policy;
 use super::record::{Fence, Receipt, Record, RecordBody, State, Token};
+use super::unconfirmed::Retrier;
+use super::waiters::Waiters;
 use crate::config::Hold;
 use crate::store::{now_ms, Expiry, Store, StoreError};
 
 /// How often acquire re-reads after losing a take-over race before giving up with 503.
 const MAX_ATTEMPTS: usize = 4;
+/// A waiter re-reads the claim at least this often, in case a settle notification was lost,
+/// and at most this often, so a crowd of waiters never hammers the store.
+const RECHECK_MAX: Duration = Duration::from_secs(2);
+const RECHECK_MIN: Duration = Duration::from_millis(100);
+/// A settle or withdrawal the store did not confirm is retried in the background for at
+/// least this long (longer on routes with longer leases).
+const RETRY_UNCONFIRMED_FOR: Duration = Duration::from_secs(30);
 
 /// What acquiring a claim found.
 #[derive(Debug)]
@@ -47,14 +58,62 @@ impl Claim {
     }
 }
 
+/// How a claim was settled, for the answer to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The store confirmed the transition.
+    Done,
+    /// The claim is no longer ours (taken over after our lease lapsed): nothing written.
+    NotOurs,
+    /// The store did not answer; the transition is being retried in the background.
+    Unconfirmed,
+}
+
+/// A transition that settles a claim.
+#[derive(Debug, Clone)]
+pub enum Settle {
+    Commit(Receipt),
+    Release,
+    Unknown(String),
+}
+
 pub struct Claims {
     store: Arc<dyn Store>,
     op_timeout: Duration,
+    waiters: Arc<Waiters>,
+    /// Work that must finish before the process exits: forwards being settled, settles and
+    /// withdrawals being retried.
+    tasks: TaskTracker,
+    retrier: Retrier,
 }
 
 impl Claims {
     pub fn new(store: Arc<dyn Store>, op_timeout: Duration) -> Claims {
-        Claims { store, op_timeout }
+        let waiters = Arc::new(Waiters::new());
+        store.listen_settled(waiters.clone());
+        Claims {
+            store,
+            op_timeout,
+            waiters,
+            tasks: TaskTracker::new(),
+            retrier: Retrier::default(),
+        }
+    }
+
+    /// Runs `work` to completion even if the request that started it goes away; shutdown
+    /// waits for it (see `drain`).
+    pub fn spawn_tracked<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(work)
+    }
+
+    /// At shutdown: waits up to `grace` for tracked work. `false` if some was still running.
+    pub async fn drain(&self, grace: Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(grace, self.tasks.wait()).await.is_ok()
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -102,7 +161,7 @@ impl Claims {
         {
             Ok(None) => return Ok(Acquired::Execute(claim)),
             Ok(Some(found)) => found,
-            Err(e) => return self.confirm_unanswered_claim(claim, e).await,
+            Err(e) => return self.confirm_unanswered_claim(claim, policy, e).await,
         };
         for _ in 0..MAX_ATTEMPTS {
             match decide(&found, fingerprint, now_ms(), policy) {
@@ -121,24 +180,31 @@ impl Claims {
                     let mut pending = pending.clone();
                     let now = now_ms();
                     pending.body.lease_until_ms = now + policy.lease.as_millis() as u64;
-                    if self
+                    let ours = Claim {
+                        body: pending.body.clone(),
+                        ..claim.clone()
+                    };
+                    match self
                         .timed(self.store.replace(
                             scope,
                             &found.fence(),
                             &pending,
                             pending_expiry(policy),
                         ))
-                        .await?
+                        .await
                     {
-                        tracing::info!(
-                            scope,
-                            previous = found.state.as_str(),
-                            "took over an unsettled claim"
-                        );
-                        return Ok(Acquired::Execute(Claim {
-                            body: pending.body,
-                            ..claim
-                        }));
+                        Ok(true) => {
+                            tracing::info!(
+                                scope,
+                                previous = found.state.as_str(),
+                                "took over an unsettled claim"
+                            );
+                            return Ok(Acquired::Execute(ours));
+                        }
+                        Ok(false) => {}
+                        // It may still land: withdrawing it then only does what the take-over
+                        // would have done, let the next retry execute.
+                        Err(e) => return self.confirm_unanswered_claim(ours, policy, e).await,
                     }
                 }
             }
@@ -150,10 +216,11 @@ impl Claims {
                         self.store
                             .insert_if_absent(scope, &pending, pending_expiry(policy)),
                     )
-                    .await?
+                    .await
                 {
-                    None => return Ok(Acquired::Execute(claim)),
-                    Some(r) => r,
+                    Ok(None) => return Ok(Acquired::Execute(claim)),
+                    Ok(Some(r)) => r,
+                    Err(e) => return self.confirm_unanswered_claim(claim, policy, e).await,
                 },
             };
         }
@@ -162,27 +229,81 @@ impl Claims {
         )))
     }
 
+    /// As `acquire`, but a duplicate in flight is waited for, up to `bound`: woken when the
+    /// first request settles (here or on another proxy sharing the store), it answers as a
+    /// retry at that moment would (replay, 409 outcome-unknown, or execute after a release).
+    pub async fn acquire_waiting(
+        &self,
+        scope: &str,
+        fingerprint: &str,
+        route: &str,
+        policy: &Policy,
+        bound: Duration,
+    ) -> Result<Acquired, StoreError> {
+        let deadline = Instant::now() + bound;
+        loop {
+            // Registered before the read, so a settle landing in between still wakes us.
+            let mut watch = self.waiters.watch(scope);
+            let acquired = self.acquire(scope, fingerprint, route, policy).await?;
+            let Acquired::InFlight { retry_after } = acquired else {
+                return Ok(acquired);
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(acquired);
+            }
+            // Re-read when the holder's lease would end (it may have died) or after a lost
+            // notification, whichever is first.
+            let recheck = retry_after.clamp(RECHECK_MIN, RECHECK_MAX).min(left);
+            let _ = tokio::time::timeout(recheck, watch.settled()).await;
+        }
+    }
+
     /// The insert's answer was lost: it may or may not have landed. Read it back by token
-    /// before anything is forwarded; if even that fails, try to withdraw it.
+    /// before anything is forwarded; if even that fails, withdraw it in the background so a
+    /// claim nobody acts on does not turn into a held UNKNOWN.
+    ///
+    /// After a timeout the store is stalled, and a read-back would only wait on it again,
+    /// doubling the time the client waits for its 503: withdraw at once instead.
     async fn confirm_unanswered_claim(
         &self,
         claim: Claim,
+        policy: &Policy,
         error: StoreError,
     ) -> Result<Acquired, StoreError> {
-        match self.timed(self.store.get(&claim.scope)).await {
+        let read_back = match error {
+            StoreError::Timeout(_) => Err(error),
+            _ => self
+                .timed(self.store.get(&claim.scope))
+                .await
+                .map_err(|_| error),
+        };
+        match read_back {
             Ok(Some(r)) if r.token == claim.token && r.state == State::Pending => {
                 Ok(Acquired::Execute(claim))
             }
-            Ok(_) => Err(error),
-            Err(_) => {
-                let store = self.store.clone();
-                let fence = Fence {
-                    token: claim.token.clone(),
-                    states: vec![State::Pending],
-                };
-                let timeout = self.op_timeout;
-                tokio::spawn(async move {
-                    let _ = tokio::time::timeout(timeout, store.remove(&claim.scope, &fence)).await;
+            Ok(_) => Err(StoreError::Unavailable(
+                "the store did not answer the claim, and it is not there".into(),
+            )),
+            Err(error) => {
+                let (store, op_timeout, waiters) =
+                    (self.store.clone(), self.op_timeout, self.waiters.clone());
+                let retry_for = retry_window(policy);
+                let retrier = self.retrier.clone();
+                self.tasks.spawn(async move {
+                    let withdraw = || {
+                        let fence = ours_unsettled(&claim);
+                        let (store, scope) = (store.clone(), claim.scope.clone());
+                        async move {
+                            tokio::time::timeout(op_timeout, store.remove(&scope, &fence))
+                                .await
+                                .unwrap_or(Err(StoreError::Timeout(op_timeout)))
+                        }
+                    };
+                    if retrier.until_gone(retry_for, withdraw).await {
+                        waiters.wake(&claim.scope);
+                        tracing::info!(scope = %claim.scope, "withdrew a claim whose insert was not answered");
+                    }
                 });
                 Err(error)
             }
@@ -194,7 +315,7 @@ impl Claims {
     async fn mark_abandoned(&self, scope: &str, found: &Record, policy: &Policy) {
         let mut unknown = found.clone();
         unknown.state = State::Unknown;
-        unknown.body.unknown_since_ms = found.body.lease_until_ms;
+        unknown.body.unknown_since_ms = super::decide::abandoned_since(found, policy);
         unknown.body.note = Some("the proxy holding this claim stopped renewing its lease (crashed or cut off) while the request may have been at the provider".into());
         if let Err(e) = self
             .timed(
@@ -219,6 +340,69 @@ impl Claims {
             pending_expiry(policy),
         ))
         .await
+    }
+
+    /// Settles the claim, once. On a store error the caller may retry: every transition is
+    /// fenced by our token, so a retry after an answer that was lost changes nothing.
+    pub async fn settle(
+        &self,
+        claim: &Claim,
+        how: &Settle,
+        policy: &Policy,
+    ) -> Result<bool, StoreError> {
+        let done = match how {
+            Settle::Commit(receipt) => self.commit(claim, receipt.clone(), policy).await,
+            Settle::Release => self.release(claim).await,
+            Settle::Unknown(note) => self.mark_unknown(claim, note.clone(), policy).await,
+        };
+        if let Ok(true) = done {
+            self.announce_settled(&claim.scope);
+        }
+        done
+    }
+
+    /// Settles the claim; when the store does not answer, keeps trying in the background
+    /// (tracked, so shutdown waits for it) and says so.
+    pub fn settle_or_retry(
+        self: &Arc<Self>,
+        claim: Claim,
+        how: Settle,
+        policy: Policy,
+    ) -> impl Future<Output = Settled> + Send + 'static {
+        let claims = self.clone();
+        async move {
+            match claims.settle(&claim, &how, &policy).await {
+                Ok(true) => Settled::Done,
+                Ok(false) => Settled::NotOurs,
+                Err(e) => {
+                    tracing::warn!(scope = %claim.scope, error = %e, "could not settle the claim; retrying in the background");
+                    let retry_for = retry_window(&policy);
+                    let again = claims.clone();
+                    claims.tasks.spawn(async move {
+                        let attempt = || again.settle(&claim, &how, &policy);
+                        match again.retrier.until_answered(retry_for, attempt).await {
+                            Some(true) => tracing::info!(scope = %claim.scope, "settled the claim on a later attempt"),
+                            Some(false) => tracing::info!(scope = %claim.scope, "a later settle attempt found the claim settled or taken over; nothing overwritten"),
+                            None => tracing::error!(scope = %claim.scope, "gave up settling the claim; it becomes UNKNOWN when its lease runs out"),
+                        }
+                    });
+                    Settled::Unconfirmed
+                }
+            }
+        }
+    }
+
+    /// Wakes local waiters now and tells other proxies, without delaying the caller.
+    pub fn announce_settled(&self, scope: &str) {
+        self.waiters.wake(scope);
+        let (store, scope, timeout) = (self.store.clone(), scope.to_string(), self.op_timeout);
+        tokio::spawn(async move {
+            match tokio::time::timeout(timeout, store.announce_settled(&scope)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(error = %e, "could not announce a settle"),
+                Err(_) => tracing::debug!("announcing a settle timed out"),
+            }
+        });
     }
 
     /// Keeps the provider's response as the receipt.
@@ -248,8 +432,12 @@ impl Claims {
     }
 
     /// Deletes the claim so the next retry executes.
+    ///
+    /// Also admitted from UNKNOWN with our own token: another request may have presumed us
+    /// dead while the store stalled, but we know the request had no effect (or the provider
+    /// deduplicates it).
     pub async fn release(&self, claim: &Claim) -> Result<bool, StoreError> {
-        self.timed(self.store.remove(&claim.scope, &pending_fence(claim)))
+        self.timed(self.store.remove(&claim.scope, &ours_unsettled(claim)))
             .await
     }
 
@@ -271,6 +459,19 @@ impl Claims {
             unknown_expiry(policy),
         ))
         .await
+    }
+}
+
+/// How long an unconfirmed settle or withdrawal keeps being retried.
+fn retry_window(policy: &Policy) -> Duration {
+    (policy.lease * 2).max(RETRY_UNCONFIRMED_FOR)
+}
+
+/// Our claim, PENDING or presumed abandoned (UNKNOWN) — never one taken over or settled.
+fn ours_unsettled(claim: &Claim) -> Fence {
+    Fence {
+        token: claim.token.clone(),
+        states: vec![State::Pending, State::Unknown],
     }
 }
 

@@ -40,7 +40,7 @@ pub fn decide(found: &Record, fingerprint: &str, now_ms: u64, policy: &Policy) -
             };
         }
         // The holder stopped answering for it: it may have died after sending.
-        State::Pending => found.body.lease_until_ms,
+        State::Pending => abandoned_since(found, policy),
         State::Unknown => found.body.unknown_since_ms,
     };
     if policy.honours_key {
@@ -62,6 +62,18 @@ pub fn decide(found: &Record, fingerprint: &str, now_ms: u64, policy: &Policy) -
     }
 }
 
+/// Since when a PENDING claim whose lease lapsed counts as UNKNOWN: not before its holder's
+/// upstream call would have timed out. A lease only lapses early because the holder died or
+/// could not reach the store; in the second case its call may still be running, and the hold
+/// must not start (let alone end) while it can.
+pub fn abandoned_since(found: &Record, policy: &Policy) -> u64 {
+    let call_deadline = found
+        .body
+        .created_ms
+        .saturating_add(policy.upstream_timeout.as_millis() as u64);
+    found.body.lease_until_ms.max(call_deadline)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +89,7 @@ mod tests {
             hold,
             lease: Duration::from_secs(10),
             retention: Duration::from_secs(100),
+            upstream_timeout: Duration::from_millis(500),
             on_in_flight: OnInFlight::Conflict,
             fail_open: false,
         }
@@ -143,6 +156,21 @@ mod tests {
             decide(&record(State::Pending, 1_000, 0), "fp", 301_000, &p),
             Decision::TakeOver
         );
+    }
+
+    #[test]
+    fn a_lapsed_lease_is_not_held_from_before_the_holders_call_deadline() {
+        let mut p = policy(false, Hold::For(Duration::from_secs(1)));
+        p.upstream_timeout = Duration::from_secs(60);
+        // Created at 0, lease lapsed at 1s, but the call may run until 60s: held until 61s.
+        let rec = record(State::Pending, 1_000, 0);
+        assert_eq!(
+            decide(&rec, "fp", 5_000, &p),
+            Decision::Held {
+                retry_after: Some(Duration::from_millis(56_000))
+            }
+        );
+        assert_eq!(decide(&rec, "fp", 61_000, &p), Decision::TakeOver);
     }
 
     #[test]

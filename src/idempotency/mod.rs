@@ -10,3 +10,5 @@ pub mod record;
 pub mod scope;
 pub mod settle;
 pub mod template;
+pub mod unconfirmed;
+pub mod waiters;

@@ -61,6 +61,8 @@ pub struct Policy {
     pub hold: Hold,
     pub lease: Duration,
     pub retention: Duration,
+    /// The route's total upstream deadline: how long a holder's call may still be running.
+    pub upstream_timeout: Duration,
     pub on_in_flight: OnInFlight,
     pub fail_open: bool,
 }

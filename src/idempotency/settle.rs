@@ -54,6 +54,7 @@ mod tests {
             hold: Hold::For(Duration::from_secs(300)),
             lease: Duration::from_secs(10),
             retention: Duration::from_secs(100),
+            upstream_timeout: Duration::from_secs(60),
             on_in_flight: OnInFlight::Conflict,
             fail_open: false,
         }

@@ -17,7 +17,7 @@ use super::receipt;
 use super::upstream::{UpstreamClient, UpstreamError};
 use crate::app::App;
 use crate::config::{MissingKey, OnInFlight};
-use crate::idempotency::claims::{Acquired, Claim, Claims};
+use crate::idempotency::claims::{Acquired, Claim, Claims, Settle, Settled};
 use crate::idempotency::policy::Policy;
 use crate::idempotency::record::{Receipt, Token};
 use crate::idempotency::settle::{settle, Outcome, Settlement};
@@ -42,7 +42,7 @@ pub async fn run(
 
 async fn protect(
     app: &App,
-    route: &Route,
+    route: &Arc<Route>,
     req: Request<Incoming>,
     upstream_uri: Uri,
     tenant: &str,
@@ -151,22 +151,30 @@ async fn protect(
         None => body,
     };
 
-    // claim
-    let claim = match app
-        .claims
-        .acquire(&scope, &fingerprint, &route.name, policy)
-        .await
-    {
+    // claim: a duplicate in flight gets 409, or waits for the first to settle.
+    let acquired = match policy.on_in_flight {
+        OnInFlight::Conflict => {
+            app.claims
+                .acquire(&scope, &fingerprint, &route.name, policy)
+                .await
+        }
+        OnInFlight::Wait => {
+            app.claims
+                .acquire_waiting(
+                    &scope,
+                    &fingerprint,
+                    &route.name,
+                    policy,
+                    route.wait_timeout,
+                )
+                .await
+        }
+    };
+    let claim = match acquired {
         Ok(Acquired::Execute(claim)) => claim,
         Ok(Acquired::Replay(receipt)) => return Ok(receipt::respond(&receipt, true)),
         Ok(Acquired::Mismatch) => return Err(ProxyError::KeyReused),
-        Ok(Acquired::InFlight { retry_after }) => {
-            return match policy.on_in_flight {
-                OnInFlight::Conflict | OnInFlight::Wait => {
-                    Err(ProxyError::InFlight { retry_after })
-                }
-            }
-        }
+        Ok(Acquired::InFlight { retry_after }) => return Err(ProxyError::InFlight { retry_after }),
         Ok(Acquired::Held { retry_after }) => {
             return Err(ProxyError::OutcomeUnknown { retry_after })
         }
@@ -196,7 +204,9 @@ async fn protect(
         Err(e) => return Err(ProxyError::StoreUnavailable(e)),
     };
 
-    // forward, renewing the claim's lease while the provider works.
+    // forward and settle, in a task of their own: a client that hangs up must neither cancel
+    // a call the provider may be executing nor leave its claim unsettled, and shutdown waits
+    // for the task.
     let request = upstream_request(
         &parts,
         upstream_uri,
@@ -204,45 +214,23 @@ async fn protect(
         route,
         Some(&passed_down),
     );
-    let result = with_lease_renewal(
-        &app.claims,
-        &claim,
-        policy,
-        call(&route.client, request, route, app.max_receipt_bytes),
-    )
-    .await;
-
-    // settle, fenced by the claim's token. A provider's "key already used" answer is never a
-    // receipt: the operation exists, but this is not its response, so the claim is UNKNOWN.
-    let result = result.map(|(parts, body)| receipt::from_response(&parts, body));
-    let outcome = match &result {
-        Ok(receipt) => Outcome::Responded(receipt.status),
-        Err(e) if e.may_have_been_sent() => Outcome::FailedAfterSend,
-        Err(_) => Outcome::FailedBeforeSend,
-    };
-    let duplicate = match (&result, &route.duplicate) {
-        (Ok(r), Some(d)) if d.matches(r.status, &r.body) => Some(format!(
-            "the provider answered {} (code {}): it already has an operation with the key `{passed_down}` passed down, from an earlier attempt. Look it up with {}",
-            r.status,
-            d.code,
-            d.lookup_hint.replace("{key}", &passed_down)
-        )),
-        _ => None,
-    };
-    let settlement = match duplicate {
-        Some(_) => Settlement::Unknown,
-        None => settle(outcome, policy),
-    };
-    let settled = settle_claim(
-        &app.claims,
-        &claim,
-        policy,
-        settlement,
-        duplicate.clone(),
-        &result,
-    )
-    .await;
-    tracing::info!(route = %route.name, ?outcome, ?settled, "settled");
+    let task = forward_and_settle(
+        app.claims.clone(),
+        route.clone(),
+        policy.clone(),
+        claim,
+        request,
+        passed_down,
+        app.max_receipt_bytes,
+    );
+    let (result, settled, duplicate) =
+        app.claims
+            .spawn_tracked(task)
+            .await
+            .map_err(|e| ProxyError::Upstream {
+                error: UpstreamError::Failed(format!("the forwarding task stopped: {e}")),
+                claim: ClaimAfterFailure::Unsettled,
+            })?;
     if let Some(note) = duplicate {
         return Err(ProxyError::DuplicateRejected { note });
     }
@@ -431,45 +419,72 @@ async fn with_lease_renewal<T>(
     }
 }
 
-async fn settle_claim(
-    claims: &Claims,
-    claim: &Claim,
-    policy: &Policy,
-    settlement: Settlement,
-    note: Option<String>,
-    result: &Result<Receipt, UpstreamError>,
-) -> ClaimAfterFailure {
-    let (done, settled) = match (settlement, result) {
-        (Settlement::Commit, Ok(receipt)) => (
-            claims.commit(claim, receipt.clone(), policy).await,
-            ClaimAfterFailure::None,
-        ),
-        (Settlement::Release, _) | (Settlement::Commit, Err(_)) => {
-            (claims.release(claim).await, ClaimAfterFailure::Released)
-        }
-        (Settlement::Unknown, _) => {
-            let why = note.unwrap_or_else(|| match result {
+/// forward (renewing the claim's lease while the provider works), then settle, fenced by the
+/// claim's token. A provider's "key already used" answer is never a receipt: the operation
+/// exists, but this is not its response, so the claim is UNKNOWN and the note says so.
+async fn forward_and_settle(
+    claims: Arc<Claims>,
+    route: Arc<Route>,
+    policy: Policy,
+    claim: Claim,
+    request: Request<Body>,
+    passed_down: String,
+    max_receipt: usize,
+) -> (
+    Result<Receipt, UpstreamError>,
+    ClaimAfterFailure,
+    Option<String>,
+) {
+    let result = with_lease_renewal(
+        &claims,
+        &claim,
+        &policy,
+        call(&route.client, request, &route, max_receipt),
+    )
+    .await
+    .map(|(parts, body)| receipt::from_response(&parts, body));
+    let outcome = match &result {
+        Ok(receipt) => Outcome::Responded(receipt.status),
+        Err(e) if e.may_have_been_sent() => Outcome::FailedAfterSend,
+        Err(_) => Outcome::FailedBeforeSend,
+    };
+    let duplicate = match (&result, &route.duplicate) {
+        (Ok(r), Some(d)) if d.matches(r.status, &r.body) => Some(format!(
+            "the provider answered {} (code {}): it already has an operation with the key `{passed_down}` passed down, from an earlier attempt. Look it up with {}",
+            r.status,
+            d.code,
+            d.lookup_hint.replace("{key}", &passed_down)
+        )),
+        _ => None,
+    };
+    let settlement = match duplicate {
+        Some(_) => Settlement::Unknown,
+        None => settle(outcome, &policy),
+    };
+    let how = match (settlement, &result) {
+        (Settlement::Commit, Ok(receipt)) => Settle::Commit(receipt.clone()),
+        (Settlement::Release, _) | (Settlement::Commit, Err(_)) => Settle::Release,
+        (Settlement::Unknown, result) => {
+            Settle::Unknown(duplicate.clone().unwrap_or_else(|| match result {
                 Ok(receipt) => format!(
                     "the provider answered {} and does not deduplicate on keys",
                     receipt.status
                 ),
                 Err(e) => format!("{e} after the request may have reached the provider"),
-            });
-            (
-                claims.mark_unknown(claim, why, policy).await,
-                ClaimAfterFailure::Unknown,
-            )
+            }))
         }
     };
-    match done {
-        Ok(true) => settled,
-        Ok(false) => {
-            tracing::warn!(scope = %claim.scope, "the claim was no longer ours at settle time; nothing overwritten");
-            ClaimAfterFailure::Unsettled
-        }
-        Err(e) => {
-            tracing::error!(scope = %claim.scope, error = %e, "could not settle the claim; it becomes UNKNOWN when its lease runs out");
-            ClaimAfterFailure::Unsettled
-        }
+    let scope = claim.scope.clone();
+    let settled = claims.settle_or_retry(claim, how.clone(), policy).await;
+    if settled == Settled::NotOurs {
+        tracing::warn!(%scope, "the claim was no longer ours at settle time; nothing overwritten");
     }
+    tracing::info!(route = %route.name, ?outcome, ?settled, "settled");
+    let after = match (settled, how) {
+        (Settled::Done, Settle::Commit(_)) => ClaimAfterFailure::None,
+        (Settled::Done, Settle::Release) => ClaimAfterFailure::Released,
+        (Settled::Done, Settle::Unknown(_)) => ClaimAfterFailure::Unknown,
+        (Settled::NotOurs | Settled::Unconfirmed, _) => ClaimAfterFailure::Unsettled,
+    };
+    (result, after, duplicate)
 }

@@ -64,10 +64,18 @@ pub async fn serve(
     }
     drop(listener);
     tracing::info!("shutting down: waiting for in-flight requests");
-    if tokio::time::timeout(opts.shutdown_grace, graceful.shutdown())
+    let deadline = tokio::time::Instant::now() + opts.shutdown_grace;
+    let drained = tokio::time::timeout_at(deadline, graceful.shutdown())
         .await
-        .is_err()
-    {
+        .is_ok()
+        // Forwards whose client hung up, and settles being retried, run outside connections.
+        && app
+            .claims
+            .drain(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
+    if drained {
+        tracing::info!("every in-flight request settled");
+    } else {
         tracing::warn!(
             "grace period over; unsettled claims become UNKNOWN when their leases run out"
         );

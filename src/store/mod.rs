@@ -78,6 +78,23 @@ pub trait Store: Send + Sync + 'static {
     async fn durability_warning(&self) -> Option<String> {
         None
     }
+
+    /// Tells other proxies sharing this store that the claim under `scope` was settled.
+    /// Best effort: waiters re-read the store on a timer anyway.
+    async fn announce_settled(&self, _scope: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Starts feeding settles announced by other proxies into `sink`. A store only one
+    /// process uses (SQLite) has nothing to feed: local settles wake local waiters directly.
+    fn listen_settled(&self, _sink: Arc<dyn SettleSink>) {}
+}
+
+/// Where settle notifications from other proxies go.
+pub trait SettleSink: Send + Sync + 'static {
+    fn settled(&self, scope: &str);
+    /// The feed was interrupted: notifications may have been lost.
+    fn maybe_missed(&self);
 }
 
 /// Opens the store a URL names: `sqlite://PATH` or `redis://…`.
@@ -86,10 +103,21 @@ pub async fn open(
     namespace: &str,
     sqlite_synchronous: &str,
 ) -> Result<Arc<dyn Store>, StoreError> {
+    open_with(url, namespace, sqlite_synchronous, Duration::from_secs(2)).await
+}
+
+/// As `open`, with the per-operation timeout the proxy applies, so the Redis client's own
+/// response timeout never cuts an operation shorter than that.
+pub async fn open_with(
+    url: &str,
+    namespace: &str,
+    sqlite_synchronous: &str,
+    op_timeout: Duration,
+) -> Result<Arc<dyn Store>, StoreError> {
     if let Some(path) = url.strip_prefix("sqlite://") {
         Ok(Arc::new(SqliteStore::open(path, sqlite_synchronous)?))
     } else if url.starts_with("redis://") {
-        Ok(Arc::new(RedisStore::open(url, namespace)?))
+        Ok(Arc::new(RedisStore::open(url, namespace, op_timeout)?))
     } else {
         Err(StoreError::Open {
             url: url.to_string(),

@@ -2,11 +2,15 @@
 //! what is there); every other transition is a Lua script fenced by the claim token. Each
 //! operation touches exactly one key, so it works on Redis Cluster too.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use async_trait::async_trait;
+use futures_util::StreamExt as _;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 
-use super::{Expiry, Store, StoreError};
+use super::{Expiry, SettleSink, Store, StoreError};
 use crate::idempotency::record::{Fence, Record, State};
 
 // KEYS[1] scope; ARGV[1] token, ARGV[2] admitted state codes, ARGV[3] new value, ARGV[4] px (0 = keep forever).
@@ -33,32 +37,76 @@ redis.call('DEL', KEYS[1])
 return 1
 "#;
 
+/// How long the settle feed waits before re-subscribing after losing its connection.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(500);
+
 pub struct RedisStore {
+    client: redis::Client,
     conn: ConnectionManager,
     namespace: String,
+    /// Pub/sub channel on which every proxy announces the scopes it settled.
+    settled_channel: String,
     replace: Script,
     remove: Script,
 }
 
 impl RedisStore {
     /// Connects lazily: the proxy starts while Redis is down and serves 503 until it is back.
-    pub fn open(url: &str, namespace: &str) -> Result<RedisStore, StoreError> {
+    pub fn open(
+        url: &str,
+        namespace: &str,
+        op_timeout: Duration,
+    ) -> Result<RedisStore, StoreError> {
         let open_err = |e: redis::RedisError| StoreError::Open {
             url: url.to_string(),
             message: e.to_string(),
         };
         let client = redis::Client::open(url).map_err(open_err)?;
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(std::time::Duration::from_secs(1)))
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            // The client's own default (500 ms) would cut a large receipt's write short of
+            // the configured `store.op_timeout`; the proxy bounds every call itself.
+            .set_response_timeout(Some(op_timeout + Duration::from_millis(100)))
             .set_number_of_retries(1)
-            .set_max_delay(std::time::Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(open_err)?;
+            .set_max_delay(Duration::from_millis(500));
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(open_err)?;
         Ok(RedisStore {
+            client,
             conn,
             namespace: namespace.to_string(),
+            settled_channel: format!("{namespace}:settled"),
             replace: Script::new(REPLACE),
             remove: Script::new(REMOVE),
         })
+    }
+}
+
+/// One subscriber connection per proxy: every settle announced on the channel wakes the
+/// local waiters of that scope. Runs until the runtime stops, re-subscribing after any loss.
+async fn feed_settles(client: redis::Client, channel: String, sink: Arc<dyn SettleSink>) {
+    loop {
+        let subscribed = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        match tokio::time::timeout(Duration::from_secs(2), subscribed).await {
+            Ok(Ok(mut pubsub)) => {
+                // Settles announced while we were not subscribed are lost: re-read them all.
+                sink.maybe_missed();
+                let mut messages = pubsub.on_message();
+                while let Some(msg) = messages.next().await {
+                    if let Ok(scope) = msg.get_payload::<String>() {
+                        sink.settled(&scope);
+                    }
+                }
+                tracing::debug!("settle notifications interrupted; re-subscribing");
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "cannot subscribe to settle notifications"),
+            Err(_) => tracing::debug!("subscribing to settle notifications timed out"),
+        }
+        tokio::time::sleep(RESUBSCRIBE_AFTER).await;
     }
 }
 
@@ -170,12 +218,38 @@ impl Store for RedisStore {
         Ok(())
     }
 
+    async fn announce_settled(&self, scope: &str) -> Result<(), StoreError> {
+        let _: i64 = self
+            .conn
+            .clone()
+            .publish(&self.settled_channel, scope)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    fn listen_settled(&self, sink: Arc<dyn SettleSink>) {
+        tokio::spawn(feed_settles(
+            self.client.clone(),
+            self.settled_channel.clone(),
+            sink,
+        ));
+    }
+
     async fn durability_warning(&self) -> Option<String> {
-        let info: String = redis::cmd("INFO")
+        let info: String = match redis::cmd("INFO")
             .arg("persistence")
             .query_async(&mut self.conn.clone())
             .await
-            .ok()?;
+        {
+            Ok(info) => info,
+            Err(e) => {
+                return Some(format!(
+                    "cannot check whether Redis keeps claims on disk ({e}); make sure it runs with \
+                     `appendonly yes`, or a Redis restart forgets claims and receipts"
+                ))
+            }
+        };
         let aof_on = info.lines().any(|l| l.trim() == "aof_enabled:1");
         (!aof_on).then(|| {
             "Redis has appendonly (AOF) off: a Redis restart forgets claims and receipts acknowledged since its \

@@ -37,6 +37,9 @@ pub enum Behavior {
     /// Answer this status and JSON body without performing anything (e.g. a provider's
     /// "this key was already used" rejection).
     Answer(u16, &'static str),
+    /// Perform the effect at once, then wait before answering 200 (a slow response to a
+    /// request that already took effect).
+    EffectThenSlow(Duration),
 }
 
 #[derive(Debug, Clone)]
@@ -136,6 +139,11 @@ impl FakeProvider {
         self.lock().queue.extend(behaviors);
     }
 
+    /// Drops every queued behaviour: from now on every request behaves as `Ok`.
+    pub fn calm(&self) {
+        self.lock().queue.clear();
+    }
+
     /// Side effects performed so far.
     pub fn effects(&self) -> usize {
         self.lock().effects.len()
@@ -143,6 +151,11 @@ impl FakeProvider {
 
     pub fn effect_list(&self) -> Vec<Received> {
         self.lock().effects.clone()
+    }
+
+    /// The response the provider keeps for a key it deduplicates on.
+    pub fn stored_response(&self, key: &str) -> Option<(u16, Bytes)> {
+        self.lock().by_key.get(key).cloned()
     }
 
     /// Requests received so far (with or without effect).
@@ -210,7 +223,7 @@ impl FakeProvider {
                 200
             }
             Behavior::EffectThenStatus(s) => s,
-            Behavior::Ok | Behavior::DropAfterEffect => 200,
+            Behavior::Ok | Behavior::DropAfterEffect | Behavior::EffectThenSlow(_) => 200,
         };
 
         let key = opts
@@ -239,6 +252,9 @@ impl FakeProvider {
                 }
             }
         };
+        if let Behavior::EffectThenSlow(d) = behavior {
+            tokio::time::sleep(d).await;
+        }
         if matches!(behavior, Behavior::DropAfterEffect) {
             // Returning an error makes hyper close the connection without a response.
             return Err(std::io::Error::other(
