@@ -271,6 +271,7 @@ impl Claims {
         policy: &Policy,
         error: StoreError,
     ) -> Result<Acquired, StoreError> {
+        let failure = error.to_string();
         let read_back = match error {
             StoreError::Timeout(_) => Err(error),
             _ => self
@@ -282,9 +283,11 @@ impl Claims {
             Ok(Some(r)) if r.token == claim.token && r.state == State::Pending => {
                 Ok(Acquired::Execute(claim))
             }
-            Ok(_) => Err(StoreError::Unavailable(
-                "the store did not answer the claim, and it is not there".into(),
-            )),
+            // Not ours: the insert did not land (and, on a connection that failed, cannot
+            // land later). The client retries and reads whatever is there.
+            Ok(_) => Err(StoreError::Unavailable(format!(
+                "the claim's insert failed ({failure}) and did not land"
+            ))),
             Err(error) => {
                 let (store, op_timeout, waiters) =
                     (self.store.clone(), self.op_timeout, self.waiters.clone());
