@@ -219,6 +219,62 @@ async fn client_hang_up_does_not_strand_the_claim(backend: Backend) {
     assert_eq!(provider.effects(), 1);
 }
 
+/// The same over HTTP/2 through HTTPS_PROXY (CONNECT + TLS interception), where a client
+/// that gives up resets its stream and hyper drops the request's handler: the forward and
+/// settle must not be dropped with it.
+async fn h2_client_hang_up_does_not_strand_the_claim(backend: Backend) {
+    use common::pki::{ProxyCa, TestPki};
+    const HOST: &str = "api.fake.test";
+    let upstream_pki = TestPki::new("fake provider CA");
+    let provider = FakeProvider::start_https(
+        ProviderOptions::default(),
+        upstream_pki.server_config(&[HOST]),
+    )
+    .await;
+    let store = StoreFixture::new(backend);
+    let listen = common::loopback(common::free_port());
+    let ca = ProxyCa::init(&format!("http://{listen}"));
+    let routes = format!(
+        "{}\n[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\nupstream_ca = {:?}\nhonours_key = false\nhold = \"forever\"\nlease = \"1s\"\n",
+        ca.tls_config(""),
+        provider.port(),
+        upstream_pki.ca_path().display().to_string(),
+    );
+    let text = config(&store.url(), "5s", &routes).replace("127.0.0.1:0", &listen.to_string());
+    let _proxy = Proxy::start(&text);
+    let curl = |max_time: &'static str| {
+        let cacert = ca.cert.display().to_string();
+        async move {
+            tokio::process::Command::new("curl")
+                .env_clear()
+                .env("PATH", std::env::var("PATH").unwrap_or_default())
+                .args(["-sS", "--http2", "--max-time", max_time, "--proxy"])
+                .arg(format!("http://{listen}"))
+                .args(["--cacert", &cacert, "-i", "--suppress-connect-headers"])
+                .args([
+                    "-H",
+                    "Idempotency-Key: h2",
+                    "-H",
+                    "Content-Type: application/json",
+                ])
+                .args(["--data", r#"{"amount":42}"#])
+                .arg(format!("https://{HOST}/v1/charges"))
+                .output()
+                .await
+                .expect("run curl")
+        }
+    };
+    provider.then([Behavior::Slow(Duration::from_millis(800))]);
+    let gave_up = curl("0.3").await;
+    assert!(!gave_up.status.success(), "curl was meant to give up first");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let retry = curl("10").await;
+    let out = String::from_utf8_lossy(&retry.stdout);
+    assert!(out.starts_with("HTTP/2 200"), "{out}");
+    assert!(out.contains("idempotent-replayed: true"), "{out}");
+    assert_eq!(provider.effects(), 1);
+}
+
 // --- Graceful shutdown -----------------------------------------------------------------
 
 async fn sigterm_lets_in_flight_requests_settle(backend: Backend) {
@@ -707,6 +763,7 @@ async fn redis_paused_never_hangs_requests() {
 
 both_backends!(
     client_hang_up_does_not_strand_the_claim,
+    h2_client_hang_up_does_not_strand_the_claim,
     sigkill_mid_call_without_provider_keys,
     sigkill_mid_call_with_provider_keys,
     effect_then_dropped_connection,
