@@ -364,6 +364,42 @@ async fn sigterm_when_idle_exits_promptly(backend: Backend) {
     eprintln!("sigterm with one idle keep-alive connection: exited after {took:?}");
 }
 
+async fn sigterm_answers_waiters_before_the_grace_ends(backend: Backend) {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(backend);
+    let opts = "on_in_flight = \"wait\"\nwait_timeout = \"30s\"\nlease = \"3s\"";
+    let proxy = Proxy::start(&config(
+        &store.url(),
+        "2s",
+        &route("pay", provider.port(), opts),
+    ));
+    provider.then([Behavior::Slow(Duration::from_secs(3))]);
+    let started = Instant::now();
+    let first = post_in_background(&proxy, "/pay/v1/charges", "w");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiter = post_in_background(&proxy, "/pay/v1/charges", "w");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut proxy = proxy;
+    let exit = tokio::task::spawn_blocking(move || proxy.terminate());
+    // The first outlives the 2s grace; its waiter (30s wait_timeout) gets its 409 while there
+    // is still time to send it, instead of being cut off with the connection.
+    let waited = waiter
+        .await
+        .expect("task")
+        .expect("the waiter got an answer");
+    let answered_at = started.elapsed();
+    assert_problem(&waited, 409, "request-in-flight");
+    assert!(
+        answered_at < Duration::from_millis(2_500),
+        "answered {answered_at:?} after start; the grace ended at 2.5s"
+    );
+    assert!(
+        first.await.expect("task").is_err(),
+        "cut off by the grace period"
+    );
+    assert!(exit.await.expect("join").success());
+}
+
 async fn grace_exceeded_leaves_unknown_not_committed(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
@@ -769,6 +805,7 @@ both_backends!(
     effect_then_dropped_connection,
     sigterm_lets_in_flight_requests_settle,
     sigterm_when_idle_exits_promptly,
+    sigterm_answers_waiters_before_the_grace_ends,
     grace_exceeded_leaves_unknown_not_committed,
     wait_mode_replays_as_soon_as_the_first_settles,
     wait_mode_gives_up_at_the_bound_and_on_unknown,

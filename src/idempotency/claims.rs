@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::decide::{decide, Decision};
@@ -85,6 +86,9 @@ pub struct Claims {
     /// withdrawals being retried.
     tasks: TaskTracker,
     retrier: Retrier,
+    /// Cancelled at shutdown; `stop_by` then says by when waiters must have answered.
+    stopping: CancellationToken,
+    stop_by: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Claims {
@@ -97,6 +101,8 @@ impl Claims {
             waiters,
             tasks: TaskTracker::new(),
             retrier: Retrier::default(),
+            stopping: CancellationToken::new(),
+            stop_by: std::sync::Mutex::new(None),
         }
     }
 
@@ -108,6 +114,14 @@ impl Claims {
         F::Output: Send + 'static,
     {
         self.tasks.spawn(work)
+    }
+
+    /// At shutdown, first: requests waiting on a duplicate in flight answer by `by` at the
+    /// latest (a replay if the first settles in time, else their 409), so the grace period
+    /// never cuts a waiter off without an answer.
+    pub fn stop_waiting(&self, by: Instant) {
+        *self.stop_by.lock().unwrap_or_else(|e| e.into_inner()) = Some(by);
+        self.stopping.cancel();
     }
 
     /// At shutdown: waits up to `grace` for tracked work. `false` if some was still running.
@@ -240,8 +254,12 @@ impl Claims {
         policy: &Policy,
         bound: Duration,
     ) -> Result<Acquired, StoreError> {
-        let deadline = Instant::now() + bound;
+        let own_deadline = Instant::now() + bound;
         loop {
+            let deadline = match *self.stop_by.lock().unwrap_or_else(|e| e.into_inner()) {
+                Some(by) => own_deadline.min(by),
+                None => own_deadline,
+            };
             // Registered before the read, so a settle landing in between still wakes us.
             let mut watch = self.waiters.watch(scope);
             let acquired = self.acquire(scope, fingerprint, route, policy).await?;
@@ -255,7 +273,11 @@ impl Claims {
             // Re-read when the holder's lease would end (it may have died) or after a lost
             // notification, whichever is first.
             let recheck = retry_after.clamp(RECHECK_MIN, RECHECK_MAX).min(left);
-            let _ = tokio::time::timeout(recheck, watch.settled()).await;
+            // Shutdown shortens the deadline: look at it again.
+            tokio::select! {
+                _ = tokio::time::timeout(recheck, watch.settled()) => {}
+                () = self.stopping.cancelled(), if !self.stopping.is_cancelled() => {}
+            }
         }
     }
 

@@ -65,6 +65,9 @@ pub async fn serve(
     drop(listener);
     tracing::info!("shutting down: waiting for in-flight requests");
     let deadline = tokio::time::Instant::now() + opts.shutdown_grace;
+    // Waiters answer with a quarter of the grace left to write their answer.
+    app.claims
+        .stop_waiting((deadline - opts.shutdown_grace / 4).into_std());
     let drained = tokio::time::timeout_at(deadline, graceful.shutdown())
         .await
         .is_ok()
