@@ -659,6 +659,80 @@ fn config_errors_name_the_file_and_field() {
     }
 }
 
+/// The embedded store's analogue of a hung Redis: another process holds the SQLite write
+/// lock, so the proxy's writer thread blocks and every queued claim waits behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_write_lock_held_elsewhere_fails_closed_and_recovers() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let proxy = Proxy::start(&config(
+        &store.url(),
+        "5s",
+        &route("pay", provider.port(), "lease = \"1s\""),
+    ));
+    assert_eq!(
+        post(proxy.addr, "/pay/v1/charges", Some("warm"), "{}")
+            .await
+            .status,
+        200
+    );
+    let db = store.dir.path().join("claims.db");
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        let conn = rusqlite::Connection::open(&db).expect("open the proxy's database");
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .expect("take the write lock");
+        locked_tx.send(()).expect("signal");
+        std::thread::sleep(Duration::from_millis(2_000));
+        conn.execute_batch("COMMIT").expect("release");
+    });
+    locked_rx.recv().expect("locked");
+
+    let mut worst = Duration::ZERO;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let r = post(proxy.addr, "/pay/v1/charges", Some("c"), r#"{"amount":42}"#).await;
+        worst = worst.max(started.elapsed());
+        assert_problem(&r, 503, "store-unavailable");
+    }
+    assert!(
+        worst < Duration::from_millis(900),
+        "a request took {worst:?}"
+    );
+    eprintln!("sqlite write lock held elsewhere: worst 503 latency {worst:?} (op_timeout 500ms)");
+    assert_eq!(
+        provider.effects(),
+        1,
+        "nothing forwarded while the store hung"
+    );
+    holder.join().expect("lock holder");
+
+    // The claims queued behind the lock were applied late and withdrawn: `c` executes once.
+    let released = Instant::now();
+    let c = loop {
+        let r = post(proxy.addr, "/pay/v1/charges", Some("c"), r#"{"amount":42}"#).await;
+        if r.status == 200 {
+            break r;
+        }
+        assert!(
+            r.status == 409 || r.status == 503,
+            "{}: {}",
+            r.status,
+            r.text()
+        );
+        assert!(
+            released.elapsed() < Duration::from_secs(10),
+            "c stayed claimed: {}",
+            r.text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(c.replayed(), Some("false"));
+    let again = post(proxy.addr, "/pay/v1/charges", Some("c"), r#"{"amount":42}"#).await;
+    assert_eq!((again.replayed(), &again.body), (Some("true"), &c.body));
+    assert_eq!(provider.effects(), 2, "warm and c once each");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_mid_call() {
     let provider = FakeProvider::start().await;
