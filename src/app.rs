@@ -2,11 +2,15 @@
 
 use std::sync::Arc;
 
+use crate::auth::Tenants;
 use crate::config::{Config, ConfigError};
 use crate::idempotency::claims::Claims;
+use crate::metrics::{Metrics, TimedStore};
 use crate::proxy::connect::ConnectPolicy;
+use crate::proxy::egress::Egress;
 use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 use crate::routes::Routes;
+use crate::store::sealed::{SealedStore, Sealer};
 use crate::store::{self, StoreError};
 
 pub struct App {
@@ -19,6 +23,10 @@ pub struct App {
     pub default_client: UpstreamClient,
     /// CONNECT: allowed ports, unknown hosts, and the CA for interception.
     pub connect: ConnectPolicy,
+    pub metrics: Arc<Metrics>,
+    pub tenants: Tenants,
+    /// Where requests no route covers may go.
+    pub egress: Arc<Egress>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +41,10 @@ impl App {
     pub async fn build(config: &Config) -> Result<Arc<App>, StartError> {
         let routes = Routes::build(config)?;
         let connect = ConnectPolicy::build(config)?;
+        let tenants = Tenants::build(config)?;
+        let egress = Arc::new(Egress::build(config)?);
+        let sealer = Sealer::from_config(config)?;
+        let metrics = Arc::new(Metrics::new());
         let store = store::open_with(
             &config.store.url,
             &config.store.namespace,
@@ -40,11 +52,13 @@ impl App {
             config.store.op_timeout.0,
         )
         .await?;
+        let store = TimedStore::wrap(SealedStore::wrap(store, sealer), metrics.clone());
         let default_client = UpstreamClient::new(&ClientOptions {
             extra_roots: None,
             connect_to: None,
             connect_timeout: std::time::Duration::from_secs(10),
             pool_idle_timeout: config.server.pool_idle_timeout.0,
+            egress: Some(egress.clone()),
         })
         .map_err(|m| config.invalid("server", m))?;
         Ok(Arc::new(App {
@@ -55,6 +69,9 @@ impl App {
             max_receipt_bytes: config.server.max_receipt_bytes,
             default_client,
             connect,
+            metrics,
+            tenants,
+            egress,
         }))
     }
 }

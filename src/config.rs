@@ -39,6 +39,15 @@ pub struct Config {
     pub tls: TlsConfig,
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    #[serde(default)]
+    pub admin: crate::admin::AdminConfig,
+    /// Who may use the proxy (`Proxy-Authorization`); none: everyone, as tenant `default`.
+    #[serde(default)]
+    pub tenants: Vec<crate::auth::TenantConfig>,
+    #[serde(default)]
+    pub egress: crate::proxy::egress::EgressConfig,
+    #[serde(default)]
+    pub encryption: crate::store::sealed::EncryptionConfig,
     /// Where the file was read from, for messages that name it.
     #[serde(skip)]
     pub source: PathBuf,
@@ -60,6 +69,10 @@ pub struct ServerConfig {
     /// Idle keep-alive connections to upstreams are closed after this; keep it below the
     /// providers' own keep-alive so a pooled POST never races a server-side close.
     pub pool_idle_timeout: Dur,
+    /// Open client connections beyond this are answered 503 and closed.
+    pub max_connections: usize,
+    /// Largest request head (request line and headers); larger ones get 431.
+    pub max_header_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -72,6 +85,8 @@ impl Default for ServerConfig {
             max_receipt_bytes: 8 * 1024 * 1024,
             shutdown_grace: Dur(Duration::from_secs(10)),
             pool_idle_timeout: Dur(Duration::from_secs(30)),
+            max_connections: 4096,
+            max_header_bytes: 64 * 1024,
         }
     }
 }
@@ -369,6 +384,12 @@ impl Config {
         parse_listen(&self.server.listen).map_err(|m| self.invalid("server.listen", m))?;
         if let Some(a) = &self.server.admin_listen {
             parse_listen(a).map_err(|m| self.invalid("server.admin_listen", m))?;
+        }
+        if self.server.max_connections == 0 {
+            return Err(self.invalid("server.max_connections", "must be greater than 0"));
+        }
+        if self.server.max_header_bytes < 8192 {
+            return Err(self.invalid("server.max_header_bytes", "must be at least 8192"));
         }
         if self.server.max_body_bytes == 0 {
             return Err(self.invalid("server.max_body_bytes", "must be greater than 0"));

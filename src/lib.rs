@@ -1,9 +1,12 @@
 //! idemproxy: an HTTP(S) proxy that lets each protected request reach its provider at most
 //! once per idempotency key, and answers every retry with the provider's real first response.
 
+pub mod admin;
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod idempotency;
+pub mod metrics;
 pub mod problem;
 pub mod providers;
 pub mod proxy;

@@ -33,6 +33,13 @@ enum Command {
         #[arg(long, default_value = "config/idemproxy.toml")]
         config: PathBuf,
     },
+    /// Inspect and resolve claims through the admin API.
+    Keys(Box<idemproxy::admin::cli::KeysArgs>),
+    /// Exit 0 when the admin listener answers /healthz (for container health checks).
+    Healthcheck {
+        #[arg(long, default_value = "http://127.0.0.1:9090/healthz")]
+        url: String,
+    },
     /// The CA that signs the certificates of intercepted HTTPS hosts.
     Ca {
         #[command(subcommand)]
@@ -69,6 +76,14 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve { config } => run_serve(config),
         Command::CheckConfig { config } => check_config(config),
+        Command::Keys(args) => run_client(async move {
+            println!("{}", idemproxy::admin::cli::run(*args).await?);
+            Ok(())
+        }),
+        Command::Healthcheck { url } => run_client(async move {
+            idemproxy::admin::cli::healthcheck(&url).await?;
+            Ok(())
+        }),
         Command::Ca {
             command:
                 CaCommand::Init {
@@ -114,6 +129,9 @@ fn check_config(path: PathBuf) -> anyhow::Result<()> {
     // Building routes also checks provider names, URLs and CA files.
     idemproxy::routes::Routes::build(&config)?;
     idemproxy::proxy::connect::ConnectPolicy::build(&config)?;
+    idemproxy::auth::Tenants::build(&config)?;
+    idemproxy::proxy::egress::Egress::build(&config)?;
+    idemproxy::store::sealed::Sealer::from_config(&config)?;
     println!("{}: OK ({} routes)", path.display(), config.routes.len());
     Ok(())
 }
@@ -143,12 +161,35 @@ fn run_serve(path: PathBuf) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("{}: server.listen: cannot listen on {addr}", path.display()))?;
         let local = listener.local_addr().context("listener has no local address")?;
-        // Tests and scripts read this line to find the port when `listen` asks for port 0.
-        println!("idemproxy listening proxy={local}");
+        let admin_addr = match &config.server.admin_listen {
+            Some(a) => {
+                let addr = parse_listen(a).map_err(|m| config.invalid("server.admin_listen", m))?;
+                let admin_listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+                    format!("{}: server.admin_listen: cannot listen on {addr}", path.display())
+                })?;
+                let admin_local = admin_listener
+                    .local_addr()
+                    .context("admin listener has no local address")?;
+                let admin = idemproxy::admin::Admin::new(app.clone(), &config)?;
+                if !admin.key_api_enabled() {
+                    tracing::warn!("admin key API disabled: no token in admin.token_env / admin.token_sha256");
+                }
+                tokio::spawn(idemproxy::admin::serve(std::sync::Arc::new(admin), admin_listener));
+                Some(admin_local)
+            }
+            None => None,
+        };
+        // Tests and scripts read this line to find the ports when the config asks for port 0.
+        match admin_addr {
+            Some(admin) => println!("idemproxy listening proxy={local} admin={admin}"),
+            None => println!("idemproxy listening proxy={local}"),
+        }
         tracing::info!(%local, store = %config.store.url, routes = config.routes.len(), "idemproxy started");
         let opts = ServerOptions {
             header_read_timeout: config.server.header_read_timeout.0,
             shutdown_grace: config.server.shutdown_grace.0,
+            max_connections: config.server.max_connections,
+            max_header_bytes: config.server.max_header_bytes,
         };
         let grace = opts.shutdown_grace;
         serve(app.clone(), listener, opts, shutdown_signal()).await;
@@ -158,6 +199,15 @@ fn run_serve(path: PathBuf) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// Runs a client command (keys, healthcheck) on a small runtime of its own.
+fn run_client(work: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(work)
 }
 
 async fn shutdown_signal() {

@@ -61,6 +61,8 @@ pub enum ProxyError {
     NotImplemented(String),
     #[error(transparent)]
     Connect(#[from] ConnectError),
+    #[error("egress refused: {0}")]
+    EgressRefused(String),
 }
 
 impl ProxyError {
@@ -85,6 +87,7 @@ impl ProxyError {
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ProxyError::Connect(e) => e.status(),
+            ProxyError::EgressRefused(_) => StatusCode::FORBIDDEN,
         }
     }
 
@@ -123,6 +126,7 @@ impl ProxyError {
             ProxyError::Upstream { .. } => "upstream-failed",
             ProxyError::NotImplemented(_) => "not-implemented",
             ProxyError::Connect(e) => e.slug(),
+            ProxyError::EgressRefused(_) => "egress-refused",
         }
     }
 
@@ -158,6 +162,7 @@ impl ProxyError {
             ProxyError::Upstream { .. } => "Upstream failed",
             ProxyError::NotImplemented(_) => "Not implemented",
             ProxyError::Connect(e) => e.title(),
+            ProxyError::EgressRefused(_) => "Destination not allowed",
         }
     }
 
@@ -191,6 +196,7 @@ impl ProxyError {
             },
             ProxyError::NotImplemented(_) => "This feature is not available yet.".into(),
             ProxyError::Connect(e) => e.advice(),
+            ProxyError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
         }
     }
 

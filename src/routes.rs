@@ -331,6 +331,7 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         connect_to: r.connect_to.as_deref(),
         connect_timeout: r.connect_timeout.0,
         pool_idle_timeout: config.server.pool_idle_timeout.0,
+        egress: None,
     })
     .map_err(|m| {
         invalid(

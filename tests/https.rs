@@ -47,9 +47,14 @@ impl Setup {
             provider.port(),
             upstream_pki.ca_path().display().to_string(),
         );
+        // The tunnel targets here are loopback servers, which egress refuses unless allowed
+        // (tests/ops.rs shows the refusal).
         let text = config(
             &store.url(),
-            &format!("{}\n{routes}", ca.tls_config(tls_options)),
+            &format!(
+                "{}\n{routes}\n[egress]\nallow = [\"127.0.0.1\"]\n",
+                ca.tls_config(tls_options)
+            ),
         )
         .replace("127.0.0.1:0", &listen.to_string());
         let proxy = Proxy::start(&text);
@@ -671,7 +676,7 @@ async fn without_a_ca_routed_hosts_are_refused_not_tunnelled() {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(Backend::Sqlite);
     let routes = format!(
-        "[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\n\n[tls]\nconnect_ports = [443, {}]\n",
+        "[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\n\n[tls]\nconnect_ports = [443, {}]\n\n[egress]\nallow = [\"127.0.0.1\"]\n",
         provider.port(),
         provider.port()
     );

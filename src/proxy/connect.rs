@@ -12,6 +12,7 @@ use super::body::{empty, Body};
 use super::{intercept, tunnel};
 use crate::app::App;
 use crate::config::{Config, ConfigError, UnknownHosts};
+use crate::metrics::RequestOutcome;
 use crate::problem::ProxyError;
 use crate::tls::ca::CertAuthority;
 use crate::tls::leaf_cache::LeafCache;
@@ -91,6 +92,8 @@ pub enum ConnectError {
     NoCa { route: String, host: String },
     #[error("cannot reach {target}: {reason}")]
     Unreachable { target: String, reason: String },
+    #[error("egress refused: {0}")]
+    EgressRefused(String),
     #[error("route `{route}` protects {host} on port {route_port}, not on this port")]
     RouteOnOtherPort {
         route: String,
@@ -106,6 +109,7 @@ impl ConnectError {
             ConnectError::PortNotAllowed(_)
             | ConnectError::HostDenied(_)
             | ConnectError::NoCa { .. }
+            | ConnectError::EgressRefused(_)
             | ConnectError::RouteOnOtherPort { .. } => StatusCode::FORBIDDEN,
             ConnectError::Unreachable { .. } => StatusCode::BAD_GATEWAY,
         }
@@ -119,6 +123,7 @@ impl ConnectError {
             }
             ConnectError::HostDenied(_) => "connect-host-forbidden",
             ConnectError::NoCa { .. } => "interception-not-configured",
+            ConnectError::EgressRefused(_) => "egress-refused",
             ConnectError::Unreachable { .. } => "tunnel-target-unreachable",
         }
     }
@@ -131,6 +136,7 @@ impl ConnectError {
             }
             ConnectError::HostDenied(_) => "CONNECT host not allowed",
             ConnectError::NoCa { .. } => "HTTPS interception not configured",
+            ConnectError::EgressRefused(_) => "Destination not allowed",
             ConnectError::Unreachable { .. } => "Tunnel target unreachable",
         }
     }
@@ -142,6 +148,7 @@ impl ConnectError {
             ConnectError::HostDenied(_) => "Only hosts a route covers may be reached through this proxy; add a route or set tls.unknown_hosts = \"tunnel\".".into(),
             ConnectError::NoCa { .. } => "The proxy refuses to tunnel a protected host past its idempotency checks. Run `idemproxy ca init`, set tls.ca_cert and tls.ca_key, and trust the CA on the worker; or use the route's base URL instead of HTTPS_PROXY.".into(),
             ConnectError::Unreachable { .. } => "Nothing was sent. Check the host name and that it accepts connections, then retry.".into(),
+            ConnectError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
             ConnectError::RouteOnOtherPort { .. } => "A tunnel to this port would bypass the route's idempotency checks. Use the route's port, or add this one to the route's host.".into(),
         }
     }
@@ -187,16 +194,24 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// Answers a CONNECT. On success the answer is an empty 200 and the connection is handed,
-/// once upgraded, to the interceptor or a blind tunnel.
-pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
-    match open(app, req).await {
+/// Answers a CONNECT from `tenant` (already authenticated by the caller). On success the
+/// answer is an empty 200 and the connection is handed, once upgraded, to the interceptor or
+/// a blind tunnel.
+pub async fn handle(app: Arc<App>, req: Request<Incoming>, tenant: String) -> Response<Body> {
+    match open(app.clone(), req, tenant).await {
         Ok(resp) => resp,
-        Err(e) => ProxyError::from(e).into_response(),
+        Err(e) => {
+            app.metrics.request("-", RequestOutcome::Rejected);
+            ProxyError::from(e).into_response()
+        }
     }
 }
 
-async fn open(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, ConnectError> {
+async fn open(
+    app: Arc<App>,
+    req: Request<Incoming>,
+    tenant: String,
+) -> Result<Response<Body>, ConnectError> {
     let target = Target::parse(req.uri())?;
     let policy = &app.connect;
     if !policy.ports.contains(&target.port) {
@@ -211,7 +226,13 @@ async fn open(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, C
         }
         let route = route.clone();
         let upgrade = hyper::upgrade::on(req);
-        tokio::spawn(intercept::serve(app.clone(), route, target, upgrade));
+        tokio::spawn(intercept::serve(
+            app.clone(),
+            route,
+            target,
+            upgrade,
+            tenant,
+        ));
         return Ok(established());
     }
     // A protected host on a port its route does not name is refused, not tunnelled past
@@ -228,7 +249,8 @@ async fn open(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, C
     }
     // Dial before answering, so an unreachable target is a 502 the client can read rather
     // than a tunnel that closes at once.
-    let upstream = tunnel::dial(&target, DIAL_TIMEOUT).await?;
+    let upstream = tunnel::dial(&target, DIAL_TIMEOUT, &app.egress).await?;
+    app.metrics.request("-", RequestOutcome::Tunnel);
     tokio::spawn(tunnel::run(
         hyper::upgrade::on(req),
         upstream,

@@ -9,16 +9,45 @@ use hyper::body::Incoming;
 use super::body::Body;
 use super::{connect, passthrough, pipeline};
 use crate::app::App;
+use crate::metrics::RequestOutcome;
 use crate::problem::ProxyError;
 use crate::routes::Route;
 
-/// Until proxy authentication assigns tenants, every caller is this tenant.
-pub const DEFAULT_TENANT: &str = "default";
+pub use crate::auth::DEFAULT_TENANT;
+
+/// Label for requests no route covers.
+const NO_ROUTE: &str = "-";
+
+/// The proxy's own address on the connection a request came in on.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalAddr(pub std::net::SocketAddr);
+
+/// Whether an absolute-form request names the proxy itself (`GET http://PROXY/stripe/…`):
+/// that is a base-URL request, not one to pass on (which would loop back here).
+fn names_this_proxy(req: &Request<Incoming>, host: &str, port: u16) -> bool {
+    let Some(LocalAddr(local)) = req.extensions().get::<LocalAddr>().copied() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let same_host = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip == local.ip(),
+        Err(_) => host.eq_ignore_ascii_case("localhost") && local.ip().is_loopback(),
+    };
+    same_host && port == local.port()
+}
 
 /// Entry point for every request on the proxy listener.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    // Who is asking: the same check as for CONNECT, before anything else is looked at.
+    let tenant = match app.tenants.authorize(req.headers()) {
+        Ok(tenant) => tenant,
+        Err(e) => {
+            app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);
+            return Ok(crate::auth::challenge(&e));
+        }
+    };
     if req.method() == Method::CONNECT {
-        return Ok(connect::handle(app, req).await);
+        return Ok(connect::handle(app, req, tenant).await);
     }
     let uri = req.uri().clone();
     let path_and_query = uri
@@ -37,20 +66,46 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
                     80
                 });
             match app.routes.by_host(host, port) {
-                Some(route) => to_route(&app, route, req, &path_and_query).await,
-                None => passthrough::forward(&app.default_client, req, uri).await,
+                Some(route) => to_route(&app, route, req, &path_and_query, &tenant).await,
+                None if names_this_proxy(&req, host, port) => {
+                    base_url(&app, req, &path_and_query, &tenant).await
+                }
+                None => match app.egress.check(host, port).await {
+                    Ok(_) => {
+                        app.metrics.request(NO_ROUTE, RequestOutcome::Passthrough);
+                        passthrough::forward(&app.default_client, req, uri).await
+                    }
+                    Err(e) => {
+                        tracing::info!(%tenant, host, port, error = %e, "egress refused");
+                        app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);
+                        ProxyError::EgressRefused(e.to_string()).into_response()
+                    }
+                },
             }
         }
         // Base URL: `POST /stripe/v1/charges`.
-        None => match app.routes.by_prefix(&path_and_query) {
-            Some((route, rest)) => {
-                let rest = rest.to_string();
-                to_route(&app, route, req, &rest).await
-            }
-            None => ProxyError::NoRoute(uri.path().to_string()).into_response(),
-        },
+        None => base_url(&app, req, &path_and_query, &tenant).await,
     };
     Ok(resp)
+}
+
+async fn base_url(
+    app: &App,
+    req: Request<Incoming>,
+    path_and_query: &str,
+    tenant: &str,
+) -> Response<Body> {
+    match app.routes.by_prefix(path_and_query) {
+        Some((route, rest)) => {
+            let rest = rest.to_string();
+            to_route(app, route, req, &rest, tenant).await
+        }
+        None => {
+            app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);
+            let path = path_and_query.split('?').next().unwrap_or("/").to_string();
+            ProxyError::NoRoute(path).into_response()
+        }
+    }
 }
 
 /// Runs a request that `route` covers: protected if its method is, passed through otherwise.
@@ -60,6 +115,7 @@ pub async fn to_route(
     route: &Arc<Route>,
     req: Request<Incoming>,
     path_and_query: &str,
+    tenant: &str,
 ) -> Response<Body> {
     let upstream_uri: Uri = match route.upstream_uri(path_and_query) {
         Ok(uri) => uri,
@@ -69,8 +125,10 @@ pub async fn to_route(
         }
     };
     if route.protects(req.method()) {
-        pipeline::run(app, route, req, upstream_uri, DEFAULT_TENANT).await
+        pipeline::run(app, route, req, upstream_uri, tenant).await
     } else {
+        app.metrics
+            .request(&route.name, RequestOutcome::Passthrough);
         passthrough::forward(&route.client, req, upstream_uri).await
     }
 }

@@ -28,7 +28,13 @@ const NOT_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\
 
 /// Serves one intercepted connection to its end. Every failure is the client's connection
 /// closing; none can affect the listener or another connection.
-pub async fn serve(app: Arc<App>, route: Arc<Route>, target: Target, upgrade: OnUpgrade) {
+pub async fn serve(
+    app: Arc<App>,
+    route: Arc<Route>,
+    target: Target,
+    upgrade: OnUpgrade,
+    tenant: String,
+) {
     let Some(watcher) = app.connect.watcher() else {
         tracing::debug!(%target, "shutting down; intercepted connection not served");
         return;
@@ -45,10 +51,14 @@ pub async fn serve(app: Arc<App>, route: Arc<Route>, target: Target, upgrade: On
     };
 
     let timeout = app.connect.handshake_timeout;
+    // Requests inside the tunnel carry no Proxy-Authorization: they belong to the tenant
+    // that opened it.
+    let tenant: Arc<str> = tenant.into();
     let svc = service_fn(move |req: Request<Incoming>| {
         let app = app.clone();
         let route = route.clone();
-        async move { Ok::<_, Infallible>(request(&app, &route, req).await) }
+        let tenant = tenant.clone();
+        async move { Ok::<_, Infallible>(request(&app, &route, req, &tenant).await) }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -152,14 +162,19 @@ where
 }
 
 /// One decrypted request: its path goes to the route's upstream, as in forward-proxy mode.
-async fn request(app: &App, route: &Arc<Route>, req: Request<Incoming>) -> Response<Body> {
+async fn request(
+    app: &App,
+    route: &Arc<Route>,
+    req: Request<Incoming>,
+    tenant: &str,
+) -> Response<Body> {
     let path_and_query = req
         .uri()
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/")
         .to_string();
-    dispatch::to_route(app, route, req, &path_and_query).await
+    dispatch::to_route(app, route, req, &path_and_query, tenant).await
 }
 
 /// The connection with the byte read to tell TLS from plain HTTP put back in front.

@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, Uri, Version};
@@ -23,6 +24,7 @@ use crate::idempotency::record::{Receipt, Token};
 use crate::idempotency::settle::{settle, Outcome, Settlement};
 use crate::idempotency::template::{Rendered, RequestView};
 use crate::idempotency::{fingerprint, key, scope};
+use crate::metrics::{InFlight, Metrics, RequestOutcome};
 use crate::problem::{ClaimAfterFailure, ProxyError};
 use crate::routes::Route;
 
@@ -34,9 +36,61 @@ pub async fn run(
     upstream_uri: Uri,
     tenant: &str,
 ) -> Response<Body> {
-    match protect(app, route, req, upstream_uri, tenant).await {
+    let started = Instant::now();
+    let mut trace = Trace::default();
+    let resp = match protect(app, route, req, upstream_uri, tenant, &mut trace).await {
         Ok(resp) => resp,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            trace.outcome.get_or_insert(outcome_of(&e));
+            e.into_response()
+        }
+    };
+    trace.finish(app, route, tenant, started, resp.status().as_u16());
+    resp
+}
+
+/// What one protected request did: its one log line and its request count. The scope stands
+/// in for the key: it is a hash, so neither the key nor the caller's credentials are logged.
+#[derive(Default)]
+struct Trace {
+    scope: Option<String>,
+    outcome: Option<RequestOutcome>,
+    upstream_status: Option<u16>,
+    /// Forward and settle together (the upstream call alone is in the metrics).
+    forward: Option<Duration>,
+}
+
+impl Trace {
+    fn finish(self, app: &App, route: &Route, tenant: &str, started: Instant, status: u16) {
+        let outcome = self.outcome.unwrap_or(RequestOutcome::Rejected);
+        app.metrics.request(&route.name, outcome);
+        tracing::info!(
+            route = %route.name,
+            tenant,
+            scope = self.scope.as_deref().unwrap_or("-"),
+            outcome = outcome.as_str(),
+            status,
+            upstream_status = self.upstream_status,
+            forward_ms = self.forward.map(|d| d.as_millis() as u64),
+            total_ms = started.elapsed().as_millis() as u64,
+            "protected request"
+        );
+    }
+}
+
+fn outcome_of(e: &ProxyError) -> RequestOutcome {
+    match e {
+        ProxyError::KeyReused => RequestOutcome::Mismatch,
+        ProxyError::InFlight { .. } => RequestOutcome::Conflict,
+        ProxyError::OutcomeUnknown { .. } | ProxyError::DuplicateRejected { .. } => {
+            RequestOutcome::Unknown
+        }
+        ProxyError::Upstream { claim, .. } => match claim {
+            ClaimAfterFailure::Released => RequestOutcome::Released,
+            ClaimAfterFailure::Unknown | ClaimAfterFailure::Unsettled => RequestOutcome::Unknown,
+            ClaimAfterFailure::None => RequestOutcome::Passthrough,
+        },
+        _ => RequestOutcome::Rejected,
     }
 }
 
@@ -46,13 +100,15 @@ async fn protect(
     req: Request<Incoming>,
     upstream_uri: Uri,
     tenant: &str,
+    trace: &mut Trace,
 ) -> Result<Response<Body>, ProxyError> {
     // key, from the client's header; a route with no other source of keys decides now.
     let client_key = key::from_headers(req.headers(), &route.key_header)?;
     if client_key.is_none() && route.key_template.is_none() {
         match route.missing_key {
             MissingKey::Forward => {
-                return Ok(super::passthrough::forward(&route.client, req, upstream_uri).await)
+                trace.outcome = Some(RequestOutcome::Passthrough);
+                return Ok(super::passthrough::forward(&route.client, req, upstream_uri).await);
             }
             MissingKey::Reject => {
                 return Err(ProxyError::MissingKey {
@@ -85,7 +141,10 @@ async fn protect(
         Some(k) => Keyed::Key(k),
         None => match derive_key(route, &parts, &upstream_uri, &body)? {
             Some(keyed) => keyed,
-            None => return forward_unprotected(route, &parts, upstream_uri, body).await,
+            None => {
+                trace.outcome = Some(RequestOutcome::Passthrough);
+                return forward_unprotected(route, &parts, upstream_uri, body).await;
+            }
         },
     };
 
@@ -135,6 +194,7 @@ async fn protect(
         &credentials,
         &key,
     );
+    trace.scope = Some(scope.clone());
 
     // The forwarded body: the client's bytes, plus the key for a provider that takes it in
     // a body field. Refused before anything is claimed.
@@ -172,7 +232,10 @@ async fn protect(
     };
     let claim = match acquired {
         Ok(Acquired::Execute(claim)) => claim,
-        Ok(Acquired::Replay(receipt)) => return Ok(receipt::respond(&receipt, true)),
+        Ok(Acquired::Replay(receipt)) => {
+            trace.outcome = Some(RequestOutcome::Replayed);
+            return Ok(receipt::respond(&receipt, true));
+        }
         Ok(Acquired::Mismatch) => return Err(ProxyError::KeyReused),
         Ok(Acquired::InFlight { retry_after }) => return Err(ProxyError::InFlight { retry_after }),
         Ok(Acquired::Held { retry_after }) => {
@@ -180,6 +243,7 @@ async fn protect(
         }
         Err(e) if policy.fail_open => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
+            trace.outcome = Some(RequestOutcome::Passthrough);
             let request = upstream_request(
                 &parts,
                 upstream_uri,
@@ -222,7 +286,9 @@ async fn protect(
         request,
         passed_down,
         app.max_receipt_bytes,
+        app.metrics.clone(),
     );
+    let forward_started = Instant::now();
     let (result, settled, duplicate) =
         app.claims
             .spawn_tracked(task)
@@ -231,6 +297,13 @@ async fn protect(
                 error: UpstreamError::Failed(format!("the forwarding task stopped: {e}")),
                 claim: ClaimAfterFailure::Unsettled,
             })?;
+    trace.forward = Some(forward_started.elapsed());
+    trace.upstream_status = result.as_ref().ok().map(|r| r.status);
+    trace.outcome = Some(match settled {
+        ClaimAfterFailure::None => RequestOutcome::Forwarded,
+        ClaimAfterFailure::Released => RequestOutcome::Released,
+        ClaimAfterFailure::Unknown | ClaimAfterFailure::Unsettled => RequestOutcome::Unknown,
+    });
     if let Some(note) = duplicate {
         return Err(ProxyError::DuplicateRejected { note });
     }
@@ -422,6 +495,8 @@ async fn with_lease_renewal<T>(
 /// forward (renewing the claim's lease while the provider works), then settle, fenced by the
 /// claim's token. A provider's "key already used" answer is never a receipt: the operation
 /// exists, but this is not its response, so the claim is UNKNOWN and the note says so.
+// The task owns everything it uses ('static), hence the argument list.
+#[allow(clippy::too_many_arguments)]
 async fn forward_and_settle(
     claims: Arc<Claims>,
     route: Arc<Route>,
@@ -430,11 +505,15 @@ async fn forward_and_settle(
     request: Request<Body>,
     passed_down: String,
     max_receipt: usize,
+    metrics: Arc<Metrics>,
 ) -> (
     Result<Receipt, UpstreamError>,
     ClaimAfterFailure,
     Option<String>,
 ) {
+    // Counted here, in the task, so a call whose client hung up still shows.
+    let _in_flight = InFlight::start(&metrics);
+    let upstream_started = Instant::now();
     let result = with_lease_renewal(
         &claims,
         &claim,
@@ -443,6 +522,7 @@ async fn forward_and_settle(
     )
     .await
     .map(|(parts, body)| receipt::from_response(&parts, body));
+    metrics.upstream(&route.name, upstream_started.elapsed().as_secs_f64());
     let outcome = match &result {
         Ok(receipt) => Outcome::Responded(receipt.status),
         Err(e) if e.may_have_been_sent() => Outcome::FailedAfterSend,
@@ -479,7 +559,7 @@ async fn forward_and_settle(
     if settled == Settled::NotOurs {
         tracing::warn!(%scope, "the claim was no longer ours at settle time; nothing overwritten");
     }
-    tracing::info!(route = %route.name, ?outcome, ?settled, "settled");
+    tracing::debug!(route = %route.name, ?outcome, ?settled, "settled");
     let after = match (settled, how) {
         (Settled::Done, Settle::Commit(_)) => ClaimAfterFailure::None,
         (Settled::Done, Settle::Release) => ClaimAfterFailure::Released,

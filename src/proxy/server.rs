@@ -17,6 +17,10 @@ use crate::app::App;
 pub struct ServerOptions {
     pub header_read_timeout: Duration,
     pub shutdown_grace: Duration,
+    /// Open client connections beyond this are answered 503 and closed.
+    pub max_connections: usize,
+    /// Largest request head; hyper answers 431 above it.
+    pub max_header_bytes: usize,
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and waits up to the grace period
@@ -33,7 +37,9 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(opts.header_read_timeout)
+        .max_buf_size(opts.max_header_bytes)
         .keep_alive(true);
+    let connections = Arc::new(tokio::sync::Semaphore::new(opts.max_connections));
     let builder = Arc::new(builder);
     tokio::pin!(shutdown);
     loop {
@@ -50,13 +56,24 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tokio::spawn(super::limits::refuse_connection(stream));
+            continue;
+        };
         let app = app.clone();
-        let svc = service_fn(move |req| dispatch::handle(app.clone(), req));
+        let local = stream.local_addr().ok().map(dispatch::LocalAddr);
+        let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            if let Some(local) = local {
+                req.extensions_mut().insert(local);
+            }
+            dispatch::handle(app.clone(), req)
+        });
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), svc)
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
+            let _permit = permit;
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }

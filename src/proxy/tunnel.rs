@@ -15,32 +15,38 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::connect::{ConnectError, Target};
+use super::egress::{Egress, EgressError};
 
 /// The addresses a tunnel to `target` may use. This is the one place that decides where blind
-/// tunnels can go; an egress allow-list or a private-range block filters the resolved
-/// addresses here.
-async fn tunnel_addresses(target: &Target) -> Result<Vec<SocketAddr>, ConnectError> {
-    let unreachable = |reason: String| ConnectError::Unreachable {
-        target: target.to_string(),
-        reason,
-    };
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((target.name(), target.port))
+/// tunnels can go: the egress rules (allow-list, internal ranges refused) judge the resolved
+/// addresses, and the tunnel dials exactly those.
+async fn tunnel_addresses(
+    target: &Target,
+    egress: &Egress,
+) -> Result<Vec<SocketAddr>, ConnectError> {
+    egress
+        .check(target.name(), target.port)
         .await
-        .map_err(|e| unreachable(format!("cannot resolve the host: {e}")))?
-        .collect();
-    if addrs.is_empty() {
-        return Err(unreachable("the host has no address".into()));
-    }
-    Ok(addrs)
+        .map_err(|e| match e {
+            EgressError::Resolve { message, .. } => ConnectError::Unreachable {
+                target: target.to_string(),
+                reason: format!("cannot resolve the host: {message}"),
+            },
+            refused => ConnectError::EgressRefused(refused.to_string()),
+        })
 }
 
 /// Connects to the target (first address that answers) within `timeout`.
-pub async fn dial(target: &Target, timeout: Duration) -> Result<TcpStream, ConnectError> {
+pub async fn dial(
+    target: &Target,
+    timeout: Duration,
+    egress: &Egress,
+) -> Result<TcpStream, ConnectError> {
     let unreachable = |reason: String| ConnectError::Unreachable {
         target: target.to_string(),
         reason,
     };
-    let addrs = tunnel_addresses(target).await?;
+    let addrs = tunnel_addresses(target, egress).await?;
     let stream = tokio::time::timeout(timeout, TcpStream::connect(&addrs[..]))
         .await
         .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?

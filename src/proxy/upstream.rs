@@ -16,6 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls_pki_types::{pem::PemObject, CertificateDer};
 
 use super::body::{Body, BoxError};
+use super::egress::{Egress, GuardedResolver};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -47,6 +48,8 @@ pub struct ClientOptions<'a> {
     pub connect_to: Option<&'a str>,
     pub connect_timeout: Duration,
     pub pool_idle_timeout: Duration,
+    /// Vet every DNS answer against these egress rules (the client for requests no route covers).
+    pub egress: Option<Arc<Egress>>,
 }
 
 /// One pooled client; routes each own one, so `connect_to` and extra roots stay per route.
@@ -80,7 +83,7 @@ impl UpstreamClient {
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let mut http = HttpConnector::new();
+        let mut http = HttpConnector::new_with_resolver(GuardedResolver::new(opts.egress.clone()));
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(opts.connect_timeout));
@@ -167,12 +170,12 @@ fn chain_has<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'stati
 /// TLS connector, so the certificate is still verified against the upstream's real name.
 #[derive(Clone)]
 pub struct ConnectTo {
-    inner: HttpConnector,
+    inner: HttpConnector<GuardedResolver>,
     connect_to: Option<http::uri::Authority>,
 }
 
 impl tower_service::Service<Uri> for ConnectTo {
-    type Response = <HttpConnector as tower_service::Service<Uri>>::Response;
+    type Response = <HttpConnector<GuardedResolver> as tower_service::Service<Uri>>::Response;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 

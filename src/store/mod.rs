@@ -2,6 +2,7 @@
 //! embedded SQLite file for one host, and Redis for many proxies sharing one store.
 
 mod redis;
+pub mod sealed;
 mod sqlite;
 
 use std::sync::Arc;

@@ -69,6 +69,12 @@ impl LeafCache {
             .await
     }
 
+    /// How many leaf certificates are cached now (for the `cert_cache_entries` gauge).
+    pub async fn entries(&self) -> u64 {
+        self.cache.run_pending_tasks().await;
+        self.cache.entry_count()
+    }
+
     /// How many leaf certificates this cache has generated.
     pub fn generated(&self) -> u64 {
         self.generated.load(Ordering::Relaxed)

@@ -52,6 +52,10 @@ pub fn route(name: &str, port: u16, options: &str) -> String {
 
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// The admin listener, when the config sets `server.admin_listen`.
+    pub admin: Option<SocketAddr>,
+    /// Extra environment for the process (tokens, secrets, keys).
+    env: Vec<(String, String)>,
     child: Option<Child>,
     dir: PathBuf,
     config_path: PathBuf,
@@ -68,10 +72,27 @@ impl Proxy {
     }
 
     pub fn start_in(dir: &Path, config_text: &str) -> Proxy {
+        Self::start_in_with_env(dir, config_text, &[])
+    }
+
+    /// Starts with extra environment variables (admin token, tenant secrets, receipt key).
+    pub fn start_with_env(config_text: &str, env: &[(&str, &str)]) -> Proxy {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut p = Self::start_in_with_env(tmp.path(), config_text, env);
+        p._tmp = Some(tmp);
+        p
+    }
+
+    pub fn start_in_with_env(dir: &Path, config_text: &str, env: &[(&str, &str)]) -> Proxy {
         let config_path = dir.join("idemproxy.toml");
         std::fs::write(&config_path, config_text).expect("write config");
         let mut p = Proxy {
             addr: super::loopback(0),
+            admin: None,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             child: None,
             dir: dir.to_path_buf(),
             config_path,
@@ -93,6 +114,7 @@ impl Proxy {
             .arg(&self.config_path)
             .current_dir(&self.dir)
             .env("IDEMPROXY_LOG", "info,idemproxy=debug")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .spawn()
@@ -101,18 +123,21 @@ impl Proxy {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix("idemproxy listening proxy=") {
-                    let addr = addr
-                        .split_whitespace()
-                        .next()
-                        .unwrap_or_default()
-                        .to_string();
-                    let _ = tx.send(addr);
+                if let Some(rest) = line.strip_prefix("idemproxy listening proxy=") {
+                    let mut words = rest.split_whitespace();
+                    let addr = words.next().unwrap_or_default().to_string();
+                    let admin = words
+                        .find_map(|w| w.strip_prefix("admin="))
+                        .map(String::from);
+                    let _ = tx.send((addr, admin));
                 }
             }
         });
         match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(addr) => self.addr = addr.parse().expect("listen address"),
+            Ok((addr, admin)) => {
+                self.addr = addr.parse().expect("listen address");
+                self.admin = admin.map(|a| a.parse().expect("admin address"));
+            }
             Err(_) => {
                 let _ = child.kill();
                 panic!("idemproxy did not start; log:\n{}", self.logs());
@@ -146,6 +171,14 @@ impl Proxy {
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
+    }
+
+    /// `http://ADMIN` for the admin listener.
+    pub fn admin_url(&self) -> String {
+        format!(
+            "http://{}",
+            self.admin.expect("this proxy has an admin listener")
+        )
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,0 +1,362 @@
+//! The key API: find a claim the way an operator knows it (route, tenant, client key and
+//! optionally the credential it was sent with — or the scope a list showed), inspect it, and
+//! resolve an UNKNOWN one by releasing it or committing the receipt the operator got from the
+//! provider. Every resolve is fenced on the token the operator saw: it never touches a newer
+//! claim.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::Deserialize;
+
+use super::{json, problem, Admin};
+use crate::idempotency::record::{Receipt, Record, State, Token};
+use crate::idempotency::scope;
+use crate::proxy::body::{read_limited, Body};
+use crate::store::{now_ms, Expiry, StoreError};
+
+fn default_tenant() -> String {
+    crate::auth::DEFAULT_TENANT.to_string()
+}
+
+#[derive(Debug, Deserialize)]
+struct Resolve {
+    #[serde(flatten)]
+    lookup: LookupFields,
+    /// The token `show` or `list` printed: the claim the operator checked.
+    token: String,
+    action: Action,
+    receipt: Option<OperatorReceipt>,
+}
+
+/// How an operator names a claim: the scope a list showed, or route + tenant + client key
+/// and the credential headers the client sent (e.g. `{"authorization": "Bearer sk_…"}`),
+/// hashed exactly as the proxy does, never stored or logged.
+#[derive(Debug, Deserialize)]
+struct LookupFields {
+    scope: Option<String>,
+    route: Option<String>,
+    #[serde(default = "default_tenant")]
+    tenant: String,
+    key: Option<String>,
+    #[serde(default)]
+    credentials: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Action {
+    Release,
+    Commit,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OperatorReceipt {
+    status: u16,
+    #[serde(default)]
+    headers: Vec<(String, String)>,
+    /// UTF-8 body …
+    body: Option<String>,
+    /// … or any bytes, base64.
+    body_base64: Option<String>,
+}
+
+const MAX_REQUEST: usize = 1 << 20;
+
+pub(super) async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    match (method, path.as_str()) {
+        (Method::GET, "/v1/keys") => list(admin, &query).await,
+        (Method::POST, "/v1/keys/show") => match body::<LookupFields>(req).await {
+            Ok(l) => show(admin, l).await,
+            Err(resp) => resp,
+        },
+        (Method::POST, "/v1/keys/resolve") => match body::<Resolve>(req).await {
+            Ok(r) => resolve(admin, r).await,
+            Err(resp) => resp,
+        },
+        _ => problem(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "Key API: GET /v1/keys?state=unknown, POST /v1/keys/show, POST /v1/keys/resolve.",
+        ),
+    }
+}
+
+async fn body<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, Response<Body>> {
+    let bytes = read_limited(req.into_body(), MAX_REQUEST)
+        .await
+        .map_err(|e| bad(&format!("cannot read the request body: {e}")))?;
+    serde_json::from_slice(&bytes).map_err(|e| bad(&format!("the request body is not valid: {e}")))
+}
+
+fn bad(detail: &str) -> Response<Body> {
+    problem(StatusCode::BAD_REQUEST, "bad-request", detail)
+}
+
+fn refuse(detail: &str) -> Box<Response<Body>> {
+    Box::new(bad(detail))
+}
+
+fn store_error(e: StoreError) -> Response<Body> {
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        &format!("{e}. Nothing was changed; try again."),
+    )
+}
+
+async fn list(admin: &Admin, query: &str) -> Response<Body> {
+    let mut state = State::Unknown;
+    let mut limit = admin.list_limit;
+    for (k, v) in query.split('&').filter_map(|kv| kv.split_once('=')) {
+        match k {
+            "state" => {
+                state = match v.to_ascii_lowercase().as_str() {
+                    "unknown" => State::Unknown,
+                    "pending" => State::Pending,
+                    "committed" => State::Committed,
+                    _ => return bad("state must be unknown, pending or committed"),
+                }
+            }
+            "limit" => match v.parse::<usize>() {
+                Ok(n) if n > 0 => limit = n.min(admin.list_limit),
+                _ => return bad("limit must be a positive number"),
+            },
+            _ => {}
+        }
+    }
+    let found = match timed(
+        admin.op_timeout,
+        admin.app.claims.store().list(state, limit),
+    )
+    .await
+    {
+        Ok(found) => found,
+        Err(e) => return store_error(e),
+    };
+    let keys: Vec<_> = found.iter().map(|(s, r)| view(s, r)).collect();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({"state": state.as_str(), "count": keys.len(), "keys": keys}),
+    )
+}
+
+async fn show(admin: &Admin, lookup: LookupFields) -> Response<Body> {
+    let scope = match scope_of(admin, lookup) {
+        Ok(s) => s,
+        Err(resp) => return *resp,
+    };
+    match timed(admin.op_timeout, admin.app.claims.store().get(&scope)).await {
+        Ok(Some(record)) => json(StatusCode::OK, &view(&scope, &record)),
+        Ok(None) => not_found(&scope),
+        Err(e) => store_error(e),
+    }
+}
+
+fn not_found(scope: &str) -> Response<Body> {
+    problem(
+        StatusCode::NOT_FOUND,
+        "key-not-found",
+        &format!("No claim under {scope}: never claimed, released, or expired. Check route, tenant, key and the credential headers the client sent."),
+    )
+}
+
+async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
+    let scope = match scope_of(admin, r.lookup) {
+        Ok(s) => s,
+        Err(resp) => return *resp,
+    };
+    let store = admin.app.claims.store();
+    let found = match timed(admin.op_timeout, store.get(&scope)).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return not_found(&scope),
+        Err(e) => return store_error(e),
+    };
+    if found.token.as_str() != r.token || found.state != State::Unknown {
+        return changed(&scope, &found);
+    }
+    // The fence is the record as the operator saw it: same token, still UNKNOWN.
+    let fence = found.fence();
+    let done = match r.action {
+        Action::Release => timed(admin.op_timeout, store.remove(&scope, &fence)).await,
+        Action::Commit => {
+            let receipt = match r.receipt.map(operator_receipt) {
+                Some(Ok(receipt)) => receipt,
+                Some(Err(detail)) => return bad(&detail),
+                None => {
+                    return bad(
+                        "action commit needs a receipt: {status, headers, body | body_base64}",
+                    )
+                }
+            };
+            let retention = admin
+                .app
+                .routes
+                .all()
+                .iter()
+                .find(|route| route.name == found.body.route)
+                .map(|route| route.policy.retention)
+                .unwrap_or(Duration::from_secs(24 * 3600));
+            let mut body = found.body.clone();
+            body.receipt = Some(receipt);
+            body.note = Some(format!(
+                "receipt committed by an operator at {} ms",
+                now_ms()
+            ));
+            let record = Record {
+                state: State::Committed,
+                token: Token::random(),
+                body,
+            };
+            timed(
+                admin.op_timeout,
+                store.replace(&scope, &fence, &record, Expiry::After(retention)),
+            )
+            .await
+        }
+    };
+    match done {
+        Ok(true) => {
+            let action = match r.action {
+                Action::Release => "released",
+                Action::Commit => "committed",
+            };
+            tracing::info!(scope, action, "operator resolved an UNKNOWN claim");
+            json(
+                StatusCode::OK,
+                &serde_json::json!({"scope": scope, "resolved": action}),
+            )
+        }
+        Ok(false) => match timed(admin.op_timeout, store.get(&scope)).await {
+            Ok(Some(now)) => changed(&scope, &now),
+            Ok(None) => not_found(&scope),
+            Err(e) => store_error(e),
+        },
+        Err(e) => store_error(e),
+    }
+}
+
+fn changed(scope: &str, now: &Record) -> Response<Body> {
+    problem(
+        StatusCode::CONFLICT,
+        "claim-changed",
+        &format!(
+            "Nothing was changed: the claim under {scope} is now {} with token {}, not the UNKNOWN claim with the token you gave. Show it again and decide on what it is now.",
+            now.state.as_str(),
+            now.token.as_str()
+        ),
+    )
+}
+
+fn operator_receipt(r: OperatorReceipt) -> Result<Receipt, String> {
+    if !(100..=599).contains(&r.status) {
+        return Err(format!("receipt.status {} is not an HTTP status", r.status));
+    }
+    for (name, value) in &r.headers {
+        HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("receipt header name `{name}` is not valid"))?;
+        HeaderValue::from_str(value)
+            .map_err(|_| format!("receipt header `{name}` has a value that is not valid"))?;
+    }
+    let body = match (r.body, r.body_base64) {
+        (Some(text), None) => Bytes::from(text),
+        (None, Some(b64)) => Bytes::from(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|e| format!("receipt.body_base64 is not base64: {e}"))?,
+        ),
+        (None, None) => Bytes::new(),
+        (Some(_), Some(_)) => {
+            return Err("give receipt.body or receipt.body_base64, not both".into())
+        }
+    };
+    Ok(Receipt {
+        status: r.status,
+        headers: r
+            .headers
+            .into_iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect(),
+        body,
+    })
+}
+
+fn scope_of(admin: &Admin, l: LookupFields) -> Result<String, Box<Response<Body>>> {
+    if let Some(scope) = l.scope {
+        if l.route.is_some() || l.key.is_some() {
+            return Err(refuse(
+                "give either scope, or route + key (+ tenant, credentials)",
+            ));
+        }
+        return Ok(scope);
+    }
+    let (Some(route_name), Some(key)) = (l.route, l.key) else {
+        return Err(refuse(
+            "give scope, or route and key (and tenant and credentials if the client sent them)",
+        ));
+    };
+    let Some(route) = admin.app.routes.all().iter().find(|r| r.name == route_name) else {
+        return Err(refuse(&format!("no route is named `{route_name}`")));
+    };
+    let mut headers = HeaderMap::new();
+    for (name, value) in &l.credentials {
+        let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) else {
+            return Err(refuse(&format!(
+                "credentials: `{name}` is not a valid header"
+            )));
+        };
+        headers.append(n, v);
+    }
+    let credentials = scope::credential_fingerprint(&headers, &route.credential_headers);
+    Ok(scope::scope(
+        &admin.app.namespace,
+        &l.tenant,
+        &route.name,
+        &route.upstream.host,
+        &credentials,
+        &key,
+    ))
+}
+
+/// A record as operators see it: no receipt body, no header values (they may carry
+/// provider-set secrets such as cookies).
+fn view(scope: &str, r: &Record) -> serde_json::Value {
+    let tenant = scope.split(':').nth(1).unwrap_or("");
+    serde_json::json!({
+        "scope": scope,
+        "tenant": tenant,
+        "state": r.state.as_str(),
+        "token": r.token.as_str(),
+        "route": r.body.route,
+        "fingerprint": r.body.fingerprint,
+        "created_ms": r.body.created_ms,
+        "lease_until_ms": r.body.lease_until_ms,
+        "unknown_since_ms": r.body.unknown_since_ms,
+        "note": r.body.note,
+        "receipt": r.body.receipt.as_ref().map(|rc| serde_json::json!({
+            "status": rc.status,
+            "header_names": rc.headers.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+            "body_bytes": rc.body.len(),
+        })),
+    })
+}
+
+async fn timed<T>(
+    d: Duration,
+    fut: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(d, fut)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(d)))
+}

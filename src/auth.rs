@@ -1,0 +1,271 @@
+//! Who may use the proxy: `Proxy-Authorization` (Basic or Bearer) checked against the tenants
+//! in config. One function, [`Tenants::authorize`], serves every way in (plain requests and
+//! CONNECT), so they can never disagree.
+
+use base64::Engine as _;
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::{Config, ConfigError};
+use crate::proxy::body::{full, Body};
+
+/// Every caller is this tenant when no tenants are configured.
+pub const DEFAULT_TENANT: &str = "default";
+
+const REALM: &str = "Basic realm=\"idemproxy\", Bearer realm=\"idemproxy\"";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Letters, digits, `-`, `_`; part of every store key of this tenant. The Basic user name.
+    pub name: String,
+    /// Hex SHA-256 of the tenant's secret (`printf %s "$SECRET" | sha256sum`).
+    pub secret_sha256: Option<String>,
+    /// Or: the environment variable holding the secret itself.
+    pub secret_env: Option<String>,
+}
+
+struct Tenant {
+    name: String,
+    secret_hash: [u8; 32],
+}
+
+/// The tenants allowed in. Empty: authentication is off and everyone is [`DEFAULT_TENANT`].
+pub struct Tenants {
+    tenants: Vec<Tenant>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    #[error("proxy authentication required: send Proxy-Authorization (Basic tenant:secret or Bearer secret)")]
+    Missing,
+    #[error("the Proxy-Authorization credentials are not valid")]
+    Invalid,
+}
+
+// Names only: the secret hashes stay out of any debug output.
+impl std::fmt::Debug for Tenants {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.tenants.iter().map(|t| &t.name))
+            .finish()
+    }
+}
+
+impl Tenants {
+    pub fn build(config: &Config) -> Result<Tenants, ConfigError> {
+        Self::build_with_env(config, |name| std::env::var(name).ok())
+    }
+
+    pub fn build_with_env(
+        config: &Config,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Tenants, ConfigError> {
+        let mut tenants = Vec::new();
+        for (i, t) in config.tenants.iter().enumerate() {
+            let field = |f: &str| format!("tenants[{i}].{f}");
+            if t.name.is_empty()
+                || !t
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(
+                    config.invalid(field("name"), "must be non-empty letters, digits, - or _")
+                );
+            }
+            if tenants.iter().any(|x: &Tenant| x.name == t.name) {
+                return Err(config.invalid(field("name"), format!("`{}` is used twice", t.name)));
+            }
+            let secret_hash = match (&t.secret_sha256, &t.secret_env) {
+                (Some(hex_hash), None) => {
+                    let bytes = hex::decode(hex_hash.trim()).ok().filter(|b| b.len() == 32);
+                    let Some(bytes) = bytes else {
+                        return Err(config
+                            .invalid(field("secret_sha256"), "must be 64 hex digits (a SHA-256)"));
+                    };
+                    let mut out = [0u8; 32];
+                    out.copy_from_slice(&bytes);
+                    out
+                }
+                (None, Some(var)) => match env(var) {
+                    Some(secret) if !secret.is_empty() => sha256(secret.as_bytes()),
+                    _ => {
+                        return Err(config.invalid(
+                            field("secret_env"),
+                            format!("the environment variable `{var}` is not set or empty"),
+                        ))
+                    }
+                },
+                _ => {
+                    return Err(config.invalid(
+                        field("secret_sha256"),
+                        "set exactly one of secret_sha256 and secret_env",
+                    ))
+                }
+            };
+            tenants.push(Tenant {
+                name: t.name.clone(),
+                secret_hash,
+            });
+        }
+        Ok(Tenants { tenants })
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.tenants.is_empty()
+    }
+
+    /// The tenant a request (or CONNECT) belongs to, from its `Proxy-Authorization`.
+    pub fn authorize(&self, headers: &HeaderMap) -> Result<String, AuthError> {
+        if self.tenants.is_empty() {
+            return Ok(DEFAULT_TENANT.to_string());
+        }
+        let value = headers
+            .get(header::PROXY_AUTHORIZATION)
+            .ok_or(AuthError::Missing)?
+            .to_str()
+            .map_err(|_| AuthError::Invalid)?
+            .trim();
+        let (scheme, rest) = value.split_once(' ').ok_or(AuthError::Invalid)?;
+        let rest = rest.trim();
+        if scheme.eq_ignore_ascii_case("basic") {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(rest)
+                .map_err(|_| AuthError::Invalid)?;
+            let decoded = String::from_utf8(decoded).map_err(|_| AuthError::Invalid)?;
+            let (user, secret) = decoded.split_once(':').ok_or(AuthError::Invalid)?;
+            let given = sha256(secret.as_bytes());
+            // Compare against every tenant so the time taken does not tell which names exist.
+            let mut found = None;
+            for t in &self.tenants {
+                let ok = t.secret_hash.ct_eq(&given).unwrap_u8() == 1;
+                if ok && t.name == user {
+                    found = Some(t.name.clone());
+                }
+            }
+            found.ok_or(AuthError::Invalid)
+        } else if scheme.eq_ignore_ascii_case("bearer") {
+            let given = sha256(rest.as_bytes());
+            let mut found = None;
+            for t in &self.tenants {
+                if t.secret_hash.ct_eq(&given).unwrap_u8() == 1 && found.is_none() {
+                    found = Some(t.name.clone());
+                }
+            }
+            found.ok_or(AuthError::Invalid)
+        } else {
+            Err(AuthError::Invalid)
+        }
+    }
+}
+
+/// 407 with `Proxy-Authenticate`, as problem+json.
+pub fn challenge(error: &AuthError) -> Response<Body> {
+    let slug = match error {
+        AuthError::Missing => "proxy-auth-required",
+        AuthError::Invalid => "proxy-auth-invalid",
+    };
+    let body = serde_json::json!({
+        "type": format!("urn:idemproxy:problem:{slug}"),
+        "title": "Proxy authentication required",
+        "status": 407,
+        "detail": format!("{error}. Nothing was forwarded or claimed."),
+    });
+    let mut resp = Response::new(full(body.to_string()));
+    *resp.status_mut() = StatusCode::PROXY_AUTHENTICATION_REQUIRED;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    h.insert(header::PROXY_AUTHENTICATE, HeaderValue::from_static(REALM));
+    h.insert("x-idemproxy-error", HeaderValue::from_static(slug));
+    resp
+}
+
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn tenants(toml: &str) -> Tenants {
+        let config = Config::parse(toml, Path::new("t.toml")).expect("config");
+        Tenants::build_with_env(&config, |v| {
+            (v == "B_SECRET").then(|| "s3cret-b".to_string())
+        })
+        .expect("tenants")
+    }
+
+    fn with(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::PROXY_AUTHORIZATION,
+            HeaderValue::from_str(value).expect("value"),
+        );
+        h
+    }
+
+    fn basic(user: &str, pass: &str) -> String {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+        )
+    }
+
+    #[test]
+    fn basic_and_bearer_pick_the_tenant() {
+        let a_hash = hex::encode(sha256(b"s3cret-a"));
+        let t = tenants(&format!(
+            "[[tenants]]\nname = \"a\"\nsecret_sha256 = \"{a_hash}\"\n[[tenants]]\nname = \"b\"\nsecret_env = \"B_SECRET\"\n"
+        ));
+        assert_eq!(t.authorize(&with(&basic("a", "s3cret-a"))), Ok("a".into()));
+        assert_eq!(t.authorize(&with(&basic("b", "s3cret-b"))), Ok("b".into()));
+        assert_eq!(t.authorize(&with("Bearer s3cret-b")), Ok("b".into()));
+        // a's secret under b's name, wrong secrets, junk: refused.
+        assert_eq!(
+            t.authorize(&with(&basic("b", "s3cret-a"))),
+            Err(AuthError::Invalid)
+        );
+        assert_eq!(t.authorize(&with("Bearer nope")), Err(AuthError::Invalid));
+        assert_eq!(t.authorize(&with("Basic !!!")), Err(AuthError::Invalid));
+        assert_eq!(t.authorize(&with("Digest x")), Err(AuthError::Invalid));
+        assert_eq!(t.authorize(&HeaderMap::new()), Err(AuthError::Missing));
+    }
+
+    #[test]
+    fn no_tenants_means_everyone_is_default() {
+        let t = tenants("");
+        assert!(!t.enabled());
+        assert_eq!(t.authorize(&HeaderMap::new()), Ok(DEFAULT_TENANT.into()));
+    }
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let config = Config::parse(
+            "[[tenants]]\nname = \"a\"\nsecret_env = \"UNSET_VAR_X\"\n",
+            Path::new("t.toml"),
+        )
+        .expect("parses");
+        let e = Tenants::build_with_env(&config, |_| None)
+            .expect_err("error")
+            .to_string();
+        assert!(
+            e.contains("t.toml") && e.contains("tenants[0].secret_env"),
+            "{e}"
+        );
+        let config = Config::parse(
+            "[[tenants]]\nname = \"a\"\nsecret_sha256 = \"zz\"\n",
+            Path::new("t.toml"),
+        )
+        .expect("parses");
+        let e = Tenants::build(&config).expect_err("error").to_string();
+        assert!(e.contains("tenants[0].secret_sha256"), "{e}");
+    }
+}

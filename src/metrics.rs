@@ -1,0 +1,315 @@
+//! Prometheus metrics: what happened to requests (by route and outcome), how long upstreams
+//! and the store take, and what is outstanding. Labels never carry keys, scopes or credentials.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::idempotency::record::{Fence, Record, State};
+use crate::store::{Expiry, SettleSink, Store, StoreError};
+
+type Labels = Vec<(String, String)>;
+
+/// What became of one request on the proxy listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// Executed at the provider; its answer is the receipt.
+    Forwarded,
+    Replayed,
+    /// Another request with the key is in flight (409).
+    Conflict,
+    /// The key was reused for another request (422).
+    Mismatch,
+    /// The outcome is (or was left) unknown; retries are held.
+    Unknown,
+    /// The claim was released (retryable failure).
+    Released,
+    /// Refused by the proxy before anything was claimed or forwarded (4xx/5xx it made itself).
+    Rejected,
+    /// Not protected: streamed through untouched.
+    Passthrough,
+    /// A CONNECT tunnel.
+    Tunnel,
+}
+
+impl RequestOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestOutcome::Forwarded => "forwarded",
+            RequestOutcome::Replayed => "replayed",
+            RequestOutcome::Conflict => "conflict",
+            RequestOutcome::Mismatch => "mismatch",
+            RequestOutcome::Unknown => "unknown",
+            RequestOutcome::Released => "released",
+            RequestOutcome::Rejected => "rejected",
+            RequestOutcome::Passthrough => "passthrough",
+            RequestOutcome::Tunnel => "tunnel",
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    upstream_seconds: Family<Labels, Histogram>,
+    store_seconds: Family<Labels, Histogram>,
+    store_errors: Family<Labels, Counter>,
+    /// Claims this process holds while their upstream call runs.
+    pub claims_in_flight: Gauge,
+    /// Set at scrape time from the store (shared by every replica).
+    pub unknown_claims: Gauge,
+    /// Leaf certificates cached for TLS interception; set by the interception code.
+    pub cert_cache_entries: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("idemproxy");
+        let requests = Family::<Labels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests on the proxy listener by route and outcome",
+            requests.clone(),
+        );
+        // 1 ms … ~65 s.
+        let upstream_seconds = Family::<Labels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 17))
+        });
+        registry.register(
+            "upstream_duration_seconds",
+            "Upstream call duration (send and whole response) by route",
+            upstream_seconds.clone(),
+        );
+        // 0.1 ms … ~3.3 s.
+        let store_seconds = Family::<Labels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+        });
+        registry.register(
+            "store_operation_duration_seconds",
+            "Store operation duration by operation",
+            store_seconds.clone(),
+        );
+        let store_errors = Family::<Labels, Counter>::default();
+        registry.register(
+            "store_errors",
+            "Store operations that failed or timed out, by operation",
+            store_errors.clone(),
+        );
+        let claims_in_flight = Gauge::default();
+        registry.register(
+            "claims_in_flight",
+            "Claims this process holds while their upstream call runs",
+            claims_in_flight.clone(),
+        );
+        let unknown_claims = Gauge::default();
+        registry.register(
+            "unknown_claims",
+            "UNKNOWN claims in the store waiting for an operator or their hold (capped at the admin list limit)",
+            unknown_claims.clone(),
+        );
+        let cert_cache_entries = Gauge::default();
+        registry.register(
+            "cert_cache_entries",
+            "Leaf certificates cached for TLS interception",
+            cert_cache_entries.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            upstream_seconds,
+            store_seconds,
+            store_errors,
+            claims_in_flight,
+            unknown_claims,
+            cert_cache_entries,
+        }
+    }
+
+    pub fn request(&self, route: &str, outcome: RequestOutcome) {
+        self.requests
+            .get_or_create(&vec![
+                ("route".into(), route.into()),
+                ("outcome".into(), outcome.as_str().into()),
+            ])
+            .inc();
+    }
+
+    pub fn upstream(&self, route: &str, seconds: f64) {
+        self.upstream_seconds
+            .get_or_create(&vec![("route".into(), route.into())])
+            .observe(seconds);
+    }
+
+    fn store_op(&self, op: &'static str, started: Instant, ok: bool) {
+        let labels = vec![("op".to_string(), op.to_string())];
+        self.store_seconds
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+        if !ok {
+            self.store_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    /// Prometheus text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Counts a claim as in flight until dropped (also when the request future is cancelled).
+pub struct InFlight<'a>(&'a Metrics);
+
+impl<'a> InFlight<'a> {
+    pub fn start(metrics: &'a Metrics) -> InFlight<'a> {
+        metrics.claims_in_flight.inc();
+        InFlight(metrics)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.claims_in_flight.dec();
+    }
+}
+
+/// A store that times every operation into the metrics.
+pub struct TimedStore {
+    inner: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+}
+
+impl TimedStore {
+    pub fn wrap(inner: Arc<dyn Store>, metrics: Arc<Metrics>) -> Arc<dyn Store> {
+        Arc::new(TimedStore { inner, metrics })
+    }
+
+    async fn timed<T>(
+        &self,
+        op: &'static str,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let mut timer = OpTimer {
+            metrics: &self.metrics,
+            op,
+            started: Instant::now(),
+            ok: None,
+        };
+        let out = fut.await;
+        timer.ok = Some(out.is_ok());
+        out
+    }
+}
+
+/// Records one store operation when dropped, so a call abandoned by the caller's timeout
+/// still shows up (as an error, with the time it was given).
+struct OpTimer<'a> {
+    metrics: &'a Metrics,
+    op: &'static str,
+    started: Instant,
+    ok: Option<bool>,
+}
+
+impl Drop for OpTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .store_op(self.op, self.started, self.ok.unwrap_or(false));
+    }
+}
+
+#[async_trait]
+impl Store for TimedStore {
+    async fn insert_if_absent(
+        &self,
+        scope: &str,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<Option<Record>, StoreError> {
+        self.timed("insert", self.inner.insert_if_absent(scope, record, expiry))
+            .await
+    }
+
+    async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
+        self.timed("get", self.inner.get(scope)).await
+    }
+
+    async fn replace(
+        &self,
+        scope: &str,
+        fence: &Fence,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<bool, StoreError> {
+        self.timed("replace", self.inner.replace(scope, fence, record, expiry))
+            .await
+    }
+
+    async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError> {
+        self.timed("remove", self.inner.remove(scope, fence)).await
+    }
+
+    async fn list(&self, state: State, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
+        self.timed("list", self.inner.list(state, limit)).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.timed("ping", self.inner.ping()).await
+    }
+
+    async fn durability_warning(&self) -> Option<String> {
+        self.inner.durability_warning().await
+    }
+
+    // Wait-mode wake-ups across proxies must pass through this wrapper untouched.
+    async fn announce_settled(&self, scope: &str) -> Result<(), StoreError> {
+        self.timed("announce", self.inner.announce_settled(scope))
+            .await
+    }
+
+    fn listen_settled(&self, sink: Arc<dyn SettleSink>) {
+        self.inner.listen_settled(sink)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_carries_labels_and_histograms() {
+        let m = Metrics::new();
+        m.request("pay", RequestOutcome::Replayed);
+        m.request("pay", RequestOutcome::Replayed);
+        m.upstream("pay", 0.02);
+        let text = m.encode();
+        assert!(
+            text.contains("idemproxy_requests_total{route=\"pay\",outcome=\"replayed\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("idemproxy_upstream_duration_seconds_count{route=\"pay\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("idemproxy_claims_in_flight 0"), "{text}");
+        {
+            let _a = InFlight::start(&m);
+            assert!(m.encode().contains("idemproxy_claims_in_flight 1"));
+        }
+        assert!(m.encode().contains("idemproxy_claims_in_flight 0"));
+    }
+}
