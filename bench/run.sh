@@ -103,6 +103,7 @@ listen = "127.0.0.1:0"
 [store]
 url = "$2"
 $( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\nconnect_ports = [443, %s]\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" "$P_TLS" )
+$( [ $HAVE_TLS = 1 ] && printf '[egress]\nallow = ["127.0.0.1:%s"]  # the tunnel baseline dials loopback, refused unless named\n' "$P_TLS" )
 $( [ -n "${BENCH_EXTRA_TOML:-}" ] && printf '%s\n' "$BENCH_EXTRA_TOML" )
 [[routes]]
 name = "bench"
