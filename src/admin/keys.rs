@@ -230,6 +230,8 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
                 Action::Commit => "committed",
             };
             tracing::info!(scope, action, "operator resolved an UNKNOWN claim");
+            // Anyone waiting on this scope (here or on another proxy) looks again now.
+            admin.app.claims.announce_settled(&scope);
             json(
                 StatusCode::OK,
                 &serde_json::json!({"scope": scope, "resolved": action}),
