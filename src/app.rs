@@ -63,7 +63,10 @@ impl App {
         .map_err(|m| config.invalid("server", m))?;
         Ok(Arc::new(App {
             routes,
-            claims: Arc::new(Claims::new(store, config.store.op_timeout.0)),
+            claims: Arc::new(
+                Claims::new(store, config.store.op_timeout.0)
+                    .with_receipt_cache(config.server.receipt_cache_bytes),
+            ),
             namespace: config.store.namespace.clone(),
             max_body_bytes: config.server.max_body_bytes,
             max_receipt_bytes: config.server.max_receipt_bytes,

@@ -73,6 +73,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Largest request head (request line and headers); larger ones get 431.
     pub max_header_bytes: usize,
+    /// Memory for receipts this proxy has seen committed, so replays skip the store; 0 = off.
+    pub receipt_cache_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +89,7 @@ impl Default for ServerConfig {
             pool_idle_timeout: Dur(Duration::from_secs(30)),
             max_connections: 4096,
             max_header_bytes: 64 * 1024,
+            receipt_cache_bytes: 16 * 1024 * 1024,
         }
     }
 }

@@ -55,12 +55,9 @@ async fn redis_down_fails_closed_fast_and_recovers() {
     let provider = FakeProvider::start().await;
     let mut store = StoreFixture::new(Backend::Redis);
     let proxy = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
-    assert_eq!(
-        post(proxy.addr, "/pay/v1/charges", Some("before"), "{}")
-            .await
-            .status,
-        200
-    );
+    let before = post(proxy.addr, "/pay/v1/charges", Some("before"), "{}").await;
+    assert_eq!(before.status, 200);
+    let other = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
 
     store.redis().kill();
     let started = Instant::now();
@@ -81,6 +78,14 @@ async fn redis_down_fails_closed_fast_and_recovers() {
         1,
         "nothing forwarded while the store is down"
     );
+
+    // A receipt this proxy committed is final: its replay needs no store (receipt cache).
+    let cached = post(proxy.addr, "/pay/v1/charges", Some("before"), "{}").await;
+    assert_eq!((cached.status, cached.replayed()), (200, Some("true")));
+    assert_eq!(cached.body, before.body);
+    // A replica that never saw it must ask the store, and the store is down.
+    let uncached = post(other.addr, "/pay/v1/charges", Some("before"), "{}").await;
+    assert_eq!(uncached.status, 503);
 
     // Unprotected traffic does not need the store.
     assert_eq!(

@@ -10,10 +10,11 @@ use tokio_util::task::TaskTracker;
 
 use super::decide::{decide, Decision};
 use super::policy::Policy;
+use super::receipt_cache::ReceiptCache;
 use super::record::{Fence, Receipt, Record, RecordBody, State, Token};
 use super::unconfirmed::Retrier;
 use super::waiters::Waiters;
-use crate::config::Hold;
+use crate::config::{Hold, OnInFlight};
 use crate::store::{now_ms, Expiry, Store, StoreError};
 
 /// How often acquire re-reads after losing a take-over race before giving up with 503.
@@ -89,6 +90,7 @@ pub struct Claims {
     /// Cancelled at shutdown; `stop_by` then says by when waiters must have answered.
     stopping: CancellationToken,
     stop_by: std::sync::Mutex<Option<Instant>>,
+    receipts: Option<ReceiptCache>,
 }
 
 impl Claims {
@@ -103,7 +105,14 @@ impl Claims {
             retrier: Retrier::default(),
             stopping: CancellationToken::new(),
             stop_by: std::sync::Mutex::new(None),
+            receipts: None,
         }
+    }
+
+    /// Keeps up to `bytes` of committed receipts in memory, so replays skip the store.
+    pub fn with_receipt_cache(mut self, bytes: u64) -> Claims {
+        self.receipts = ReceiptCache::new(bytes);
+        self
     }
 
     /// Runs `work` to completion even if the request that started it goes away; shutdown
@@ -151,6 +160,14 @@ impl Claims {
         route: &str,
         policy: &Policy,
     ) -> Result<Acquired, StoreError> {
+        // A COMMITTED record never changes, so a receipt seen here answers as the store would.
+        if let Some(hit) = self.receipts.as_ref().and_then(|c| c.get(scope)) {
+            return Ok(if hit.fingerprint == fingerprint {
+                Acquired::Replay(hit.receipt.clone())
+            } else {
+                Acquired::Mismatch
+            });
+        }
         let now = now_ms();
         let claim = Claim {
             scope: scope.to_string(),
@@ -179,7 +196,10 @@ impl Claims {
         };
         for _ in 0..MAX_ATTEMPTS {
             match decide(&found, fingerprint, now_ms(), policy) {
-                Decision::Replay(receipt) => return Ok(Acquired::Replay(receipt)),
+                Decision::Replay(receipt) => {
+                    self.remember(scope, &found.body, &receipt, policy);
+                    return Ok(Acquired::Replay(receipt));
+                }
                 Decision::Mismatch => return Ok(Acquired::Mismatch),
                 Decision::InFlight { retry_after } => {
                     return Ok(Acquired::InFlight { retry_after })
@@ -381,7 +401,13 @@ impl Claims {
             Settle::Unknown(note) => self.mark_unknown(claim, note.clone(), policy).await,
         };
         if let Ok(true) = done {
-            self.announce_settled(&claim.scope);
+            // Only wait-mode routes have waiters on other proxies; everywhere else a publish
+            // would be a third store round trip on every request for nobody.
+            if policy.on_in_flight == OnInFlight::Wait {
+                self.announce_settled(&claim.scope);
+            } else {
+                self.waiters.wake(&claim.scope);
+            }
         }
         done
     }
@@ -447,13 +473,27 @@ impl Claims {
             token: claim.token.clone(),
             states: vec![State::Pending, State::Unknown],
         };
-        self.timed(self.store.replace(
-            &claim.scope,
-            &fence,
-            &record,
-            Expiry::After(policy.retention),
-        ))
-        .await
+        let done = self
+            .timed(self.store.replace(
+                &claim.scope,
+                &fence,
+                &record,
+                Expiry::After(policy.retention),
+            ))
+            .await;
+        if let (Ok(true), Some(receipt)) = (&done, &record.body.receipt) {
+            self.remember(&claim.scope, &record.body, receipt, policy);
+        }
+        done
+    }
+
+    /// Caches a committed receipt until its record expires at the earliest: the record lives
+    /// `retention` from its commit, which is never before the claim was created.
+    fn remember(&self, scope: &str, body: &RecordBody, receipt: &Receipt, policy: &Policy) {
+        if let Some(cache) = &self.receipts {
+            let expires_at_ms = body.created_ms + policy.retention.as_millis() as u64;
+            cache.insert(scope, &body.fingerprint, receipt, expires_at_ms);
+        }
     }
 
     /// Deletes the claim so the next retry executes.

@@ -6,6 +6,7 @@ pub mod decide;
 pub mod fingerprint;
 pub mod key;
 pub mod policy;
+pub mod receipt_cache;
 pub mod record;
 pub mod scope;
 pub mod settle;
