@@ -10,6 +10,10 @@ use idemproxy::config::{parse_listen, Config};
 use idemproxy::proxy::server::{serve, ServerOptions};
 use idemproxy::tls::init::InitOptions;
 
+// mimalloc: fewer cycles per allocation than glibc malloc on the request path (see bench/).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "idemproxy",
@@ -72,7 +76,7 @@ enum CaCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    let _log_guard = init_logging();
     let result = match cli.command {
         Command::Serve { config } => run_serve(config),
         Command::CheckConfig { config } => check_config(config),
@@ -110,18 +114,24 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+/// Logs go to stderr from a background thread, so a request never waits on a log write.
+/// Lines are never dropped (back-pressure instead); the guard flushes them at exit.
+fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IDEMPROXY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let json = std::env::var("IDEMPROXY_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     if json {
         builder.json().init();
     } else {
         builder.init();
     }
+    guard
 }
 
 fn check_config(path: PathBuf) -> anyhow::Result<()> {

@@ -828,12 +828,24 @@ async fn secrets_stay_out_of_store_and_logs(backend: Backend) {
         logs.contains("protected request"),
         "one line per protected request"
     );
-    let line = sealed_proxy
-        .logs()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["fields"]["message"] == "protected request")
-        .expect("a JSON line per protected request");
+    // Logs are written by a background thread: give the line a moment to land.
+    let forwarded_line = || {
+        sealed_proxy
+            .logs()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| {
+                v["fields"]["message"] == "protected request"
+                    && v["fields"]["outcome"] == "forwarded"
+            })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let mut line = forwarded_line();
+    while line.is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        line = forwarded_line();
+    }
+    let line = line.expect("a JSON line per protected request");
     let f = &line["fields"];
     assert_eq!(
         (f["route"].as_str(), f["outcome"].as_str()),

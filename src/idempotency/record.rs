@@ -77,6 +77,13 @@ impl Fence {
     pub fn admits(&self, record: &Record) -> bool {
         record.token == self.token && self.states.contains(&record.state)
     }
+
+    /// `admits` on an encoded record, reading only its 33-byte header (as the Redis scripts do).
+    pub fn admits_encoded(&self, raw: &[u8]) -> bool {
+        raw.len() >= HEADER_LEN
+            && self.states.iter().any(|s| s.code() == raw[0])
+            && &raw[1..HEADER_LEN] == self.token.as_str().as_bytes()
+    }
 }
 
 /// A provider response kept to replay: status, end-to-end headers, body exactly as received.

@@ -88,6 +88,8 @@ impl SqliteStore {
             "PRAGMA journal_mode = WAL;
              PRAGMA synchronous = {sync};
              PRAGMA busy_timeout = 5000;
+             PRAGMA cache_size = -16384;
+             PRAGMA mmap_size = 268435456;
              CREATE TABLE IF NOT EXISTS claims (
                  scope      TEXT PRIMARY KEY,
                  state      TEXT NOT NULL,
@@ -95,7 +97,8 @@ impl SqliteStore {
                  expires_at INTEGER
              ) WITHOUT ROWID;
              CREATE INDEX IF NOT EXISTS claims_expires_at ON claims(expires_at);
-             CREATE INDEX IF NOT EXISTS claims_state ON claims(state);"
+             DROP INDEX IF EXISTS claims_state;
+             CREATE INDEX IF NOT EXISTS claims_unknown ON claims(scope) WHERE state = 'U';"
         ))
         .map_err(|e| open_err(e.to_string()))?;
         let (tx, rx) = mpsc::channel();
@@ -274,18 +277,11 @@ fn live(
     scope: &str,
     now: i64,
 ) -> rusqlite::Result<Option<Vec<u8>>> {
-    tx.query_row(
+    tx.prepare_cached(
         "SELECT value FROM claims WHERE scope = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
-        params![scope, now],
-        |row| row.get(0),
-    )
+    )?
+    .query_row(params![scope, now], |row| row.get(0))
     .optional()
-}
-
-fn admitted(fence: &Fence, raw: &[u8]) -> bool {
-    Record::decode(raw)
-        .map(|r| fence.admits(&r))
-        .unwrap_or(false)
 }
 
 fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, now: i64) -> rusqlite::Result<Reply> {
@@ -296,13 +292,14 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, now: i64) -> rusqlite::Result<
             expires_at,
         } => {
             // An expired row counts as absent; overwrite it in the same statement.
-            let inserted = tx.execute(
-                "INSERT INTO claims (scope, state, value, expires_at) VALUES (?1, ?2, ?3, ?4)
+            let inserted = tx
+                .prepare_cached(
+                    "INSERT INTO claims (scope, state, value, expires_at) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT(scope) DO UPDATE SET state = excluded.state, value = excluded.value,
                      expires_at = excluded.expires_at
                  WHERE claims.expires_at IS NOT NULL AND claims.expires_at <= ?5",
-                params![scope, state_of(value), value, expires_at, now],
-            )?;
+                )?
+                .execute(params![scope, state_of(value), value, expires_at, now])?;
             if inserted == 1 {
                 Ok(Reply::Found(None))
             } else {
@@ -316,30 +313,33 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, now: i64) -> rusqlite::Result<
             value,
             expires_at,
         } => {
-            let ok = live(tx, scope, now)?.is_some_and(|raw| admitted(fence, &raw));
+            let ok = live(tx, scope, now)?.is_some_and(|raw| fence.admits_encoded(&raw));
             if ok {
-                tx.execute(
+                tx.prepare_cached(
                     "UPDATE claims SET state = ?2, value = ?3, expires_at = ?4 WHERE scope = ?1",
-                    params![scope, state_of(value), value, expires_at],
-                )?;
+                )?
+                .execute(params![scope, state_of(value), value, expires_at])?;
             }
             Ok(Reply::Done(ok))
         }
         Op::Remove { scope, fence } => {
-            let ok = live(tx, scope, now)?.is_some_and(|raw| admitted(fence, &raw));
+            let ok = live(tx, scope, now)?.is_some_and(|raw| fence.admits_encoded(&raw));
             if ok {
-                tx.execute("DELETE FROM claims WHERE scope = ?1", params![scope])?;
+                tx.prepare_cached("DELETE FROM claims WHERE scope = ?1")?
+                    .execute(params![scope])?;
             }
             Ok(Reply::Done(ok))
         }
         Op::List { state, limit } => {
-            let mut stmt = tx.prepare_cached(
-                "SELECT scope, value FROM claims WHERE state = ?1 AND (expires_at IS NULL OR expires_at > ?2)
-                 ORDER BY scope LIMIT ?3",
-            )?;
-            let code = (state.code() as char).to_string();
+            // The state is written into the SQL (one of three fixed letters) so that the
+            // partial index on UNKNOWN rows can serve the operators' list.
+            let code = state.code() as char;
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT scope, value FROM claims WHERE state = '{code}' AND (expires_at IS NULL OR expires_at > ?1)
+                 ORDER BY scope LIMIT ?2"
+            ))?;
             let rows = stmt
-                .query_map(params![code, now, *limit as i64], |row| {
+                .query_map(params![now, *limit as i64], |row| {
                     Ok((row.get(0)?, row.get(1)?))
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
