@@ -73,7 +73,7 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Largest request head (request line and headers); larger ones get 431.
     pub max_header_bytes: usize,
-    /// Memory for receipts this proxy has seen committed, so replays skip the store; 0 = off.
+    /// Memory for receipts this proxy has replayed, so further replays skip the store; 0 = off.
     pub receipt_cache_bytes: u64,
 }
 

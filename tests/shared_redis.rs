@@ -57,6 +57,9 @@ async fn redis_down_fails_closed_fast_and_recovers() {
     let proxy = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
     let before = post(proxy.addr, "/pay/v1/charges", Some("before"), "{}").await;
     assert_eq!(before.status, 200);
+    // A replay read from the store puts the receipt in this proxy's receipt cache.
+    let first_replay = post(proxy.addr, "/pay/v1/charges", Some("before"), "{}").await;
+    assert_eq!(first_replay.replayed(), Some("true"));
     let other = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
 
     store.redis().kill();
@@ -79,7 +82,7 @@ async fn redis_down_fails_closed_fast_and_recovers() {
         "nothing forwarded while the store is down"
     );
 
-    // A receipt this proxy committed is final: its replay needs no store (receipt cache).
+    // A committed receipt is final: once replayed here, its replays need no store.
     let cached = post(proxy.addr, "/pay/v1/charges", Some("before"), "{}").await;
     assert_eq!((cached.status, cached.replayed()), (200, Some("true")));
     assert_eq!(cached.body, before.body);
@@ -139,4 +142,64 @@ async fn credentials_and_routes_separate_receipts() {
     assert_ne!(a.body, b.body);
     assert_eq!(as_user("sk_alice").await.body, a.body);
     assert_eq!(provider.effects(), 2);
+}
+
+/// Calls per command, from Redis's own `INFO commandstats`.
+async fn command_calls(url: &str) -> std::collections::HashMap<String, u64> {
+    let client = redis::Client::open(url).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to redis");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_string(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_happy_path_costs_exactly_two_store_round_trips() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Redis);
+    let proxy = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
+    // Warm up: the first settle loads the script (EVALSHA answers NOSCRIPT once, then EVAL).
+    assert_eq!(
+        post(proxy.addr, "/pay/v1/charges", Some("warm"), "{}")
+            .await
+            .status,
+        200
+    );
+    let before = command_calls(&store.url()).await;
+    let n = 20;
+    for i in 0..n {
+        let r = post(proxy.addr, "/pay/v1/charges", Some(&format!("k-{i}")), "{}").await;
+        assert_eq!(r.status, 200);
+    }
+    let after = command_calls(&store.url()).await;
+    let delta =
+        |cmd: &str| after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
+    // Two round trips per request: one `SET … NX PX … GET` to claim and one fenced script
+    // (EVALSHA) to commit. Redis also counts the commands a script runs — the commit
+    // script's GET and SET — so `get` and `set` include one each from inside EVALSHA.
+    assert_eq!(delta("evalsha"), n, "{after:?}");
+    assert_eq!(delta("set"), 2 * n, "claim + the script's SET: {after:?}");
+    assert_eq!(delta("get"), n, "only the script's GET: {after:?}");
+    let others: u64 = after
+        .keys()
+        .filter(|cmd| !["set", "get", "evalsha", "info"].contains(&cmd.as_str()))
+        .map(|cmd| delta(cmd))
+        .sum();
+    assert_eq!(
+        others, 0,
+        "no other store command on the happy path: {before:?} -> {after:?}"
+    );
+    assert_eq!(provider.effects(), n as usize + 1);
 }

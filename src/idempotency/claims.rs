@@ -473,18 +473,15 @@ impl Claims {
             token: claim.token.clone(),
             states: vec![State::Pending, State::Unknown],
         };
-        let done = self
-            .timed(self.store.replace(
-                &claim.scope,
-                &fence,
-                &record,
-                Expiry::After(policy.retention),
-            ))
-            .await;
-        if let (Ok(true), Some(receipt)) = (&done, &record.body.receipt) {
-            self.remember(&claim.scope, &record.body, receipt, policy);
-        }
-        done
+        // Not cached here: most keys are never retried, and caching every commit cost
+        // throughput and memory in the benchmark. The first replay caches it.
+        self.timed(self.store.replace(
+            &claim.scope,
+            &fence,
+            &record,
+            Expiry::After(policy.retention),
+        ))
+        .await
     }
 
     /// Caches a committed receipt until its record expires at the earliest: the record lives

@@ -1,4 +1,4 @@
-//! Receipts this proxy has seen committed, kept in memory so that a replay answers without a
+//! Receipts this proxy has replayed, kept in memory so that further replays answer without a
 //! store round trip.
 //!
 //! Safe because a COMMITTED record never changes: no transition leaves COMMITTED (operators
@@ -94,5 +94,34 @@ mod tests {
         cache.insert("c", "fp", &receipt(), now_ms().saturating_sub(1));
         assert!(cache.get("c").is_none());
         assert!(ReceiptCache::new(0).is_none());
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    #[test]
+    fn stays_within_its_byte_budget() {
+        let cache = ReceiptCache::new(1 << 20).expect("enabled");
+        let receipt = Receipt {
+            status: 200,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: bytes::Bytes::from(vec![b'x'; 1000]),
+        };
+        for i in 0..20_000 {
+            cache.insert(
+                &format!("idem:t:{i:064}"),
+                "fp",
+                &receipt,
+                now_ms() + 60_000,
+            );
+        }
+        cache.entries.run_pending_tasks();
+        assert!(
+            cache.entries.weighted_size() <= 1 << 20,
+            "{}",
+            cache.entries.weighted_size()
+        );
     }
 }
