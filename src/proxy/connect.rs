@@ -277,13 +277,13 @@ mod tests {
     #[test]
     fn targets_need_a_host_and_a_nonzero_port() {
         assert_eq!(
-            parse("API.Stripe.com.:443").unwrap(),
+            parse("API.Stripe.com.:443").expect("test setup"),
             Target {
                 host: "api.stripe.com".into(),
                 port: 443
             }
         );
-        let v6 = parse("[::1]:8443").unwrap();
+        let v6 = parse("[::1]:8443").expect("test setup");
         assert_eq!(
             (v6.host.as_str(), v6.name(), v6.port),
             ("[::1]", "::1", 8443)

@@ -196,34 +196,41 @@ mod tests {
     fn write_pair(dir: &Path, ca: &NewCa) -> (PathBuf, PathBuf) {
         let cert = dir.join("ca.pem");
         let key = dir.join("ca.key");
-        std::fs::write(&cert, &ca.cert_pem).unwrap();
-        std::fs::write(&key, &ca.key_pem).unwrap();
+        std::fs::write(&cert, &ca.cert_pem).expect("test setup");
+        std::fs::write(&key, &ca.key_pem).expect("test setup");
         (cert, key)
     }
 
     #[test]
     fn generated_ca_loads_and_issues_a_short_lived_leaf_for_its_host() {
-        let dir = tempfile::tempdir().unwrap();
-        let (cert, key) = write_pair(dir.path(), &CertAuthority::generate().unwrap());
-        let ca = CertAuthority::load(&cert, &key).unwrap();
-        let leaf = ca.issue("api.example.com").unwrap();
+        let dir = tempfile::tempdir().expect("test setup");
+        let (cert, key) = write_pair(dir.path(), &CertAuthority::generate().expect("test setup"));
+        let ca = CertAuthority::load(&cert, &key).expect("test setup");
+        let leaf = ca.issue("api.example.com").expect("test setup");
         assert_eq!(leaf.chain.len(), 2);
-        let (_, parsed) = x509_parser::parse_x509_certificate(&leaf.chain[0]).unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&leaf.chain[0]).expect("test setup");
         assert!(!parsed.is_ca());
         let validity = parsed.validity();
         let now = OffsetDateTime::now_utc().unix_timestamp();
         assert!(validity.not_before.timestamp() <= now - 3000, "back-dated");
         let days = (validity.not_after.timestamp() - now) / 86400;
         assert!((29..=30).contains(&days), "valid for {days} days");
-        let san = parsed.subject_alternative_name().unwrap().unwrap();
+        let san = parsed
+            .subject_alternative_name()
+            .expect("test setup")
+            .expect("test setup");
         assert_eq!(
             format!("{:?}", san.value.general_names),
             "[DNSName(\"api.example.com\")]"
         );
 
-        let ip_leaf = ca.issue("127.0.0.1").unwrap();
-        let (_, parsed) = x509_parser::parse_x509_certificate(&ip_leaf.chain[0]).unwrap();
-        let san = parsed.subject_alternative_name().unwrap().unwrap();
+        let ip_leaf = ca.issue("127.0.0.1").expect("test setup");
+        let (_, parsed) =
+            x509_parser::parse_x509_certificate(&ip_leaf.chain[0]).expect("test setup");
+        let san = parsed
+            .subject_alternative_name()
+            .expect("test setup")
+            .expect("test setup");
         assert_eq!(
             format!("{:?}", san.value.general_names),
             "[IPAddress([127, 0, 0, 1])]"
@@ -232,11 +239,11 @@ mod tests {
 
     #[test]
     fn a_key_from_another_ca_is_refused_naming_the_key_field() {
-        let dir = tempfile::tempdir().unwrap();
-        let (cert, _) = write_pair(dir.path(), &CertAuthority::generate().unwrap());
-        let other = CertAuthority::generate().unwrap();
+        let dir = tempfile::tempdir().expect("test setup");
+        let (cert, _) = write_pair(dir.path(), &CertAuthority::generate().expect("test setup"));
+        let other = CertAuthority::generate().expect("test setup");
         let key = dir.path().join("other.key");
-        std::fs::write(&key, &other.key_pem).unwrap();
+        std::fs::write(&key, &other.key_pem).expect("test setup");
         let err = CertAuthority::load(&cert, &key).unwrap_err();
         assert!(matches!(err, CaError::Mismatch { .. }), "{err}");
         assert_eq!(err.field(), "tls.ca_key");
@@ -244,18 +251,18 @@ mod tests {
 
     #[test]
     fn missing_and_garbage_files_are_clear_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        let (cert, key) = write_pair(dir.path(), &CertAuthority::generate().unwrap());
+        let dir = tempfile::tempdir().expect("test setup");
+        let (cert, key) = write_pair(dir.path(), &CertAuthority::generate().expect("test setup"));
         let err = CertAuthority::load(&dir.path().join("nope.pem"), &key).unwrap_err();
         assert_eq!(err.field(), "tls.ca_cert");
         assert!(err.to_string().contains("nope.pem: cannot read"), "{err}");
-        std::fs::write(&key, "not a key").unwrap();
+        std::fs::write(&key, "not a key").expect("test setup");
         let err = CertAuthority::load(&cert, &key).unwrap_err();
         assert_eq!(err.field(), "tls.ca_key");
         // A leaf is not a CA.
-        let leaf = rcgen::generate_simple_self_signed(vec!["x.test".into()]).unwrap();
-        std::fs::write(&cert, leaf.cert.pem()).unwrap();
-        std::fs::write(&key, leaf.signing_key.serialize_pem()).unwrap();
+        let leaf = rcgen::generate_simple_self_signed(vec!["x.test".into()]).expect("test setup");
+        std::fs::write(&cert, leaf.cert.pem()).expect("test setup");
+        std::fs::write(&key, leaf.signing_key.serialize_pem()).expect("test setup");
         let err = CertAuthority::load(&cert, &key).unwrap_err();
         assert!(err.to_string().contains("is not a CA certificate"), "{err}");
     }

@@ -106,12 +106,12 @@ mod tests {
     use super::*;
 
     fn cache() -> LeafCache {
-        let dir = tempfile::tempdir().unwrap();
-        let new = CertAuthority::generate().unwrap();
+        let dir = tempfile::tempdir().expect("test setup");
+        let new = CertAuthority::generate().expect("test setup");
         let (cert, key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
-        std::fs::write(&cert, new.cert_pem).unwrap();
-        std::fs::write(&key, new.key_pem).unwrap();
-        LeafCache::new(CertAuthority::load(&cert, &key).unwrap())
+        std::fs::write(&cert, new.cert_pem).expect("test setup");
+        std::fs::write(&key, new.key_pem).expect("test setup");
+        LeafCache::new(CertAuthority::load(&cert, &key).expect("test setup"))
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -127,20 +127,26 @@ mod tests {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                         cache.build("api.burst.test")
                     };
-                    cache.get_or_generate("api.burst.test", slow).await.unwrap()
+                    cache
+                        .get_or_generate("api.burst.test", slow)
+                        .await
+                        .expect("test setup")
                 })
             })
             .collect();
         let mut configs = Vec::new();
         for t in tasks {
-            configs.push(t.await.unwrap());
+            configs.push(t.await.expect("test setup"));
         }
         assert_eq!(cache.generated(), 1);
         assert!(configs.iter().all(|c| Arc::ptr_eq(c, &configs[0])));
         // Case does not make a new certificate; another host does.
-        cache.server_config("API.BURST.TEST").await.unwrap();
+        cache
+            .server_config("API.BURST.TEST")
+            .await
+            .expect("test setup");
         assert_eq!(cache.generated(), 1);
-        cache.server_config("other.test").await.unwrap();
+        cache.server_config("other.test").await.expect("test setup");
         assert_eq!(cache.generated(), 2);
     }
 }
