@@ -1003,6 +1003,41 @@ async fn connect_is_authenticated_and_refused_to_unnamed_internal_hosts() {
     assert_eq!(requests(&m, "-", "tunnel"), 1.0, "{m}");
 }
 
+/// A CONNECT tunnel outlives the HTTP exchange that opened it: it must keep holding its slot
+/// under `server.max_connections`, or one client could open tunnels without bound.
+async fn tunnels_hold_their_connection_slot() {
+    let site = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let port = site.port();
+    let authority = format!("127.0.0.1:{port}");
+    let extra =
+        format!("[tls]\nconnect_ports = [443, {port}]\n[egress]\nallow = [\"{authority}\"]\n");
+    let proxy = start(&config(&store.url(), "max_connections = 2", &extra), &[]);
+    let first = connect_with(proxy.addr, &authority, &[]).await;
+    let second = connect_with(proxy.addr, &authority, &[]).await;
+    assert_eq!((first.status, second.status), (200, 200));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let refused = send(proxy.addr, "GET", "/anything", &[], "")
+        .await
+        .expect("an answer");
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(
+        refused.header("x-idemproxy-error"),
+        Some("too-many-connections")
+    );
+    // Closing a tunnel frees its slot.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let third = loop {
+        let c = connect_with(proxy.addr, &authority, &[]).await;
+        if c.status == 200 || Instant::now() > deadline {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(third.status, 200, "{}", third.head);
+}
+
 async fn tenants_stay_apart_inside_intercepted_tunnels(backend: Backend) {
     const HOST: &str = "api.fake.test";
     let upstream_pki = TestPki::new("fake provider CA");
@@ -1090,6 +1125,10 @@ mod single {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn oversized_heads_get_431_and_connections_are_capped() {
         super::oversized_heads_get_431_and_connections_are_capped().await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tunnels_hold_their_connection_slot() {
+        super::tunnels_hold_their_connection_slot().await
     }
 }
 

@@ -160,6 +160,31 @@ impl Claims {
         route: &str,
         policy: &Policy,
     ) -> Result<Acquired, StoreError> {
+        let token = Token::random();
+        // If the request goes away (client reset, shutdown) while a claim insert or take-over
+        // is on the wire, nobody would forward or settle it: withdraw it then. Fenced on our
+        // token, so it never touches anyone else's claim.
+        let mut guard = AcquireGuard {
+            claims: self,
+            scope,
+            token: token.clone(),
+            armed: true,
+        };
+        let acquired = self
+            .acquire_with(scope, fingerprint, route, policy, token)
+            .await;
+        guard.armed = false;
+        acquired
+    }
+
+    async fn acquire_with(
+        &self,
+        scope: &str,
+        fingerprint: &str,
+        route: &str,
+        policy: &Policy,
+        token: Token,
+    ) -> Result<Acquired, StoreError> {
         // A COMMITTED record never changes, so a receipt seen here answers as the store would.
         if let Some(hit) = self.receipts.as_ref().and_then(|c| c.get(scope)) {
             return Ok(if hit.fingerprint == fingerprint {
@@ -171,7 +196,7 @@ impl Claims {
         let now = now_ms();
         let claim = Claim {
             scope: scope.to_string(),
-            token: Token::random(),
+            token,
             body: RecordBody {
                 fingerprint: fingerprint.to_string(),
                 route: route.to_string(),
@@ -326,8 +351,17 @@ impl Claims {
                 Ok(Acquired::Execute(claim))
             }
             // Not ours: the insert did not land (and, on a connection that failed, cannot
-            // land later). The client retries and reads whatever is there.
-            Ok(_) => Err(StoreError::Unavailable(format!(
+            // land later). What is there answers this request as it would any retry.
+            Ok(Some(found)) => match decide(&found, &claim.body.fingerprint, now_ms(), policy) {
+                Decision::Replay(receipt) => Ok(Acquired::Replay(receipt)),
+                Decision::Mismatch => Ok(Acquired::Mismatch),
+                Decision::InFlight { retry_after } => Ok(Acquired::InFlight { retry_after }),
+                Decision::Held { retry_after } => Ok(Acquired::Held { retry_after }),
+                Decision::TakeOver => Err(StoreError::Unavailable(format!(
+                    "the claim's insert failed ({failure}); retry to take over the unsettled claim"
+                ))),
+            },
+            Ok(None) => Err(StoreError::Unavailable(format!(
                 "the claim's insert failed ({failure}) and did not land"
             ))),
             Err(error) => {
@@ -525,8 +559,17 @@ impl Claims {
 }
 
 /// How long an unconfirmed settle or withdrawal keeps being retried.
+///
+/// At least until the claim could be taken over (its holder's call deadline plus the hold):
+/// giving up earlier would let a retry execute again although the real outcome is known here.
 fn retry_window(policy: &Policy) -> Duration {
-    (policy.lease * 2).max(RETRY_UNCONFIRMED_FOR)
+    let hold = match policy.hold {
+        Hold::For(h) => h,
+        Hold::Forever => policy.retention,
+    };
+    (policy.lease * 2)
+        .max(RETRY_UNCONFIRMED_FOR)
+        .max(policy.lease + policy.upstream_timeout + hold)
 }
 
 /// Our claim, PENDING or presumed abandoned (UNKNOWN) — never one taken over or settled.
@@ -551,12 +594,55 @@ fn pending_expiry(policy: &Policy) -> Expiry {
         Hold::For(h) => h,
         Hold::Forever => Duration::ZERO,
     };
-    Expiry::After(policy.retention.max(policy.lease + hold))
+    // `decide` holds a lapsed claim until the holder's call deadline plus the hold.
+    Expiry::After(
+        policy
+            .retention
+            .max(policy.lease + policy.upstream_timeout + hold),
+    )
 }
 
+/// An UNKNOWN record is held from a moment up to one upstream timeout ahead of now (a
+/// lapsed claim's holder may still be calling), so it must live at least that plus the hold.
 fn unknown_expiry(policy: &Policy) -> Expiry {
     match policy.hold {
         Hold::Forever => Expiry::Never,
-        Hold::For(h) => Expiry::After(policy.retention.max(h)),
+        Hold::For(h) => Expiry::After(policy.retention.max(policy.upstream_timeout + h)),
+    }
+}
+
+/// Withdraws a claim whose acquiring request was dropped mid-flight (see `acquire`).
+struct AcquireGuard<'a> {
+    claims: &'a Claims,
+    scope: &'a str,
+    token: Token,
+    armed: bool,
+}
+
+impl Drop for AcquireGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let (store, timeout) = (self.claims.store.clone(), self.claims.op_timeout);
+        let (scope, fence) = (
+            self.scope.to_string(),
+            Fence {
+                token: self.token.clone(),
+                states: vec![State::Pending, State::Unknown],
+            },
+        );
+        self.claims.tasks.spawn(async move {
+            match tokio::time::timeout(timeout, store.remove(&scope, &fence)).await {
+                Ok(Ok(true)) => {
+                    tracing::info!(scope, "withdrew the claim of a request that went away")
+                }
+                Ok(Ok(false)) => {}
+                _ => tracing::warn!(
+                    scope,
+                    "could not withdraw the claim of a request that went away"
+                ),
+            }
+        });
     }
 }

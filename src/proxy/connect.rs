@@ -29,6 +29,8 @@ pub struct ConnectPolicy {
     /// Time a client has to finish its TLS handshake and send each request head.
     pub handshake_timeout: Duration,
     pub tunnel_idle_timeout: Duration,
+    /// `server.max_header_bytes`, applied inside intercepted connections too.
+    pub max_header_bytes: usize,
     /// Intercepted connections outlive the CONNECT request that opened them, so the
     /// listener's graceful shutdown never sees them; they are watched here instead.
     /// `None` once shutdown has begun.
@@ -52,6 +54,7 @@ impl ConnectPolicy {
             leaves,
             handshake_timeout: config.server.header_read_timeout.0,
             tunnel_idle_timeout: config.tls.tunnel_idle_timeout.0,
+            max_header_bytes: config.server.max_header_bytes,
             intercepted: Mutex::new(Some(GracefulShutdown::new())),
         })
     }
@@ -213,6 +216,11 @@ async fn open(
     tenant: String,
 ) -> Result<Response<Body>, ConnectError> {
     let target = Target::parse(req.uri())?;
+    // Held by the tunnel for its whole life (see `ConnectionSlot`).
+    let slot = req
+        .extensions()
+        .get::<super::dispatch::ConnectionSlot>()
+        .cloned();
     let policy = &app.connect;
     if !policy.ports.contains(&target.port) {
         return Err(ConnectError::PortNotAllowed(target.port));
@@ -226,13 +234,11 @@ async fn open(
         }
         let route = route.clone();
         let upgrade = hyper::upgrade::on(req);
-        tokio::spawn(intercept::serve(
-            app.clone(),
-            route,
-            target,
-            upgrade,
-            tenant,
-        ));
+        let serve = intercept::serve(app.clone(), route, target, upgrade, tenant);
+        tokio::spawn(async move {
+            let _slot = slot;
+            serve.await
+        });
         return Ok(established());
     }
     // A protected host on a port its route does not name is refused, not tunnelled past
@@ -251,12 +257,16 @@ async fn open(
     // than a tunnel that closes at once.
     let upstream = tunnel::dial(&target, DIAL_TIMEOUT, &app.egress).await?;
     app.metrics.request("-", RequestOutcome::Tunnel);
-    tokio::spawn(tunnel::run(
+    let run = tunnel::run(
         hyper::upgrade::on(req),
         upstream,
         target,
         policy.tunnel_idle_timeout,
-    ));
+    );
+    tokio::spawn(async move {
+        let _slot = slot;
+        run.await
+    });
     Ok(established())
 }
 

@@ -22,6 +22,11 @@ const NO_ROUTE: &str = "-";
 #[derive(Debug, Clone, Copy)]
 pub struct LocalAddr(pub std::net::SocketAddr);
 
+/// The client connection's slot under `server.max_connections`. A CONNECT tunnel outlives the
+/// HTTP connection that opened it, so the tunnel takes a clone and holds the slot until it ends.
+#[derive(Debug, Clone)]
+pub struct ConnectionSlot(pub Arc<tokio::sync::OwnedSemaphorePermit>);
+
 /// Whether an absolute-form request names the proxy itself (`GET http://PROXY/stripe/…`):
 /// that is a base-URL request, not one to pass on (which would loop back here).
 fn names_this_proxy(req: &Request<Incoming>, host: &str, port: u16) -> bool {

@@ -51,6 +51,7 @@ pub async fn serve(
     };
 
     let timeout = app.connect.handshake_timeout;
+    let max_header_bytes = app.connect.max_header_bytes;
     // Requests inside the tunnel carry no Proxy-Authorization: they belong to the tenant
     // that opened it.
     let tenant: Arc<str> = tenant.into();
@@ -65,7 +66,16 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(timeout)
+        .max_buf_size(max_header_bytes)
         .keep_alive(true);
+    // Each h2 stream may buffer a protected body: bound the streams, and drop dead peers.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(64)
+        .max_header_list_size(u32::try_from(max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(std::time::Duration::from_secs(30)))
+        .keep_alive_timeout(std::time::Duration::from_secs(20));
     let conn = watcher.watch(
         builder
             .serve_connection(TokioIo::new(tls), svc)

@@ -241,7 +241,7 @@ async fn protect(
         Ok(Acquired::Held { retry_after }) => {
             return Err(ProxyError::OutcomeUnknown { retry_after })
         }
-        Err(e) if policy.fail_open => {
+        Err(e) if policy.fail_open && e.is_unreachable() => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
             trace.outcome = Some(RequestOutcome::Passthrough);
             let request = upstream_request(

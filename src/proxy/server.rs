@@ -62,10 +62,12 @@ pub async fn serve(
         };
         let app = app.clone();
         let local = stream.local_addr().ok().map(dispatch::LocalAddr);
+        let slot = dispatch::ConnectionSlot(Arc::new(permit));
         let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             if let Some(local) = local {
                 req.extensions_mut().insert(local);
             }
+            req.extensions_mut().insert(slot.clone());
             dispatch::handle(app.clone(), req)
         });
         let conn = builder
@@ -73,7 +75,6 @@ pub async fn serve(
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
-            let _permit = permit;
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }

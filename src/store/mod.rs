@@ -27,6 +27,14 @@ pub enum StoreError {
     Open { url: String, message: String },
 }
 
+impl StoreError {
+    /// The store could not be reached or did not answer — as opposed to answering with
+    /// something unreadable. Only this may justify forwarding unprotected (`fail_open`).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Timeout(_))
+    }
+}
+
 /// How long a record lives before the store forgets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expiry {
