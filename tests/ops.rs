@@ -797,6 +797,25 @@ async fn secrets_stay_out_of_store_and_logs(backend: Backend) {
     let mut sealed_proxy = start(&config(&store.url(), "", &sealed), &json_env);
     let secret = run(&sealed_proxy, "sealed-1").await;
     // Replays work through the key, also after a restart.
+    // Logs are written by a background thread: give the line a moment to land, and read
+    // it before the SIGKILL below (a killed process loses lines still queued).
+    let forwarded_line = || {
+        sealed_proxy
+            .logs()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| {
+                v["fields"]["message"] == "protected request"
+                    && v["fields"]["outcome"] == "forwarded"
+            })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let mut line = forwarded_line();
+    while line.is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        line = forwarded_line();
+    }
+    let line = line.expect("a JSON line per protected request");
     sealed_proxy.restart();
     let replay = run(&sealed_proxy, "sealed-1").await;
     assert_eq!(
@@ -828,24 +847,6 @@ async fn secrets_stay_out_of_store_and_logs(backend: Backend) {
         logs.contains("protected request"),
         "one line per protected request"
     );
-    // Logs are written by a background thread: give the line a moment to land.
-    let forwarded_line = || {
-        sealed_proxy
-            .logs()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| {
-                v["fields"]["message"] == "protected request"
-                    && v["fields"]["outcome"] == "forwarded"
-            })
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    let mut line = forwarded_line();
-    while line.is_none() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        line = forwarded_line();
-    }
-    let line = line.expect("a JSON line per protected request");
     let f = &line["fields"];
     assert_eq!(
         (f["route"].as_str(), f["outcome"].as_str()),
@@ -877,6 +878,14 @@ async fn secrets_stay_out_of_store_and_logs(backend: Backend) {
     drop(sealed_proxy);
     let keyless = start(&config(&store.url(), "", &routes), &env);
     let r = run_expect(&keyless, "sealed-1").await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(provider.effects(), 2);
+    // Not even on a fail_open route: the store answered, with a record it cannot read, and
+    // forwarding would execute a committed request again.
+    drop(keyless);
+    let open_routes = route("pay", provider.port(), "fail_open = true") + &tenants();
+    let fail_open = start(&config(&store.url(), "", &open_routes), &env);
+    let r = run_expect(&fail_open, "sealed-1").await;
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(provider.effects(), 2);
 }

@@ -646,3 +646,38 @@ impl Drop for AcquireGuard<'_> {
         });
     }
 }
+
+#[cfg(test)]
+mod lifetime_tests {
+    use super::*;
+    use crate::config::OnInFlight;
+    use crate::idempotency::policy::StatusSet;
+
+    fn policy(hold: Hold) -> Policy {
+        Policy {
+            honours_key: false,
+            commit_statuses: StatusSet::parse(&["2xx".to_string()]).expect("parses"),
+            unknown_statuses: vec![500],
+            hold,
+            lease: Duration::from_secs(15),
+            retention: Duration::from_secs(60),
+            on_in_flight: OnInFlight::Conflict,
+            fail_open: false,
+            upstream_timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// `decide` holds a lapsed claim until its holder's call deadline plus the hold: the
+    /// record, and the retries of a settle the store missed, must last at least that long.
+    #[test]
+    fn records_and_settle_retries_outlive_the_hold() {
+        let p = policy(Hold::For(Duration::from_secs(30)));
+        let needed = p.lease + p.upstream_timeout + Duration::from_secs(30);
+        assert!(matches!(pending_expiry(&p), Expiry::After(d) if d >= needed));
+        assert!(
+            matches!(unknown_expiry(&p), Expiry::After(d) if d >= p.upstream_timeout + Duration::from_secs(30))
+        );
+        assert!(retry_window(&p) >= needed);
+        assert_eq!(unknown_expiry(&policy(Hold::Forever)), Expiry::Never);
+    }
+}
