@@ -1012,6 +1012,28 @@ async fn connect_is_authenticated_and_refused_to_unnamed_internal_hosts() {
     assert_eq!(requests(&m, "-", "tunnel"), 1.0, "{m}");
 }
 
+/// A forward request to a routed host on a port its route does not name is refused, not
+/// passed through past the route's idempotency checks.
+async fn routed_host_on_another_port_is_not_passed_through() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let routes = format!(
+        "[[routes]]\nname = \"pay\"\nhost = \"localhost:1\"\nupstream = \"http://localhost:1\"\nconnect_to = \"127.0.0.1:{}\"\n\n[egress]\nallow = [\"localhost\"]\n",
+        provider.port()
+    );
+    let proxy = start(&config(&store.url(), "", &routes), &[]);
+    let target = format!("http://localhost:{}/v1/charges", provider.port());
+    let headers = [
+        ("idempotency-key", "k"),
+        ("content-type", "application/json"),
+    ];
+    let r = send(proxy.addr, "POST", &target, &headers, "{}")
+        .await
+        .expect("an answer");
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(provider.received().is_empty());
+}
+
 /// A CONNECT tunnel outlives the HTTP exchange that opened it: it must keep holding its slot
 /// under `server.max_connections`, or one client could open tunnels without bound.
 async fn tunnels_hold_their_connection_slot() {
@@ -1138,6 +1160,10 @@ mod single {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tunnels_hold_their_connection_slot() {
         super::tunnels_hold_their_connection_slot().await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn routed_host_on_another_port_is_not_passed_through() {
+        super::routed_host_on_another_port_is_not_passed_through().await
     }
 }
 

@@ -75,6 +75,21 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
                 None if names_this_proxy(&req, host, port) => {
                     base_url(&app, req, &path_and_query, &tenant).await
                 }
+                // A routed host on a port its route does not name: passing it through would
+                // bypass the route's idempotency checks (CONNECT refuses the same).
+                None if app
+                    .routes
+                    .all()
+                    .iter()
+                    .any(|r| r.host.eq_ignore_ascii_case(host)) =>
+                {
+                    app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);
+                    ProxyError::EgressRefused(format!(
+                        "{host} is covered by a route on another port; a request to port {port} \
+                         would bypass its idempotency checks"
+                    ))
+                    .into_response()
+                }
                 None => match app.egress.check(host, port).await {
                     Ok(_) => {
                         app.metrics.request(NO_ROUTE, RequestOutcome::Passthrough);
