@@ -171,7 +171,9 @@ async fn protect(
             (k, down, Cow::Borrowed(&route.policy))
         }
         Keyed::Fingerprint => (
-            format!("fp:{fingerprint}"),
+            // The space keeps it apart from every client key (those are visible ASCII only),
+            // so a client can never land on a derived claim, which runs under another policy.
+            format!("fingerprint {fingerprint}"),
             route
                 .forward_key_limits
                 .fit(&format!("fp-{}", Token::random().as_str())),
