@@ -57,8 +57,6 @@ pub enum ProxyError {
         error: UpstreamError,
         claim: ClaimAfterFailure,
     },
-    #[error("{0}")]
-    NotImplemented(String),
     #[error(transparent)]
     Connect(#[from] ConnectError),
     #[error("egress refused: {0}")]
@@ -85,7 +83,6 @@ impl ProxyError {
                 ..
             } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ProxyError::Connect(e) => e.status(),
             ProxyError::EgressRefused(_) => StatusCode::FORBIDDEN,
         }
@@ -124,7 +121,6 @@ impl ProxyError {
                 ..
             } => "upstream-response-too-large",
             ProxyError::Upstream { .. } => "upstream-failed",
-            ProxyError::NotImplemented(_) => "not-implemented",
             ProxyError::Connect(e) => e.slug(),
             ProxyError::EgressRefused(_) => "egress-refused",
         }
@@ -160,7 +156,6 @@ impl ProxyError {
                 ..
             } => "Upstream timed out",
             ProxyError::Upstream { .. } => "Upstream failed",
-            ProxyError::NotImplemented(_) => "Not implemented",
             ProxyError::Connect(e) => e.title(),
             ProxyError::EgressRefused(_) => "Destination not allowed",
         }
@@ -194,7 +189,6 @@ impl ProxyError {
                 ClaimAfterFailure::Unknown => "The request may have taken effect at the provider; retries with this key are held (409 outcome-unknown) until the hold period ends or an operator resolves it.".into(),
                 ClaimAfterFailure::Unsettled => "The proxy could not record the outcome: the store did not answer (it keeps trying in the background) or another request took the claim over after its lease lapsed. Retries with this key get 409 until the claim settles or lapses into an unknown outcome.".into(),
             },
-            ProxyError::NotImplemented(_) => "This feature is not available yet.".into(),
             ProxyError::Connect(e) => e.advice(),
             ProxyError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
         }
