@@ -604,6 +604,41 @@ async fn a_tunnel_is_closed_after_its_idle_timeout_not_while_bytes_flow() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_intercepted_connection_is_closed_after_the_idle_timeout() {
+    let s = Setup::start(Backend::Sqlite, "", "tunnel_idle_timeout = \"1s\"").await;
+    let client = pki::client_config(&s.ca.cert, &[b"http/1.1"]);
+    // A request first: an active connection stays open past the timeout while it works.
+    let (mut tls, _) = connect::tls(s.proxy.addr, &format!("{HOST}:443"), HOST, client.clone())
+        .await
+        .expect("intercepted");
+    tls.write_all(b"GET /v1/x HTTP/1.1\r\nhost: api.fake.test\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 12];
+    tls.read_exact(&mut buf).await.expect("an answer");
+    assert_eq!(&buf, b"HTTP/1.1 200");
+    // Then silence: the proxy closes it.
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut rest))
+        .await
+        .expect("the idle intercepted connection is closed by the proxy");
+    let closed_after = started.elapsed();
+    assert!(
+        closed_after >= Duration::from_millis(700) && closed_after < Duration::from_secs(5),
+        "closed after {closed_after:?}"
+    );
+    // A client that completes TLS and never sends a request is closed too.
+    let (mut silent, _) = connect::tls(s.proxy.addr, &format!("{HOST}:443"), HOST, client)
+        .await
+        .expect("intercepted");
+    let mut nothing = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut nothing))
+        .await
+        .expect("a silent intercepted connection is closed by the proxy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_clear_and_the_proxy_keeps_serving() {
     let other = FakeProvider::start().await;
     let port = other.port();

@@ -20,6 +20,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use super::body::Body;
 use super::connect::Target;
 use super::dispatch;
+use super::tunnel::{until_idle, Activity};
 use crate::app::App;
 use crate::routes::Route;
 
@@ -52,6 +53,7 @@ pub async fn serve(
 
     let timeout = app.connect.handshake_timeout;
     let max_header_bytes = app.connect.max_header_bytes;
+    let app_idle_timeout = app.connect.tunnel_idle_timeout;
     // Requests inside the tunnel carry no Proxy-Authorization: they belong to the tenant
     // that opened it.
     let tenant: Arc<str> = tenant.into();
@@ -68,21 +70,31 @@ pub async fn serve(
         .header_read_timeout(timeout)
         .max_buf_size(max_header_bytes)
         .keep_alive(true);
-    // Each h2 stream may buffer a protected body: bound the streams, and drop dead peers.
+    // Each h2 stream may buffer a protected body: bound the streams.
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(64)
-        .max_header_list_size(u32::try_from(max_header_bytes).unwrap_or(u32::MAX))
-        .keep_alive_interval(Some(std::time::Duration::from_secs(30)))
-        .keep_alive_timeout(std::time::Duration::from_secs(20));
+        .max_header_list_size(u32::try_from(max_header_bytes).unwrap_or(u32::MAX));
+    // A connection whose client sends nothing for the tunnel idle timeout is closed, whether it
+    // never sent a request or sits idle between them (forwards already under way finish and
+    // settle in their own tasks; the default idle timeout is far above any upstream timeout).
+    let activity = Activity::new();
+    let idle = app_idle_timeout;
     let conn = watcher.watch(
         builder
-            .serve_connection(TokioIo::new(tls), svc)
+            .serve_connection(TokioIo::new(activity.track(tls)), svc)
             .into_owned(),
     );
-    if let Err(e) = conn.await {
-        tracing::debug!(%target, error = %e, "intercepted connection ended with an error");
+    // The error as text: with hyper's boxed error type the compiler cannot prove this future
+    // `Send` across the select in `until_idle`.
+    let conn = async move { conn.await.map_err(|e| e.to_string()) };
+    match until_idle(conn, &activity, idle).await {
+        Some(Err(e)) => {
+            tracing::debug!(%target, error = %e, "intercepted connection ended with an error")
+        }
+        Some(Ok(())) => {}
+        None => tracing::debug!(%target, ?idle, "intercepted connection idle; closed"),
     }
 }
 

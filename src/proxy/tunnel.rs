@@ -68,21 +68,28 @@ pub async fn run(upgrade: OnUpgrade, upstream: TcpStream, target: Target, idle: 
     let mut client = activity.track(TokioIo::new(client));
     let mut upstream = activity.track(upstream);
     let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
-    tokio::pin!(copy);
+    match until_idle(copy, &activity, idle).await {
+        Some(Ok((up, down))) => tracing::debug!(%target, up, down, "tunnel closed"),
+        Some(Err(e)) => tracing::debug!(%target, error = %e, "tunnel ended with an error"),
+        None => tracing::debug!(%target, ?idle, "tunnel idle; closed"),
+    }
+}
+
+/// Runs `work` until it ends (`Some`) or no byte has moved through `activity` for `idle`
+/// (`None`; `work` is dropped, which closes its connections).
+pub(crate) async fn until_idle<F: std::future::Future>(
+    work: F,
+    activity: &Activity,
+    idle: Duration,
+) -> Option<F::Output> {
+    tokio::pin!(work);
     loop {
         let quiet = activity.quiet_for();
         if quiet >= idle {
-            tracing::debug!(%target, ?idle, "tunnel idle; closed");
-            return;
+            return None;
         }
         tokio::select! {
-            done = &mut copy => {
-                match done {
-                    Ok((up, down)) => tracing::debug!(%target, up, down, "tunnel closed"),
-                    Err(e) => tracing::debug!(%target, error = %e, "tunnel ended with an error"),
-                }
-                return;
-            }
+            done = &mut work => return Some(done),
             () = tokio::time::sleep(idle - quiet) => {}
         }
     }
@@ -90,13 +97,13 @@ pub async fn run(upgrade: OnUpgrade, upstream: TcpStream, target: Target, idle: 
 
 /// When a byte last moved through a tunnel, in either direction.
 #[derive(Clone)]
-struct Activity {
+pub(crate) struct Activity {
     since: Instant,
     last_ms: Arc<AtomicU64>,
 }
 
 impl Activity {
-    fn new() -> Activity {
+    pub(crate) fn new() -> Activity {
         Activity {
             since: Instant::now(),
             last_ms: Arc::new(AtomicU64::new(0)),
@@ -113,7 +120,7 @@ impl Activity {
         self.since.elapsed().saturating_sub(last)
     }
 
-    fn track<IO>(&self, io: IO) -> Tracked<IO> {
+    pub(crate) fn track<IO>(&self, io: IO) -> Tracked<IO> {
         Tracked {
             io,
             activity: self.clone(),
@@ -121,7 +128,7 @@ impl Activity {
     }
 }
 
-struct Tracked<IO> {
+pub(crate) struct Tracked<IO> {
     io: IO,
     activity: Activity,
 }
