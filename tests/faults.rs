@@ -275,6 +275,114 @@ async fn h2_client_hang_up_does_not_strand_the_claim(backend: Backend) {
     assert_eq!(provider.effects(), 1);
 }
 
+/// A request that goes away while its claim insert is still on the wire (the store stalled)
+/// must not leave a claim nobody forwards or settles: the next retry executes, instead of a
+/// 409 for the whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_during_its_claim_insert_withdraws_the_claim() {
+    use common::pki::{ProxyCa, TestPki};
+    const HOST: &str = "api.fake.test";
+    let upstream_pki = TestPki::new("fake provider CA");
+    let provider = FakeProvider::start_https(
+        ProviderOptions::default(),
+        upstream_pki.server_config(&[HOST]),
+    )
+    .await;
+    let mut store = StoreFixture::new(Backend::Redis);
+    let listen = common::loopback(common::free_port());
+    let ca = ProxyCa::init(&format!("http://{listen}"));
+    let routes = format!(
+        "{}\n[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\nupstream_ca = {:?}\nhonours_key = false\nlease = \"30s\"\n",
+        ca.tls_config(""),
+        provider.port(),
+        upstream_pki.ca_path().display().to_string(),
+    );
+    // A long store timeout: the client, not the proxy, gives up first.
+    let text = config(&store.url(), "5s", &routes)
+        .replace("127.0.0.1:0", &listen.to_string())
+        .replace("op_timeout = \"500ms\"", "op_timeout = \"6s\"");
+    let _proxy = Proxy::start(&text);
+    let curl = |max_time: &'static str| {
+        let cacert = ca.cert.display().to_string();
+        async move {
+            tokio::process::Command::new("curl")
+                .env_clear()
+                .env("PATH", std::env::var("PATH").unwrap_or_default())
+                .args(["-sS", "--http2", "--max-time", max_time, "--proxy"])
+                .arg(format!("http://{listen}"))
+                .args(["--cacert", &cacert, "-i", "--suppress-connect-headers"])
+                .args([
+                    "-H",
+                    "Idempotency-Key: dropped",
+                    "-H",
+                    "Content-Type: application/json",
+                ])
+                .args(["--data", r#"{"amount":42}"#])
+                .arg(format!("https://{HOST}/v1/charges"))
+                .output()
+                .await
+                .expect("run curl")
+        }
+    };
+    // Warm the connection to Redis, then stall it: the next claim insert waits on the wire.
+    let warm = curl("10").await;
+    assert!(String::from_utf8_lossy(&warm.stdout).starts_with("HTTP/2 200"));
+    let warm_effects = provider.effects();
+    store.redis().pause();
+    let gave_up = tokio::process::Command::new("curl")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .args(["-sS", "--http2", "--max-time", "1", "--proxy"])
+        .arg(format!("http://{listen}"))
+        .args(["--cacert", &ca.cert.display().to_string()])
+        .args([
+            "-H",
+            "Idempotency-Key: stalled",
+            "-H",
+            "Content-Type: application/json",
+        ])
+        .args(["--data", r#"{"amount":7}"#])
+        .arg(format!("https://{HOST}/v1/charges"))
+        .output()
+        .await
+        .expect("run curl");
+    assert!(!gave_up.status.success(), "curl was meant to give up first");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The insert lands now, and the withdrawal queued behind it removes it.
+    store.redis().resume();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let retry = tokio::process::Command::new("curl")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .args(["-sS", "--http2", "--max-time", "10", "--proxy"])
+        .arg(format!("http://{listen}"))
+        .args([
+            "--cacert",
+            &ca.cert.display().to_string(),
+            "-i",
+            "--suppress-connect-headers",
+        ])
+        .args([
+            "-H",
+            "Idempotency-Key: stalled",
+            "-H",
+            "Content-Type: application/json",
+        ])
+        .args(["--data", r#"{"amount":7}"#])
+        .arg(format!("https://{HOST}/v1/charges"))
+        .output()
+        .await
+        .expect("run curl");
+    let out = String::from_utf8_lossy(&retry.stdout);
+    assert!(out.starts_with("HTTP/2 200"), "the retry executes: {out}");
+    assert!(out.contains("idempotent-replayed: false"), "{out}");
+    assert_eq!(
+        provider.effects(),
+        warm_effects + 1,
+        "nothing was forwarded while stalled"
+    );
+}
+
 // --- Graceful shutdown -----------------------------------------------------------------
 
 async fn sigterm_lets_in_flight_requests_settle(backend: Backend) {
