@@ -25,6 +25,56 @@ async fn keyed_provider() -> FakeProvider {
     .await
 }
 
+/// Retries `POST /pay/v1/charges` with `key` until it answers 200, as a client would while
+/// the store recovers. Every other answer must be one of `tolerated`, and the 200 must come
+/// within 10 s.
+async fn post_until_ok(proxy: std::net::SocketAddr, key: &str, tolerated: &[u16]) -> Reply {
+    let started = Instant::now();
+    loop {
+        let r = post(proxy, "/pay/v1/charges", Some(key), r#"{"amount":42}"#).await;
+        if r.status == 200 {
+            return r;
+        }
+        assert!(
+            tolerated.contains(&r.status),
+            "{key}: {}: {}",
+            r.status,
+            r.text()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{key} never recovered: {}",
+            r.text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `POST https://api.fake.test/v1/charges` with curl over HTTP/2 through the proxy as its
+/// HTTPS_PROXY, trusting only the proxy's CA; curl gives up after `max_time` seconds.
+async fn h2_post(
+    proxy: std::net::SocketAddr,
+    cacert: &std::path::Path,
+    key: &str,
+    body: &str,
+    max_time: &str,
+) -> std::process::Output {
+    tokio::process::Command::new("curl")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .args(["-sS", "--http2", "--max-time", max_time, "--proxy"])
+        .arg(format!("http://{proxy}"))
+        .arg("--cacert")
+        .arg(cacert)
+        .args(["-i", "--suppress-connect-headers"])
+        .args(["-H", &format!("Idempotency-Key: {key}")])
+        .args(["-H", "Content-Type: application/json", "--data", body])
+        .arg("https://api.fake.test/v1/charges")
+        .output()
+        .await
+        .expect("run curl")
+}
+
 fn assert_problem(r: &Reply, status: u16, slug: &str) {
     assert_eq!(r.status, status, "body: {}", r.text());
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
@@ -242,33 +292,11 @@ async fn h2_client_hang_up_does_not_strand_the_claim(backend: Backend) {
     );
     let text = config(&store.url(), "5s", &routes).replace("127.0.0.1:0", &listen.to_string());
     let _proxy = Proxy::start(&text);
-    let curl = |max_time: &'static str| {
-        let cacert = ca.cert.display().to_string();
-        async move {
-            tokio::process::Command::new("curl")
-                .env_clear()
-                .env("PATH", std::env::var("PATH").unwrap_or_default())
-                .args(["-sS", "--http2", "--max-time", max_time, "--proxy"])
-                .arg(format!("http://{listen}"))
-                .args(["--cacert", &cacert, "-i", "--suppress-connect-headers"])
-                .args([
-                    "-H",
-                    "Idempotency-Key: h2",
-                    "-H",
-                    "Content-Type: application/json",
-                ])
-                .args(["--data", r#"{"amount":42}"#])
-                .arg(format!("https://{HOST}/v1/charges"))
-                .output()
-                .await
-                .expect("run curl")
-        }
-    };
     provider.then([Behavior::Slow(Duration::from_millis(800))]);
-    let gave_up = curl("0.3").await;
+    let gave_up = h2_post(listen, &ca.cert, "h2", r#"{"amount":42}"#, "0.3").await;
     assert!(!gave_up.status.success(), "curl was meant to give up first");
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let retry = curl("10").await;
+    let retry = h2_post(listen, &ca.cert, "h2", r#"{"amount":42}"#, "10").await;
     let out = String::from_utf8_lossy(&retry.stdout);
     assert!(out.starts_with("HTTP/2 200"), "{out}");
     assert!(out.contains("idempotent-replayed: true"), "{out}");
@@ -302,77 +330,18 @@ async fn a_request_dropped_during_its_claim_insert_withdraws_the_claim() {
         .replace("127.0.0.1:0", &listen.to_string())
         .replace("op_timeout = \"500ms\"", "op_timeout = \"6s\"");
     let _proxy = Proxy::start(&text);
-    let curl = |max_time: &'static str| {
-        let cacert = ca.cert.display().to_string();
-        async move {
-            tokio::process::Command::new("curl")
-                .env_clear()
-                .env("PATH", std::env::var("PATH").unwrap_or_default())
-                .args(["-sS", "--http2", "--max-time", max_time, "--proxy"])
-                .arg(format!("http://{listen}"))
-                .args(["--cacert", &cacert, "-i", "--suppress-connect-headers"])
-                .args([
-                    "-H",
-                    "Idempotency-Key: dropped",
-                    "-H",
-                    "Content-Type: application/json",
-                ])
-                .args(["--data", r#"{"amount":42}"#])
-                .arg(format!("https://{HOST}/v1/charges"))
-                .output()
-                .await
-                .expect("run curl")
-        }
-    };
     // Warm the connection to Redis, then stall it: the next claim insert waits on the wire.
-    let warm = curl("10").await;
+    let warm = h2_post(listen, &ca.cert, "dropped", r#"{"amount":42}"#, "10").await;
     assert!(String::from_utf8_lossy(&warm.stdout).starts_with("HTTP/2 200"));
     let warm_effects = provider.effects();
     store.redis().pause();
-    let gave_up = tokio::process::Command::new("curl")
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .args(["-sS", "--http2", "--max-time", "1", "--proxy"])
-        .arg(format!("http://{listen}"))
-        .args(["--cacert", &ca.cert.display().to_string()])
-        .args([
-            "-H",
-            "Idempotency-Key: stalled",
-            "-H",
-            "Content-Type: application/json",
-        ])
-        .args(["--data", r#"{"amount":7}"#])
-        .arg(format!("https://{HOST}/v1/charges"))
-        .output()
-        .await
-        .expect("run curl");
+    let gave_up = h2_post(listen, &ca.cert, "stalled", r#"{"amount":7}"#, "1").await;
     assert!(!gave_up.status.success(), "curl was meant to give up first");
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The insert lands now, and the withdrawal queued behind it removes it.
     store.redis().resume();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let retry = tokio::process::Command::new("curl")
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .args(["-sS", "--http2", "--max-time", "10", "--proxy"])
-        .arg(format!("http://{listen}"))
-        .args([
-            "--cacert",
-            &ca.cert.display().to_string(),
-            "-i",
-            "--suppress-connect-headers",
-        ])
-        .args([
-            "-H",
-            "Idempotency-Key: stalled",
-            "-H",
-            "Content-Type: application/json",
-        ])
-        .args(["--data", r#"{"amount":7}"#])
-        .arg(format!("https://{HOST}/v1/charges"))
-        .output()
-        .await
-        .expect("run curl");
+    let retry = h2_post(listen, &ca.cert, "stalled", r#"{"amount":7}"#, "10").await;
     let out = String::from_utf8_lossy(&retry.stdout);
     assert!(out.starts_with("HTTP/2 200"), "the retry executes: {out}");
     assert!(out.contains("idempotent-replayed: false"), "{out}");
@@ -816,25 +785,7 @@ async fn sqlite_write_lock_held_elsewhere_fails_closed_and_recovers() {
     holder.join().expect("lock holder");
 
     // The claims queued behind the lock were applied late and withdrawn: `c` executes once.
-    let released = Instant::now();
-    let c = loop {
-        let r = post(proxy.addr, "/pay/v1/charges", Some("c"), r#"{"amount":42}"#).await;
-        if r.status == 200 {
-            break r;
-        }
-        assert!(
-            r.status == 409 || r.status == 503,
-            "{}: {}",
-            r.status,
-            r.text()
-        );
-        assert!(
-            released.elapsed() < Duration::from_secs(10),
-            "c stayed claimed: {}",
-            r.text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let c = post_until_ok(proxy.addr, "c", &[409, 503]).await;
     assert_eq!(c.replayed(), Some("false"));
     let again = post(proxy.addr, "/pay/v1/charges", Some("c"), r#"{"amount":42}"#).await;
     assert_eq!((again.replayed(), &again.body), (Some("true"), &c.body));
@@ -874,23 +825,7 @@ async fn redis_killed_and_restarted_mid_call() {
     let restarted = Instant::now();
     // The receipt of `a` lands once Redis is back (its settle is retried in the background);
     // until then the retry is held, never executed again.
-    let replay = loop {
-        let r = post(proxy.addr, "/pay/v1/charges", Some("a"), r#"{"amount":42}"#).await;
-        if r.status == 200 {
-            break r;
-        }
-        assert!(
-            r.status == 409 || r.status == 503,
-            "{}: {}",
-            r.status,
-            r.text()
-        );
-        assert!(
-            restarted.elapsed() < Duration::from_secs(10),
-            "never recovered"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let replay = post_until_ok(proxy.addr, "a", &[409, 503]).await;
     eprintln!(
         "redis restart: receipt replayed {:?} after the restart",
         restarted.elapsed()
@@ -939,42 +874,14 @@ async fn redis_paused_never_hangs_requests() {
 
     store.redis().resume();
     let resumed = Instant::now();
-    let replay = loop {
-        let r = post(proxy.addr, "/pay/v1/charges", Some("a"), r#"{"amount":42}"#).await;
-        if r.status == 200 {
-            break r;
-        }
-        assert!(
-            r.status == 409 || r.status == 503,
-            "{}: {}",
-            r.status,
-            r.text()
-        );
-        assert!(
-            resumed.elapsed() < Duration::from_secs(10),
-            "never recovered"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let replay = post_until_ok(proxy.addr, "a", &[409, 503]).await;
     eprintln!(
         "redis SIGCONT: receipt replayed {:?} after resume",
         resumed.elapsed()
     );
     assert_eq!((replay.replayed(), &replay.body), (Some("true"), &a.body));
     // The claims `c` left behind unanswered were withdrawn: it executes now, once.
-    let c = loop {
-        let r = post(proxy.addr, "/pay/v1/charges", Some("c"), r#"{"amount":42}"#).await;
-        if r.status == 200 {
-            break r;
-        }
-        assert_eq!(r.status, 409, "{}", r.text());
-        assert!(
-            resumed.elapsed() < Duration::from_secs(10),
-            "c stayed claimed: {}",
-            r.text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let c = post_until_ok(proxy.addr, "c", &[409]).await;
     assert_eq!(c.replayed(), Some("false"));
     assert_eq!(provider.effects(), 3, "warm, a and c once each");
 }

@@ -42,25 +42,42 @@ pub async fn send(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> Result<Reply, String> {
+    let host = target
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or("idemproxy.test");
+    let stream = tokio::net::TcpStream::connect(proxy)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    exchange(stream, method, target, host, headers, body.into()).await
+}
+
+/// One HTTP/1.1 request over an open stream (TCP, a tunnel, TLS), answered within 30 s.
+pub async fn exchange<S>(
+    stream: S,
+    method: &str,
+    target: &str,
+    host: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<Reply, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let exchange = async {
-        let stream = tokio::net::TcpStream::connect(proxy)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| format!("handshake: {e}"))?;
         tokio::spawn(conn);
-        let mut req = Request::builder().method(method).uri(target);
-        let host = target
-            .strip_prefix("http://")
-            .and_then(|rest| rest.split('/').next())
-            .unwrap_or("idemproxy.test");
-        req = req.header("host", host);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(target)
+            .header("host", host);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
         let req = req
-            .body(Full::new(body.into()))
+            .body(Full::new(body))
             .map_err(|e| format!("request: {e}"))?;
         let resp = sender
             .send_request(req)

@@ -6,9 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -112,33 +109,13 @@ pub async fn request<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(conn);
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", host);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let req = req
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| e.to_string())?;
-    let resp = tokio::time::timeout(Duration::from_secs(30), sender.send_request(req))
-        .await
-        .map_err(|_| "no answer within 30s".to_string())?
-        .map_err(|e| format!("send: {e}"))?;
-    let (parts, body) = resp.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map_err(|e| format!("body: {e}"))?
-        .to_bytes();
-    Ok(Reply {
-        status: parts.status.as_u16(),
-        headers: parts.headers,
-        body,
-    })
+    super::client::exchange(
+        stream,
+        method,
+        path,
+        host,
+        headers,
+        Bytes::from(body.to_string()),
+    )
+    .await
 }
