@@ -199,3 +199,86 @@ both_backends!(
     records_expire_and_never_means_never,
     list_by_state,
 );
+
+/// Commands from concurrent callers share pipelined writes to Redis: each caller must still
+/// get its own command's reply, and a script cache Redis lost (restart, SCRIPT FLUSH) is
+/// reloaded without failing or repeating anyone's transition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_batched_commands_get_their_own_replies() {
+    let f = StoreFixture::new(Backend::Redis);
+    let s = open(&f).await;
+    let mut inserts = Vec::new();
+    for i in 0..200 {
+        let s = s.clone();
+        inserts.push(tokio::spawn(async move {
+            let r = record(State::Pending);
+            let found = s
+                .insert_if_absent(&format!("idem:b:{i}"), &r, HOUR)
+                .await
+                .expect("insert");
+            assert_eq!(found, None, "key {i} was free");
+            r
+        }));
+    }
+    let mut pending = Vec::new();
+    for t in inserts {
+        pending.push(t.await.expect("task"));
+    }
+    let client = ::redis::Client::open(f.url()).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let _: () = ::redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("script flush");
+
+    // Even keys commit under their own fence; odd keys are tried with a stranger's token.
+    let mut settles = Vec::new();
+    for (i, p) in pending.iter().cloned().enumerate() {
+        let s = s.clone();
+        settles.push(tokio::spawn(async move {
+            let mut committed = record(State::Committed);
+            committed.token = p.token.clone();
+            let fence = if i % 2 == 0 {
+                p.fence()
+            } else {
+                Fence {
+                    token: Token::random(),
+                    states: vec![State::Pending],
+                }
+            };
+            let done = s
+                .replace(&format!("idem:b:{i}"), &fence, &committed, HOUR)
+                .await
+                .expect("replace");
+            (done, committed)
+        }));
+    }
+    for (i, t) in settles.into_iter().enumerate() {
+        let (done, committed) = t.await.expect("task");
+        assert_eq!(done, i % 2 == 0, "key {i}: only its own fence commits");
+        let now = s.get(&format!("idem:b:{i}")).await.expect("get");
+        if i % 2 == 0 {
+            assert_eq!(now, Some(committed), "key {i}");
+        } else {
+            assert_eq!(now, Some(pending[i].clone()), "key {i} is untouched");
+        }
+    }
+    // A lone command (a batch of one) meets the lost script cache the same way.
+    let _: () = ::redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("script flush");
+    let committed_fence = Fence {
+        token: pending[0].token.clone(),
+        states: vec![State::Committed],
+    };
+    assert!(s
+        .remove("idem:b:0", &committed_fence)
+        .await
+        .expect("a lone EVALSHA after SCRIPT FLUSH still runs"));
+}

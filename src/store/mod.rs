@@ -1,6 +1,7 @@
 //! Where claims and receipts live. One trait, two backends with the same behaviour: an
 //! embedded SQLite file for one host, and Redis for many proxies sharing one store.
 
+mod autopipeline;
 mod redis;
 pub mod sealed;
 mod sqlite;

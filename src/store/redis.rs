@@ -8,8 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
 use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Script};
+use redis::{AsyncCommands, Cmd, FromRedisValue, Script};
 
+use super::autopipeline::AutoPipeline;
 use super::{Expiry, SettleSink, Store, StoreError};
 use crate::idempotency::record::{Fence, Record, State};
 
@@ -43,6 +44,8 @@ const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(500);
 pub struct RedisStore {
     client: redis::Client,
     conn: ConnectionManager,
+    /// Claims and settles, batched with those of other requests (see `autopipeline`).
+    batched: AutoPipeline,
     namespace: String,
     /// Pub/sub channel on which every proxy announces the scopes it settled.
     settled_channel: String,
@@ -73,12 +76,51 @@ impl RedisStore {
             ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(open_err)?;
         Ok(RedisStore {
             client,
+            batched: AutoPipeline::start(conn.clone()),
             conn,
             namespace: namespace.to_string(),
             settled_channel: format!("{namespace}:settled"),
             replace: Script::new(REPLACE),
             remove: Script::new(REMOVE),
         })
+    }
+}
+
+impl RedisStore {
+    async fn query<T: FromRedisValue>(&self, cmd: Cmd) -> Result<T, StoreError> {
+        let value = self.batched.query(cmd).await.map_err(unavailable)?;
+        T::from_redis_value(value).map_err(|e| StoreError::Unavailable(e.to_string()))
+    }
+
+    /// `EVALSHA`; a Redis that lost its script cache (restart, `SCRIPT FLUSH`) gets the
+    /// script loaded once more, then the call is repeated: NOSCRIPT means it did not run.
+    async fn run_script(
+        &self,
+        script: &Script,
+        scope: &str,
+        args: &[&[u8]],
+    ) -> Result<i64, StoreError> {
+        let invocation = || {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(script.get_hash()).arg(1).arg(scope);
+            for a in args {
+                cmd.arg(*a);
+            }
+            cmd
+        };
+        match self.batched.query(invocation()).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                script
+                    .load_async(&mut self.conn.clone())
+                    .await
+                    .map_err(unavailable)?;
+                self.query(invocation()).await
+            }
+            Err(e) => Err(unavailable(e)),
+            Ok(value) => {
+                i64::from_redis_value(value).map_err(|e| StoreError::Unavailable(e.to_string()))
+            }
+        }
     }
 }
 
@@ -128,10 +170,7 @@ impl Store for RedisStore {
             cmd.arg("PX").arg(expiry.millis());
         }
         cmd.arg("GET");
-        let found: Option<Vec<u8>> = cmd
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(unavailable)?;
+        let found: Option<Vec<u8>> = self.query(cmd).await?;
         found
             .map(|raw| Record::decode(&raw))
             .transpose()
@@ -139,7 +178,9 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
-        let found: Option<Vec<u8>> = self.conn.clone().get(scope).await.map_err(unavailable)?;
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(scope);
+        let found: Option<Vec<u8>> = self.query(cmd).await?;
         found
             .map(|raw| Record::decode(&raw))
             .transpose()
@@ -153,29 +194,21 @@ impl Store for RedisStore {
         record: &Record,
         expiry: Expiry,
     ) -> Result<bool, StoreError> {
-        let done: i64 = self
-            .replace
-            .key(scope)
-            .arg(fence.token.as_str())
-            .arg(fence.state_codes())
-            .arg(record.encode())
-            .arg(expiry.millis())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(unavailable)?;
-        Ok(done == 1)
+        let (encoded, millis) = (record.encode(), expiry.millis().to_string());
+        let codes = fence.state_codes();
+        let args: [&[u8]; 4] = [
+            fence.token.as_str().as_bytes(),
+            codes.as_bytes(),
+            &encoded,
+            millis.as_bytes(),
+        ];
+        Ok(self.run_script(&self.replace, scope, &args).await? == 1)
     }
 
     async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError> {
-        let done: i64 = self
-            .remove
-            .key(scope)
-            .arg(fence.token.as_str())
-            .arg(fence.state_codes())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(unavailable)?;
-        Ok(done == 1)
+        let codes = fence.state_codes();
+        let args: [&[u8]; 2] = [fence.token.as_str().as_bytes(), codes.as_bytes()];
+        Ok(self.run_script(&self.remove, scope, &args).await? == 1)
     }
 
     async fn list(&self, state: State, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
