@@ -282,3 +282,39 @@ async fn redis_batched_commands_get_their_own_replies() {
         .await
         .expect("a lone EVALSHA after SCRIPT FLUSH still runs"));
 }
+
+/// A file written by the earlier layout (one WITHOUT ROWID table `claims`) keeps its records
+/// when a newer proxy opens it: a claim in flight stays claimed, a receipt still replays.
+#[tokio::test]
+async fn sqlite_files_from_the_earlier_layout_keep_their_records() {
+    let f = StoreFixture::new(Backend::Sqlite);
+    let url = f.url();
+    let path = url.trim_start_matches("sqlite://").to_string();
+    let held = record(State::Pending);
+    let done = record(State::Committed);
+    {
+        let conn = rusqlite::Connection::open(&path).expect("open file");
+        conn.execute_batch(
+            "CREATE TABLE claims (scope TEXT PRIMARY KEY, state TEXT NOT NULL, value BLOB NOT NULL,
+                                  expires_at INTEGER) WITHOUT ROWID;",
+        )
+        .expect("old layout");
+        for (scope, r) in [("idem:t:held", &held), ("idem:t:done", &done)] {
+            conn.execute(
+                "INSERT INTO claims VALUES (?1, ?2, ?3, NULL)",
+                rusqlite::params![scope, (r.state.code() as char).to_string(), r.encode()],
+            )
+            .expect("old row");
+        }
+    }
+    let s = open(&f).await;
+    assert_eq!(
+        s.insert_if_absent("idem:t:held", &record(State::Pending), HOUR)
+            .await
+            .expect("insert"),
+        Some(held),
+        "the claim made before the upgrade still holds"
+    );
+    assert_eq!(s.get("idem:t:done").await.expect("get"), Some(done));
+    assert_eq!(s.list(State::Committed, 10).await.expect("list").len(), 1);
+}
