@@ -75,6 +75,9 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     /// Memory for receipts this proxy has replayed, so further replays skip the store; 0 = off.
     pub receipt_cache_bytes: u64,
+    /// Threads that run requests; 0 = one per CPU the process may use. With one, the
+    /// single-threaded scheduler runs everything on the main thread.
+    pub worker_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -90,6 +93,7 @@ impl Default for ServerConfig {
             max_connections: 4096,
             max_header_bytes: 64 * 1024,
             receipt_cache_bytes: 16 * 1024 * 1024,
+            worker_threads: 0,
         }
     }
 }

@@ -595,6 +595,68 @@ async fn unprotected_requests_stream_through(backend: Backend) {
     assert_eq!(provider.effects(), 0);
 }
 
+/// `server.worker_threads = 1` runs everything on the single-threaded scheduler (chosen by
+/// default on one CPU): the store's batching, the forwarding tasks and the claims must work
+/// there as they do on many threads.
+async fn single_threaded_scheduler_executes_each_key_once(backend: Backend) {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(backend);
+    let cfg = config(&store.url(), &route("pay", provider.port(), ""))
+        .replace("[server]\n", "[server]\nworker_threads = 1\n");
+    let proxy = Proxy::start(&cfg);
+
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let addr = proxy.addr;
+        // Ten requests share one key; thirty have keys of their own.
+        let key = if i < 10 {
+            "shared".to_string()
+        } else {
+            format!("own-{i}")
+        };
+        tasks.push(tokio::spawn(async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("idempotency-key", key.as_str()),
+                ("x-fake-delay-ms", "100"),
+            ];
+            send(addr, "POST", "/pay/v1/charges", &headers, r#"{"amount":1}"#).await
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task").expect("reply").status);
+    }
+    assert_eq!(provider.effects(), 31, "one effect per key");
+    assert!(statuses[10..].iter().all(|s| *s == 200), "{statuses:?}");
+    assert!(
+        statuses[..10].iter().all(|s| *s == 200 || *s == 409),
+        "{statuses:?}"
+    );
+    for i in 10..40 {
+        let key = format!("own-{i}");
+        let headers = [
+            ("content-type", "application/json"),
+            ("idempotency-key", key.as_str()),
+        ];
+        let again = send(
+            proxy.addr,
+            "POST",
+            "/pay/v1/charges",
+            &headers,
+            r#"{"amount":1}"#,
+        )
+        .await
+        .expect("send");
+        assert_eq!(
+            (again.status, again.replayed()),
+            (200, Some("true")),
+            "key {key}"
+        );
+    }
+    assert_eq!(provider.effects(), 31, "replays never reach the provider");
+}
+
 both_backends!(
     same_key_twice_replays_byte_identical,
     reused_key_with_other_body_is_422_and_two_keys_execute_twice,
@@ -608,4 +670,5 @@ both_backends!(
     missing_key_follows_the_route_policy,
     bad_input_gets_a_clear_answer_and_the_proxy_keeps_serving,
     unprotected_requests_stream_through,
+    single_threaded_scheduler_executes_each_key_once,
 );
