@@ -52,7 +52,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
         }
     };
     if req.method() == Method::CONNECT {
-        return Ok(connect::handle(app, req, tenant).await);
+        return Ok(Box::pin(connect::handle(app, req, tenant)).await);
     }
     let uri = req.uri().clone();
     let path_and_query = uri
@@ -145,7 +145,9 @@ pub async fn to_route(
         }
     };
     if route.protects(req.method()) {
-        pipeline::run(app, route, req, upstream_uri, tenant).await
+        // Boxed: the pipeline's state is kilobytes, and every enclosing future (up to the one
+        // hyper keeps per request) would otherwise embed it and be copied whole.
+        Box::pin(pipeline::run(app, route, req, upstream_uri, tenant)).await
     } else {
         app.metrics
             .request(&route.name, RequestOutcome::Passthrough);
