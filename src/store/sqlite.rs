@@ -262,14 +262,22 @@ fn writer(mut conn: Connection, jobs: mpsc::Receiver<Job>) {
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         };
-        // Give the proxy's threads a moment to queue what they have in hand: on a busy core
-        // the batch, and with it the share of each commit and fsync per claim, grows.
-        std::thread::yield_now();
+        // Collect until the queue stays empty across a yield: the proxy's threads get to
+        // queue what they have in hand, and on a busy core the batch, and with it the share
+        // of each commit and fsync per claim, grows. A lone claim on an idle proxy waits for
+        // one yield, which returns at once.
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+        loop {
+            std::thread::yield_now();
+            let before = batch.len();
+            while batch.len() < MAX_BATCH {
+                match jobs.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            if batch.len() == before || batch.len() >= MAX_BATCH {
+                break;
             }
         }
         run_batch(&mut conn, batch);
