@@ -24,7 +24,10 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
   as_root pkill -x nginx || true   # the package may start its own instance on :80
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-for tool in redis-server redis-benchmark openssl python3 taskset; do
+if ! command -v pgrep >/dev/null 2>&1; then
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq procps >/dev/null
+fi
+for tool in redis-server redis-benchmark openssl python3 taskset pgrep; do
   command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
 done
 
@@ -82,13 +85,13 @@ http {
 }
 NGX
 taskset -c $LOAD_CPU "$NGINX" -p "$WORK/nginx-provider" -c "$WORK/nginx-provider/nginx.conf" & PIDS+=($!)
-taskset -c $PROXY_CPU "$NGINX" -p "$WORK/nginx-proxy" -c "$WORK/nginx-proxy/nginx.conf" & PIDS+=($!)
+taskset -c $PROXY_CPU "$NGINX" -p "$WORK/nginx-proxy" -c "$WORK/nginx-proxy/nginx.conf" & NGINX_PROXY_PID=$!; PIDS+=($!)
 wait_port "$P_HTTP"; wait_port "$P_TLS"; wait_port "$P_NGINX"
 
 # --- Redis (CPU 1), with AOF as production should run it --------------------------------------
 P_REDIS=$(free_port)
 taskset -c $PROXY_CPU redis-server --port "$P_REDIS" --bind 127.0.0.1 --save "" --appendonly yes --appendfsync everysec \
-  --dir "$WORK" --logfile "$WORK/redis.log" & PIDS+=($!)
+  --dir "$WORK" --logfile "$WORK/redis.log" & REDIS_PID=$!; PIDS+=($!)
 wait_port "$P_REDIS"
 
 # --- idemproxy configs -------------------------------------------------------------------------
@@ -137,12 +140,29 @@ peak_rss_mib() { awk '/VmHWM/ {printf "%.1f", $2/1024}' "/proc/$1/status" 2>/dev
 
 # --- measuring ---------------------------------------------------------------------------------
 RESULTS="$WORK/results.jsonl"; : > "$RESULTS"
+# CPU time (clock ticks) of a process and its threads, plus its reaped children (Redis's AOF
+# rewrites run in forked children) and, for nginx, its worker processes.
+cpu_ticks() {
+  local total=0 p
+  for p in "$@"; do
+    [ -n "$p" ] || continue
+    for q in "$p" $(pgrep -P "$p" 2>/dev/null); do
+      [ -r "/proc/$q/stat" ] && total=$((total + $(awk '{print $14+$15+$16+$17}' "/proc/$q/stat")))
+    done
+  done
+  echo "$total"
+}
+HZ=$(getconf CLK_TCK)
+# Whose CPU each row charges to the proxy under test and to its store (set before each block).
+CPU_PROXY=""; CPU_STORE=""
 measure() { # $1 name, $2 rss, rest: loadgen args
   local name=$1 rss=$2; shift 2
   for rep in $(seq "$REPS"); do
-    local line
+    local line p0 s0 t0 p1 s1 t1
+    p0=$(cpu_ticks $CPU_PROXY); s0=$(cpu_ticks $CPU_STORE); t0=$(date +%s.%N)
     line=$(taskset -c $LOAD_CPU "$LOADGEN" --connections "$CONNS" --duration "${SECS}s" --warmup "${WARMUP}s" "$@")
-    echo "{\"name\":\"$name\",\"rep\":$rep,\"rss\":\"$rss\",\"result\":$line}" >> "$RESULTS"
+    p1=$(cpu_ticks $CPU_PROXY); s1=$(cpu_ticks $CPU_STORE); t1=$(date +%s.%N)
+    echo "{\"name\":\"$name\",\"rep\":$rep,\"rss\":\"$rss\",\"cpu\":{\"proxy\":$((p1 - p0)),\"store\":$((s1 - s0)),\"hz\":$HZ,\"secs\":$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')},\"result\":$line}" >> "$RESULTS"
     echo "  $name rep $rep: $line" >&2
   done
 }
@@ -158,14 +178,17 @@ PY
 }
 
 echo "direct" >&2
+CPU_PROXY=""; CPU_STORE=""
 measure "direct to provider" "-" --addr "127.0.0.1:$P_HTTP" --keys none
 echo "nginx reverse proxy" >&2
+CPU_PROXY=$NGINX_PROXY_PID; CPU_STORE=""
 measure "nginx reverse proxy (no idempotency)" "-" --addr "127.0.0.1:$P_NGINX" --keys none
 
 for store in redis sqlite; do
   if [ $store = redis ]; then url="redis://127.0.0.1:$P_REDIS/0"; else url="sqlite://$WORK/claims-$RANDOM.db"; fi
   write_config "$WORK/$store.toml" "$url"
   start_proxy "$WORK/$store.toml"
+  CPU_PROXY=$PROXY_PID; if [ $store = redis ]; then CPU_STORE=$REDIS_PID; else CPU_STORE=""; fi
   echo "idemproxy on $store ($PROXY_ADDR)" >&2
   measure "idemproxy $store: A new key per request" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
   set_rss "idemproxy $store: A new key per request" "$(peak_rss_mib "$PROXY_PID")"
@@ -177,6 +200,7 @@ done
 if [ $HAVE_TLS = 1 ]; then
   write_config "$WORK/tls.toml" "redis://127.0.0.1:$P_REDIS/0"
   start_proxy "$WORK/tls.toml"
+  CPU_PROXY=$PROXY_PID; CPU_STORE=$REDIS_PID
   echo "HTTPS_PROXY ($PROXY_ADDR)" >&2
   measure "HTTPS_PROXY blind tunnel (baseline)" "?" --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TLS" \
     --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
@@ -211,19 +235,34 @@ med = {}
 for n in names:
     rs = [r for r in rows if r["name"] == n]
     m = lambda k: statistics.median(r["result"][k] for r in rs)
+    # CPU per request: the share of the run's wall time each process was on a CPU, over req/s
+    # (warm-up included on both sides, at the same load).
+    def us_per_req(r, who):
+        c = r.get("cpu")
+        if not c or not r["result"]["rps"]:
+            return None
+        return c[who] / c["hz"] / c["secs"] / r["result"]["rps"] * 1e6
+    cpu_p = [x for x in (us_per_req(r, "proxy") for r in rs) if x]
+    cpu_s = [x for x in (us_per_req(r, "store") for r in rs) if x]
     med[n] = dict(rps=m("rps"), p50=m("p50_us"), p99=m("p99_us"),
+                  cpu_proxy=statistics.median(cpu_p) if cpu_p else None,
+                  cpu_store=statistics.median(cpu_s) if cpu_s else None,
                   errors=sum(r["result"]["errors"] for r in rs), non2xx=sum(r["result"]["non2xx"] for r in rs),
                   rss=rs[-1]["rss"])
 direct = med["direct to provider"]; nginx = med["nginx reverse proxy (no idempotency)"]
 tunnel = med.get("HTTPS_PROXY blind tunnel (baseline)")
 print(f"\n{conns} connections, {reps} x {secs}s per row (medians), load generator + provider pinned to CPU {load_cpu}, proxy + store to CPU {proxy_cpu}.\n")
-print("| scenario | req/s | × direct | × nginx | × tunnel | p50 ms | p99 ms | p50 added vs direct (ms) | errors | non-2xx | peak RSS MiB |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| scenario | req/s | × direct | × nginx | × tunnel | p50 ms | p99 ms | p50 added vs direct (ms) | proxy CPU µs/req | Redis CPU µs/req | errors | non-2xx | peak RSS MiB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+fmt_us = lambda v: f"{v:.1f}" if v is not None else ""
 for n in names:
     r = med[n]
     xt = f"{r['rps']/tunnel['rps']:.2f}" if tunnel and tunnel["rps"] and n.startswith("HTTPS") else ""
     print(f"| {n} | {r['rps']:.0f} | {r['rps']/direct['rps']:.2f} | {r['rps']/nginx['rps']:.2f} | {xt} | "
-          f"{r['p50']/1000:.3f} | {r['p99']/1000:.3f} | {(r['p50']-direct['p50'])/1000:+.3f} | {r['errors']} | {r['non2xx']} | {r['rss']} |")
+          f"{r['p50']/1000:.3f} | {r['p99']/1000:.3f} | {(r['p50']-direct['p50'])/1000:+.3f} | "
+          f"{fmt_us(r['cpu_proxy'])} | {fmt_us(r['cpu_store'])} | {r['errors']} | {r['non2xx']} | {r['rss']} |")
+print("\nCPU µs/req: CPU time the proxy under test (its threads; nginx: its workers) and Redis (with its AOF"
+      " rewrite children) used during the row, over its requests. The embedded store runs inside the proxy process.")
 print(f"\nidemproxy RSS with 1,000 idle keep-alive connections (after a warm replay run): {idle_rss} MiB")
 print(f"Redis SET NX PX round trip (redis-benchmark, {conns} clients): {rb}")
 PY
