@@ -99,12 +99,13 @@ HAVE_TLS=0
 if "$BIN" ca init --help >/dev/null 2>&1; then
   "$BIN" ca init --dir "$WORK/ca" >/dev/null && HAVE_TLS=1
 fi
-write_config() { # $1 file, $2 store url
+write_config() { # $1 file, $2 store url, $3 more [store] lines
   cat > "$1" <<TOML
 [server]
 listen = "127.0.0.1:0"
 [store]
 url = "$2"
+${3:-}
 $( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\nconnect_ports = [443, %s]\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" "$P_TLS" )
 $( [ $HAVE_TLS = 1 ] && printf '[egress]\nallow = ["127.0.0.1:%s"]  # the tunnel baseline dials loopback, refused unless named\n' "$P_TLS" )
 $( [ -n "${BENCH_EXTRA_TOML:-}" ] && printf '%s\n' "$BENCH_EXTRA_TOML" )
@@ -196,6 +197,15 @@ for store in redis sqlite; do
   set_rss "idemproxy $store: B replay (one key)" "$(peak_rss_mib "$PROXY_PID")"
   stop_proxy
 done
+
+# The embedded store without an fsync per commit: what `sqlite_synchronous = "full"` costs.
+write_config "$WORK/sqlite-normal.toml" "sqlite://$WORK/claims-normal.db" 'sqlite_synchronous = "normal"'
+start_proxy "$WORK/sqlite-normal.toml"
+CPU_PROXY=$PROXY_PID; CPU_STORE=""
+echo "idemproxy on sqlite, synchronous = normal ($PROXY_ADDR)" >&2
+measure "idemproxy sqlite (synchronous = normal): A" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
+set_rss "idemproxy sqlite (synchronous = normal): A" "$(peak_rss_mib "$PROXY_PID")"
+stop_proxy
 
 if [ $HAVE_TLS = 1 ]; then
   write_config "$WORK/tls.toml" "redis://127.0.0.1:$P_REDIS/0"

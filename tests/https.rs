@@ -434,6 +434,68 @@ async fn untrusted_upstream_certificate_is_502_and_nothing_is_claimed() {
     assert_eq!(provider.effects(), 0);
 }
 
+/// One `openssl s_client` session through the proxy to the intercepted host: the handshake
+/// line it printed (`New, …` or `Reused, …`) and whether the proxy's certificate verified.
+async fn s_client(s: &Setup, version: &str, session: (&str, &Path)) -> (String, bool) {
+    let mut cmd = tokio::process::Command::new("openssl");
+    cmd.args(["s_client", version, "-proxy"])
+        .arg(s.proxy.addr.to_string())
+        .args([
+            "-connect",
+            &format!("{HOST}:443"),
+            "-servername",
+            HOST,
+            "-CAfile",
+        ])
+        .arg(&s.ca.cert)
+        .arg(session.0)
+        .arg(session.1)
+        .arg("-ign_eof")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("openssl s_client");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(
+            format!("GET /v1/ping HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .expect("write request");
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("s_client finished")
+        .expect("s_client output");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let handshake = text
+        .lines()
+        .find(|l| l.starts_with("New,") || l.starts_with("Reused,"))
+        .unwrap_or("no handshake line")
+        .to_string();
+    (handshake, text.contains("Verify return code: 0 (ok)"))
+}
+
+/// A client that offers a session (a TLS 1.3 ticket, a TLS 1.2 session id) resumes it on its
+/// next connection through the proxy instead of a full handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intercepted_tls_sessions_are_resumed() {
+    let s = Setup::start(Backend::Sqlite, "", "").await;
+    for version in ["-tls1_3", "-tls1_2"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let session = dir.path().join("session.pem");
+        let (first, verified) = s_client(&s, version, ("-sess_out", &session)).await;
+        assert!(first.starts_with("New,"), "{version}: {first}");
+        assert!(
+            verified,
+            "{version}: the proxy's leaf verifies against its CA"
+        );
+        let (second, _) = s_client(&s, version, ("-sess_in", &session)).await;
+        assert!(second.starts_with("Reused,"), "{version}: {second}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Hosts no route covers: blind tunnels (or 403).
 

@@ -21,7 +21,7 @@ pub fn fingerprint(
         h.update((part.len() as u64).to_be_bytes());
         h.update(part);
     }
-    hex::encode(h.finalize())
+    super::hex::lower(&h.finalize())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 pub mod claims;
 pub mod decide;
 pub mod fingerprint;
+pub mod hex;
 pub mod key;
 pub mod policy;
 pub mod receipt_cache;

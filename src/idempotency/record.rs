@@ -53,7 +53,7 @@ pub struct Token(String);
 
 impl Token {
     pub fn random() -> Token {
-        Token(hex::encode(rand::random::<[u8; 16]>()))
+        Token(super::hex::lower(&rand::random::<[u8; 16]>()))
     }
 
     pub fn as_str(&self) -> &str {

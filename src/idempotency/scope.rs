@@ -20,7 +20,7 @@ pub fn credential_fingerprint(headers: &HeaderMap, credential_headers: &[HeaderN
         }
     }
     if any {
-        hex::encode(h.finalize())
+        super::hex::lower(&h.finalize())
     } else {
         String::new()
     }
@@ -40,7 +40,7 @@ pub fn scope(
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
-    format!("{namespace}:{tenant}:{}", hex::encode(h.finalize()))
+    format!("{namespace}:{tenant}:{}", super::hex::lower(&h.finalize()))
 }
 
 #[cfg(test)]

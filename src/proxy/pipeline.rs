@@ -66,9 +66,9 @@ impl Trace {
         app.metrics.request(&route.name, outcome);
         tracing::info!(
             route = %route.name,
-            tenant,
-            scope = self.scope.as_deref().unwrap_or("-"),
-            outcome = outcome.as_str(),
+            %tenant,
+            scope = %self.scope.as_deref().unwrap_or("-"),
+            outcome = %outcome.as_str(),
             status,
             upstream_status = self.upstream_status,
             forward_ms = self.forward.map(|d| d.as_millis() as u64),
@@ -557,16 +557,20 @@ async fn forward_and_settle(
         }
     };
     let scope = claim.scope.clone();
-    let settled = claims.settle_or_retry(claim, how.clone(), policy).await;
+    // What the settle was meant to do, for the client's answer: `how` itself moves into it.
+    let meant = match &how {
+        Settle::Commit(_) => ClaimAfterFailure::None,
+        Settle::Release => ClaimAfterFailure::Released,
+        Settle::Unknown(_) => ClaimAfterFailure::Unknown,
+    };
+    let settled = claims.settle_or_retry(claim, how, policy).await;
     if settled == Settled::NotOurs {
         tracing::warn!(%scope, "the claim was no longer ours at settle time; nothing overwritten");
     }
     tracing::debug!(route = %route.name, ?outcome, ?settled, "settled");
-    let after = match (settled, how) {
-        (Settled::Done, Settle::Commit(_)) => ClaimAfterFailure::None,
-        (Settled::Done, Settle::Release) => ClaimAfterFailure::Released,
-        (Settled::Done, Settle::Unknown(_)) => ClaimAfterFailure::Unknown,
-        (Settled::NotOurs | Settled::Unconfirmed, _) => ClaimAfterFailure::Unsettled,
+    let after = match settled {
+        Settled::Done => meant,
+        Settled::NotOurs | Settled::Unconfirmed => ClaimAfterFailure::Unsettled,
     };
     (result, after, duplicate)
 }
