@@ -6,7 +6,7 @@
 
 use std::path::Path;
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -21,8 +21,11 @@ const MAX_BATCH: usize = 256;
 /// the pages at the table's end are rewritten by every transaction, and a checkpoint copies
 /// each page once however often it changed since the last.
 const WAL_AUTOCHECKPOINT_PAGES: u32 = 4000;
-/// How often expired rows are deleted when the store is idle.
+/// How often expired rows are deleted, busy or idle.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// Most rows one sweep transaction deletes: a backlog drains in chunks between batches
+/// instead of stalling claims behind one long delete.
+const SWEEP_CHUNK: usize = 2000;
 
 enum Op {
     InsertIfAbsent {
@@ -68,6 +71,14 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     pub fn open(path: &str, synchronous: &str) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_sweeping(path, synchronous, SWEEP_EVERY)
+    }
+
+    fn open_sweeping(
+        path: &str,
+        synchronous: &str,
+        sweep_every: Duration,
+    ) -> Result<SqliteStore, StoreError> {
         let open_err = |message: String| StoreError::Open {
             url: format!("sqlite://{path}"),
             message,
@@ -101,7 +112,7 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("sqlite-store".into())
-            .spawn(move || writer(conn, rx))
+            .spawn(move || writer(conn, rx, sweep_every))
             .map_err(|e| open_err(format!("cannot start the store thread: {e}")))?;
         Ok(SqliteStore { jobs: tx })
     }
@@ -246,41 +257,62 @@ impl Store for SqliteStore {
     }
 }
 
-/// The writer thread: batches queued operations into one transaction each.
-fn writer(mut conn: Connection, jobs: mpsc::Receiver<Job>) {
+/// The writer thread: batches queued operations into one transaction each, and deletes
+/// expired rows every `sweep_every` (under steady traffic too, or the file only grows).
+fn writer(mut conn: Connection, jobs: mpsc::Receiver<Job>, sweep_every: Duration) {
+    let mut next_sweep = Instant::now() + sweep_every;
     loop {
-        let first = match jobs.recv_timeout(SWEEP_EVERY) {
-            Ok(job) => job,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if let Err(e) = conn.execute(
-                    "DELETE FROM records WHERE expires_at IS NOT NULL AND expires_at <= ?1",
-                    params![now_ms() as i64],
-                ) {
-                    tracing::warn!(error = %e, "sweeping expired claims failed");
-                }
-                continue;
-            }
+        match jobs.recv_timeout(next_sweep.saturating_duration_since(Instant::now())) {
+            Ok(first) => run_batch(&mut conn, collect(first, &jobs)),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
-        };
-        // Collect until the queue stays empty across a yield: the proxy's threads get to
-        // queue what they have in hand, and on a busy core the batch, and with it the share
-        // of each commit and fsync per claim, grows. A lone claim on an idle proxy waits for
-        // one yield, which returns at once.
-        let mut batch = vec![first];
-        loop {
-            std::thread::yield_now();
-            let before = batch.len();
-            while batch.len() < MAX_BATCH {
-                match jobs.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            if batch.len() == before || batch.len() >= MAX_BATCH {
-                break;
+        }
+        if Instant::now() >= next_sweep {
+            let backlog = sweep(&conn);
+            next_sweep = if backlog {
+                Instant::now()
+            } else {
+                Instant::now() + sweep_every
+            };
+        }
+    }
+}
+
+/// Deletes up to `SWEEP_CHUNK` expired rows; `true` if more may be left.
+fn sweep(conn: &Connection) -> bool {
+    let deleted = conn
+        .prepare_cached(
+            "DELETE FROM records WHERE id IN (SELECT id FROM records
+                 WHERE expires_at IS NOT NULL AND expires_at <= ?1 LIMIT ?2)",
+        )
+        .and_then(|mut stmt| stmt.execute(params![now_ms() as i64, SWEEP_CHUNK as i64]));
+    match deleted {
+        Ok(n) => n == SWEEP_CHUNK,
+        Err(e) => {
+            tracing::warn!(error = %e, "sweeping expired claims failed");
+            false
+        }
+    }
+}
+
+fn collect(first: Job, jobs: &mpsc::Receiver<Job>) -> Vec<Job> {
+    // Collect until the queue stays empty across a yield: the proxy's threads get to
+    // queue what they have in hand, and on a busy core the batch, and with it the share
+    // of each commit and fsync per claim, grows. A lone claim on an idle proxy waits for
+    // one yield, which returns at once.
+    let mut batch = vec![first];
+    loop {
+        std::thread::yield_now();
+        let before = batch.len();
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
             }
         }
-        run_batch(&mut conn, batch);
+        if batch.len() == before || batch.len() >= MAX_BATCH {
+            return batch;
+        }
     }
 }
 
@@ -390,5 +422,65 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, now: i64) -> rusqlite::Result<
             tx.query_row("SELECT 1", [], |_| Ok(()))?;
             Ok(Reply::Pong)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::record::{RecordBody, Token};
+
+    fn pending() -> Record {
+        Record {
+            state: State::Pending,
+            token: Token::random(),
+            body: RecordBody {
+                fingerprint: "fp".into(),
+                route: "r".into(),
+                created_ms: 1,
+                lease_until_ms: 2,
+                unknown_since_ms: 0,
+                note: None,
+                receipt: None,
+            },
+        }
+    }
+
+    fn rows(path: &str) -> i64 {
+        Connection::open(path)
+            .and_then(|c| c.query_row("SELECT count(*) FROM records", [], |r| r.get(0)))
+            .expect("count rows")
+    }
+
+    /// Traffic that never pauses for a whole sweep interval must not stop expired rows from
+    /// being deleted (the sweep once ran only on an idle store), and live rows stay.
+    #[tokio::test]
+    async fn expired_rows_are_swept_under_steady_traffic() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("claims.db").display().to_string();
+        let store =
+            SqliteStore::open_sweeping(&path, "full", Duration::from_millis(100)).expect("open");
+        let short = Expiry::After(Duration::from_millis(1));
+        for i in 0..(SWEEP_CHUNK + 500) {
+            store
+                .insert_if_absent(&format!("idem:t:old{i}"), &pending(), short)
+                .await
+                .expect("insert");
+        }
+        let hour = Expiry::After(Duration::from_secs(3600));
+        store
+            .insert_if_absent("idem:t:live", &pending(), hour)
+            .await
+            .expect("insert");
+        // A request every 10 ms for a second: never 100 ms without one.
+        for i in 0..100 {
+            store
+                .insert_if_absent(&format!("idem:t:busy{i}"), &pending(), hour)
+                .await
+                .expect("insert");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(rows(&path), 101, "only the live rows are left");
+        assert!(store.get("idem:t:live").await.expect("get").is_some());
     }
 }
