@@ -98,11 +98,18 @@ pub struct Receipt {
 
 impl Receipt {
     pub fn header_value_bytes(v: &str) -> Vec<u8> {
+        if v.is_ascii() {
+            // The usual case, where Latin-1 and UTF-8 agree byte for byte.
+            return v.as_bytes().to_vec();
+        }
         v.chars().map(|c| c as u32 as u8).collect()
     }
 
     pub fn header_value_string(v: &[u8]) -> String {
-        v.iter().map(|&b| b as char).collect()
+        match std::str::from_utf8(v) {
+            Ok(ascii) if v.is_ascii() => ascii.to_owned(),
+            _ => v.iter().map(|&b| b as char).collect(),
+        }
     }
 }
 
@@ -198,6 +205,25 @@ mod b64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_values_keep_every_byte_on_the_ascii_path_and_off_it() {
+        let every: Vec<u8> = (0..=255).collect();
+        for value in [
+            &b"application/json"[..],
+            &every[..],
+            &every[..128],
+            &every[128..],
+        ] {
+            let stored = Receipt::header_value_string(value);
+            assert_eq!(Receipt::header_value_bytes(&stored), value);
+        }
+        // Stored as Latin-1: a byte above 0x7f is one char, never a UTF-8 sequence.
+        assert_eq!(
+            Receipt::header_value_string(&[0xc3, 0xa9]).chars().count(),
+            2
+        );
+    }
 
     #[test]
     fn round_trips_every_byte_of_a_receipt() {
