@@ -615,8 +615,10 @@ async fn single_threaded_scheduler_executes_each_key_once(backend: Backend) {
             format!("own-{i}")
         };
         tasks.push(tokio::spawn(async move {
+            // The headers `post` sends too, so the replays below share the credentials.
             let headers = [
                 ("content-type", "application/json"),
+                ("authorization", "Bearer sk_test_123"),
                 ("idempotency-key", key.as_str()),
                 ("x-fake-delay-ms", "100"),
             ];
@@ -635,19 +637,7 @@ async fn single_threaded_scheduler_executes_each_key_once(backend: Backend) {
     );
     for i in 10..40 {
         let key = format!("own-{i}");
-        let headers = [
-            ("content-type", "application/json"),
-            ("idempotency-key", key.as_str()),
-        ];
-        let again = send(
-            proxy.addr,
-            "POST",
-            "/pay/v1/charges",
-            &headers,
-            r#"{"amount":1}"#,
-        )
-        .await
-        .expect("send");
+        let again = post(proxy.addr, "/pay/v1/charges", Some(&key), r#"{"amount":1}"#).await;
         assert_eq!(
             (again.status, again.replayed()),
             (200, Some("true")),
