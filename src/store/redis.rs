@@ -14,9 +14,11 @@ use super::autopipeline::AutoPipeline;
 use super::{Expiry, SettleSink, Store, StoreError};
 use crate::idempotency::record::{Fence, Record, State};
 
+// Both scripts read only the 33-byte `state+token` header the fence compares (GETRANGE; a
+// missing key reads as "", which no fence admits), not the whole record with its receipt.
 // KEYS[1] scope; ARGV[1] token, ARGV[2] admitted state codes, ARGV[3] new value, ARGV[4] px (0 = keep forever).
 const REPLACE: &str = r#"
-local cur = redis.call('GET', KEYS[1])
+local cur = redis.call('GETRANGE', KEYS[1], 0, 32)
 if not cur or string.sub(cur, 2, 33) ~= ARGV[1] or not string.find(ARGV[2], string.sub(cur, 1, 1), 1, true) then
   return 0
 end
@@ -30,7 +32,7 @@ return 1
 
 // KEYS[1] scope; ARGV[1] token, ARGV[2] admitted state codes.
 const REMOVE: &str = r#"
-local cur = redis.call('GET', KEYS[1])
+local cur = redis.call('GETRANGE', KEYS[1], 0, 32)
 if not cur or string.sub(cur, 2, 33) ~= ARGV[1] or not string.find(ARGV[2], string.sub(cur, 1, 1), 1, true) then
   return 0
 end
