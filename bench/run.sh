@@ -5,6 +5,10 @@
 #
 #   bench/run.sh                      # defaults: 32 connections, 3 reps x 10 s per scenario
 #   BENCH_SECS=5 BENCH_REPS=1 bench/run.sh
+#   BENCH_ONLY='redis: A' BENCH_BIN=/tmp/idemproxy-old bench/run.sh
+#                                     # the baselines plus the rows matching a regex, with
+#                                     # another build: run it for each build, alternating, to
+#                                     # compare two builds (every run starts a fresh Redis)
 #
 # Only loopback traffic; every process it starts is stopped on exit. Installs nginx-light if
 # missing (Debian). Pinning on 2 cores: load generator + provider on CPU 0, the proxy under test
@@ -33,8 +37,9 @@ done
 
 echo "building (release)..." >&2
 cargo build --release --locked --quiet --bin idemproxy --example loadgen
-BIN=target/release/idemproxy
+BIN=${BENCH_BIN:-target/release/idemproxy}
 LOADGEN=target/release/examples/loadgen
+ONLY=${BENCH_ONLY:-.}
 
 WORK=$(mktemp -d /tmp/idemproxy-bench.XXXXXX)
 PIDS=()
@@ -158,6 +163,11 @@ HZ=$(getconf CLK_TCK)
 CPU_PROXY=""; CPU_STORE=""
 measure() { # $1 name, $2 rss, rest: loadgen args
   local name=$1 rss=$2; shift 2
+  # The direct and nginx rows are what every other row is a ratio of: always measured.
+  case "$name" in
+    "direct to provider"|"nginx reverse proxy"*) ;;
+    *) grep -Eq -- "$ONLY" <<<"$name" || return 0 ;;
+  esac
   for rep in $(seq "$REPS"); do
     local line p0 s0 t0 p1 s1 t1
     p0=$(cpu_ticks $CPU_PROXY); s0=$(cpu_ticks $CPU_STORE); t0=$(date +%s.%N)
