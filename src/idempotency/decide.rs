@@ -79,7 +79,6 @@ mod tests {
     use super::*;
     use crate::config::OnInFlight;
     use crate::idempotency::policy::StatusSet;
-    use crate::idempotency::record::{RecordBody, Token};
 
     fn policy(honours_key: bool, hold: Hold) -> Policy {
         Policy {
@@ -96,23 +95,10 @@ mod tests {
     }
 
     fn record(state: State, lease_until_ms: u64, unknown_since_ms: u64) -> Record {
-        Record {
-            state,
-            token: Token::random(),
-            body: RecordBody {
-                fingerprint: "fp".into(),
-                route: "r".into(),
-                created_ms: 0,
-                lease_until_ms,
-                unknown_since_ms,
-                note: None,
-                receipt: (state == State::Committed).then(|| Receipt {
-                    status: 200,
-                    headers: vec![],
-                    body: bytes::Bytes::from_static(b"ok"),
-                }),
-            },
-        }
+        let mut r = Record::for_test(state);
+        r.body.lease_until_ms = lease_until_ms;
+        r.body.unknown_since_ms = unknown_since_ms;
+        r
     }
 
     const FIVE_MIN: Hold = Hold::For(Duration::from_secs(300));

@@ -202,6 +202,30 @@ mod b64 {
     }
 }
 
+/// A record for tests: fingerprint `fp`, route `r`, and a small receipt when COMMITTED.
+#[cfg(test)]
+impl Record {
+    pub(crate) fn for_test(state: State) -> Record {
+        Record {
+            state,
+            token: Token::random(),
+            body: RecordBody {
+                fingerprint: "fp".into(),
+                route: "r".into(),
+                created_ms: 0,
+                lease_until_ms: 0,
+                unknown_since_ms: 0,
+                note: None,
+                receipt: (state == State::Committed).then(|| Receipt {
+                    status: 200,
+                    headers: vec![],
+                    body: Bytes::from_static(b"ok"),
+                }),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

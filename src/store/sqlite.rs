@@ -428,22 +428,9 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, now: i64) -> rusqlite::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::idempotency::record::{RecordBody, Token};
 
     fn pending() -> Record {
-        Record {
-            state: State::Pending,
-            token: Token::random(),
-            body: RecordBody {
-                fingerprint: "fp".into(),
-                route: "r".into(),
-                created_ms: 1,
-                lease_until_ms: 2,
-                unknown_since_ms: 0,
-                note: None,
-                receipt: None,
-            },
-        }
+        Record::for_test(State::Pending)
     }
 
     fn rows(path: &str) -> i64 {
