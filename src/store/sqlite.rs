@@ -99,12 +99,14 @@ impl SqliteStore {
         } else {
             "FULL"
         };
+        // No memory-mapped I/O: it made the file's pages count as the proxy's resident memory
+        // (240 MiB after a benchmark) and measured no faster than reads into the 16 MiB cache.
         conn.execute_batch(&format!(
             "PRAGMA journal_mode = WAL;
              PRAGMA synchronous = {sync};
              PRAGMA busy_timeout = 5000;
              PRAGMA cache_size = -16384;
-             PRAGMA mmap_size = 268435456;
+             PRAGMA mmap_size = 0;
              PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES};"
         ))
         .map_err(|e| open_err(e.to_string()))?;
