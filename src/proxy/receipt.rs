@@ -38,12 +38,10 @@ pub fn respond(receipt: &Receipt, replayed: bool) -> Response<Body> {
     *resp.status_mut() = StatusCode::from_u16(receipt.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let h = resp.headers_mut();
     for (name, value) in &receipt.headers {
-        let value = if value.is_ascii() {
-            HeaderValue::from_str(value)
-        } else {
-            HeaderValue::from_bytes(&Receipt::header_value_bytes(value))
-        };
-        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_bytes()), value) {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(&Receipt::header_value_bytes(value)),
+        ) {
             h.append(n, v);
         }
     }

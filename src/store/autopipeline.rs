@@ -87,9 +87,9 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Queued>, conn: ConnectionManager) {
     while in_flight.next().await.is_some() {}
 }
 
-async fn send(mut conn: ConnectionManager, batch: Vec<Queued>) {
+async fn send(mut conn: ConnectionManager, mut batch: Vec<Queued>) {
     if batch.len() == 1 {
-        for q in batch {
+        if let Some(q) = batch.pop() {
             let result = conn.req_packed_command(&q.cmd).await.and_then(server_error);
             let _ = q.reply.send(result);
         }

@@ -69,8 +69,8 @@ impl RedisStore {
         let client = redis::Client::open(url).map_err(open_err)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(1)))
-            // The client's own default (500 ms) would cut a large receipt's write short of
-            // the configured `store.op_timeout`; the proxy bounds every call itself.
+            // The client's own default (500 ms) would cut a large receipt's write (or the
+            // batch carrying it) short of `store.op_timeout`; the proxy bounds every call itself.
             .set_response_timeout(Some(op_timeout + Duration::from_millis(100)))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
@@ -86,12 +86,9 @@ impl RedisStore {
             remove: Script::new(REMOVE),
         })
     }
-}
 
-impl RedisStore {
     async fn query<T: FromRedisValue>(&self, cmd: Cmd) -> Result<T, StoreError> {
-        let value = self.batched.query(cmd).await.map_err(unavailable)?;
-        T::from_redis_value(value).map_err(|e| StoreError::Unavailable(e.to_string()))
+        reply(self.batched.query(cmd).await.map_err(unavailable)?)
     }
 
     /// `EVALSHA`; a Redis that lost its script cache (restart, `SCRIPT FLUSH`) gets the
@@ -119,9 +116,7 @@ impl RedisStore {
                 self.query(invocation()).await
             }
             Err(e) => Err(unavailable(e)),
-            Ok(value) => {
-                i64::from_redis_value(value).map_err(|e| StoreError::Unavailable(e.to_string()))
-            }
+            Ok(value) => reply(value),
         }
     }
 }
@@ -152,6 +147,10 @@ async fn feed_settles(client: redis::Client, channel: String, sink: Arc<dyn Sett
         }
         tokio::time::sleep(RESUBSCRIBE_AFTER).await;
     }
+}
+
+fn reply<T: FromRedisValue>(value: redis::Value) -> Result<T, StoreError> {
+    T::from_redis_value(value).map_err(|e| StoreError::Unavailable(e.to_string()))
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
