@@ -97,15 +97,16 @@ impl Replier {
     }
 
     fn send(&self, answers: Vec<Answer>) {
-        match self {
-            // If the runtime has gone, so have the callers: dropping their senders tells any
-            // that remain that the store has stopped.
-            Replier::ViaTask(tx) => drop(tx.send(answers)),
-            Replier::Direct => {
-                for (reply, result) in answers {
-                    let _ = reply.send(result);
-                }
-            }
+        let answers = match self {
+            Replier::ViaTask(tx) => match tx.send(answers) {
+                Ok(()) => return,
+                // The runtime that opened the store has stopped; callers on another may remain.
+                Err(unsent) => unsent.0,
+            },
+            Replier::Direct => answers,
+        };
+        for (reply, result) in answers {
+            let _ = reply.send(result);
         }
     }
 }
@@ -489,6 +490,34 @@ mod tests {
         Connection::open(path)
             .and_then(|c| c.query_row("SELECT count(*) FROM records", [], |r| r.get(0)))
             .expect("count rows")
+    }
+
+    /// Answers go back through a task on the runtime that opened the store; once that runtime
+    /// has stopped, callers elsewhere still get theirs.
+    #[test]
+    fn answers_reach_callers_after_the_opening_runtime_stops() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("claims.db").display().to_string();
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+        };
+        let opener = runtime();
+        let store = opener
+            .block_on(async { SqliteStore::open(&path, "full") })
+            .expect("open");
+        drop(opener);
+        runtime().block_on(async {
+            let hour = Expiry::After(Duration::from_secs(3600));
+            let prior = store
+                .insert_if_absent("idem:t:a", &pending(), hour)
+                .await
+                .expect("insert");
+            assert!(prior.is_none());
+            assert!(store.get("idem:t:a").await.expect("get").is_some());
+        });
     }
 
     /// Traffic that never pauses for a whole sweep interval must not stop expired rows from
