@@ -205,6 +205,7 @@ for store in redis sqlite; do
   # any claim, the ceiling of every keyed row (measured once; the store plays no part).
   if [ $store = redis ]; then
     measure "idemproxy, no key (forwarding only)" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys none
+    set_rss "idemproxy, no key (forwarding only)" "$(peak_rss_mib "$PROXY_PID")"
   fi
   measure "idemproxy $store: A new key per request" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
   set_rss "idemproxy $store: A new key per request" "$(peak_rss_mib "$PROXY_PID")"
@@ -229,8 +230,10 @@ if [ $HAVE_TLS = 1 ]; then
   echo "HTTPS_PROXY ($PROXY_ADDR)" >&2
   measure "HTTPS_PROXY blind tunnel (baseline)" "?" --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TLS" \
     --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
+  set_rss "HTTPS_PROXY blind tunnel (baseline)" "$(peak_rss_mib "$PROXY_PID")"
   measure "HTTPS_PROXY interception, no key (TLS both legs, no store)" "?" --addr "$PROXY_ADDR" \
     --connect "secure.bench.test:443" --host secure.bench.test --cacert "$WORK/ca/ca.pem" --keys none
+  set_rss "HTTPS_PROXY interception, no key (TLS both legs, no store)" "$(peak_rss_mib "$PROXY_PID")"
   measure "HTTPS_PROXY interception, redis: A" "?" --addr "$PROXY_ADDR" --connect "secure.bench.test:443" \
     --host secure.bench.test --cacert "$WORK/ca/ca.pem" --keys unique
   set_rss "HTTPS_PROXY interception, redis: A" "$(peak_rss_mib "$PROXY_PID")"
