@@ -165,13 +165,13 @@ measure() { # $1 name, $2 rss, rest: loadgen args
   local name=$1 rss=$2; shift 2
   # The direct and nginx rows are what every other row is a ratio of: always measured.
   case "$name" in
-    "direct to provider"|"nginx reverse proxy"*) ;;
+    "direct to provider"*|"nginx reverse proxy"*) ;;
     *) grep -Eq -- "$ONLY" <<<"$name" || return 0 ;;
   esac
   for rep in $(seq "$REPS"); do
     local line p0 s0 t0 p1 s1 t1
     p0=$(cpu_ticks $CPU_PROXY); s0=$(cpu_ticks $CPU_STORE); t0=$(date +%s.%N)
-    line=$(taskset -c $LOAD_CPU "$LOADGEN" --connections "$CONNS" --duration "${SECS}s" --warmup "${WARMUP}s" "$@")
+    line=$(taskset -c $LOAD_CPU "$LOADGEN" --connections "${ROW_CONNS:-$CONNS}" --duration "${SECS}s" --warmup "${WARMUP}s" "$@")
     p1=$(cpu_ticks $CPU_PROXY); s1=$(cpu_ticks $CPU_STORE); t1=$(date +%s.%N)
     echo "{\"name\":\"$name\",\"rep\":$rep,\"rss\":\"$rss\",\"cpu\":{\"proxy\":$((p1 - p0)),\"store\":$((s1 - s0)),\"hz\":$HZ,\"secs\":$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')},\"result\":$line}" >> "$RESULTS"
     echo "  $name rep $rep: $line" >&2
@@ -191,6 +191,8 @@ PY
 echo "direct" >&2
 CPU_PROXY=""; CPU_STORE=""
 measure "direct to provider" "-" --addr "127.0.0.1:$P_HTTP" --keys none
+# One connection: the latency a lone agent sees, with no queueing behind other requests.
+ROW_CONNS=1 measure "direct to provider, 1 connection" "-" --addr "127.0.0.1:$P_HTTP" --keys none
 echo "nginx reverse proxy" >&2
 CPU_PROXY=$NGINX_PROXY_PID; CPU_STORE=""
 measure "nginx reverse proxy (no idempotency)" "-" --addr "127.0.0.1:$P_NGINX" --keys none
@@ -209,6 +211,8 @@ for store in redis sqlite; do
   fi
   measure "idemproxy $store: A new key per request" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
   set_rss "idemproxy $store: A new key per request" "$(peak_rss_mib "$PROXY_PID")"
+  ROW_CONNS=1 measure "idemproxy $store: A, 1 connection" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
+  set_rss "idemproxy $store: A, 1 connection" "$(peak_rss_mib "$PROXY_PID")"
   measure "idemproxy $store: B replay (one key)" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys fixed
   set_rss "idemproxy $store: B replay (one key)" "$(peak_rss_mib "$PROXY_PID")"
   stop_proxy
@@ -280,6 +284,7 @@ for n in names:
                   errors=sum(r["result"]["errors"] for r in rs), non2xx=sum(r["result"]["non2xx"] for r in rs),
                   rss=rs[-1]["rss"])
 direct = med["direct to provider"]; nginx = med["nginx reverse proxy (no idempotency)"]
+direct1 = med.get("direct to provider, 1 connection")
 tunnel = med.get("HTTPS_PROXY blind tunnel (baseline)")
 print(f"\n{conns} connections, {reps} x {secs}s per row (medians), load generator + provider pinned to CPU {load_cpu}, proxy + store to CPU {proxy_cpu}.\n")
 print("| scenario | req/s | × direct | × nginx | × tunnel | p50 ms | p99 ms | p50 added vs direct (ms) | proxy CPU µs/req | Redis CPU µs/req | errors | non-2xx | peak RSS MiB |")
@@ -287,10 +292,16 @@ print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 fmt_us = lambda v: f"{v:.1f}" if v is not None else ""
 for n in names:
     r = med[n]
+    # A one-connection row is compared with the one-connection direct row, not with nginx.
+    one = n.endswith("1 connection") and direct1 is not None
+    base = direct1 if one else direct
+    xn = "" if one else f"{r['rps']/nginx['rps']:.2f}"
     xt = f"{r['rps']/tunnel['rps']:.2f}" if tunnel and tunnel["rps"] and n.startswith("HTTPS") else ""
-    print(f"| {n} | {r['rps']:.0f} | {r['rps']/direct['rps']:.2f} | {r['rps']/nginx['rps']:.2f} | {xt} | "
-          f"{r['p50']/1000:.3f} | {r['p99']/1000:.3f} | {(r['p50']-direct['p50'])/1000:+.3f} | "
+    print(f"| {n} | {r['rps']:.0f} | {r['rps']/base['rps']:.2f} | {xn} | {xt} | "
+          f"{r['p50']/1000:.3f} | {r['p99']/1000:.3f} | {(r['p50']-base['p50'])/1000:+.3f} | "
           f"{fmt_us(r['cpu_proxy'])} | {fmt_us(r['cpu_store'])} | {r['errors']} | {r['non2xx']} | {r['rss']} |")
+print("\nRows ending in \"1 connection\" run one connection instead (the latency one caller sees, nothing queued"
+      " ahead of it); their ratio and added latency are against the direct row with one connection.")
 print("\nCPU µs/req: CPU time the proxy under test (its threads; nginx: its workers) and Redis (with its AOF"
       " rewrite children) used during the row, over its requests. The embedded store runs inside the proxy process.")
 print(f"\nidemproxy RSS with 1,000 idle keep-alive connections (after a warm replay run): {idle_rss} MiB")
