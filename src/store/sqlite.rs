@@ -88,9 +88,7 @@ impl Replier {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Answer>>();
         runtime.spawn(async move {
             while let Some(answers) = rx.recv().await {
-                for (reply, result) in answers {
-                    let _ = reply.send(result);
-                }
+                deliver(answers);
             }
         });
         Replier::ViaTask(tx)
@@ -105,9 +103,14 @@ impl Replier {
             },
             Replier::Direct => answers,
         };
-        for (reply, result) in answers {
-            let _ = reply.send(result);
-        }
+        deliver(answers);
+    }
+}
+
+/// Completes each caller's reply; a caller that has gone away no longer needs its answer.
+fn deliver(answers: Vec<Answer>) {
+    for (reply, result) in answers {
+        let _ = reply.send(result);
     }
 }
 
