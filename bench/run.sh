@@ -161,31 +161,22 @@ cpu_ticks() {
 HZ=$(getconf CLK_TCK)
 # Whose CPU each row charges to the proxy under test and to its store (set before each block).
 CPU_PROXY=""; CPU_STORE=""
-measure() { # $1 name, $2 rss, rest: loadgen args
-  local name=$1 rss=$2; shift 2
+measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: loadgen args
+  local name=$1 rss_of=$2; shift 2
   # The direct and nginx rows are what every other row is a ratio of: always measured.
   case "$name" in
     "direct to provider"*|"nginx reverse proxy"*) ;;
     *) grep -Eq -- "$ONLY" <<<"$name" || return 0 ;;
   esac
   for rep in $(seq "$REPS"); do
-    local line p0 s0 t0 p1 s1 t1
+    local line p0 s0 t0 p1 s1 t1 rss=-
     p0=$(cpu_ticks $CPU_PROXY); s0=$(cpu_ticks $CPU_STORE); t0=$(date +%s.%N)
     line=$(taskset -c $LOAD_CPU "$LOADGEN" --connections "${ROW_CONNS:-$CONNS}" --duration "${SECS}s" --warmup "${WARMUP}s" "$@")
     p1=$(cpu_ticks $CPU_PROXY); s1=$(cpu_ticks $CPU_STORE); t1=$(date +%s.%N)
+    [ "$rss_of" = peak ] && rss=$(peak_rss_mib "$CPU_PROXY")
     echo "{\"name\":\"$name\",\"rep\":$rep,\"rss\":\"$rss\",\"cpu\":{\"proxy\":$((p1 - p0)),\"store\":$((s1 - s0)),\"hz\":$HZ,\"secs\":$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')},\"result\":$line}" >> "$RESULTS"
     echo "  $name rep $rep: $line" >&2
   done
-}
-# Records the proxy's peak RSS for the rows measured since the proxy started.
-set_rss() { python3 - "$RESULTS" "$1" "$2" <<'PY'
-import json,sys
-path,name,rss=sys.argv[1:]
-rows=[json.loads(l) for l in open(path)]
-for r in rows:
-    if r["name"]==name: r["rss"]=rss
-open(path,"w").write("".join(json.dumps(r)+"\n" for r in rows))
-PY
 }
 
 echo "direct" >&2
@@ -206,15 +197,11 @@ for store in redis sqlite; do
   # No Idempotency-Key: forwarded without touching the store. What the proxy costs before
   # any claim, the ceiling of every keyed row (measured once; the store plays no part).
   if [ $store = redis ]; then
-    measure "idemproxy, no key (forwarding only)" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys none
-    set_rss "idemproxy, no key (forwarding only)" "$(peak_rss_mib "$PROXY_PID")"
+    measure "idemproxy, no key (forwarding only)" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys none
   fi
-  measure "idemproxy $store: A new key per request" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
-  set_rss "idemproxy $store: A new key per request" "$(peak_rss_mib "$PROXY_PID")"
-  ROW_CONNS=1 measure "idemproxy $store: A, 1 connection" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
-  set_rss "idemproxy $store: A, 1 connection" "$(peak_rss_mib "$PROXY_PID")"
-  measure "idemproxy $store: B replay (one key)" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys fixed
-  set_rss "idemproxy $store: B replay (one key)" "$(peak_rss_mib "$PROXY_PID")"
+  measure "idemproxy $store: A new key per request" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
+  ROW_CONNS=1 measure "idemproxy $store: A, 1 connection" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
+  measure "idemproxy $store: B replay (one key)" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys fixed
   stop_proxy
 done
 
@@ -223,8 +210,7 @@ write_config "$WORK/sqlite-normal.toml" "sqlite://$WORK/claims-normal.db" 'sqlit
 start_proxy "$WORK/sqlite-normal.toml"
 CPU_PROXY=$PROXY_PID; CPU_STORE=""
 echo "idemproxy on sqlite, synchronous = normal ($PROXY_ADDR)" >&2
-measure "idemproxy sqlite (synchronous = normal): A" "?" --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
-set_rss "idemproxy sqlite (synchronous = normal): A" "$(peak_rss_mib "$PROXY_PID")"
+measure "idemproxy sqlite (synchronous = normal): A" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
 stop_proxy
 
 if [ $HAVE_TLS = 1 ]; then
@@ -232,15 +218,12 @@ if [ $HAVE_TLS = 1 ]; then
   start_proxy "$WORK/tls.toml"
   CPU_PROXY=$PROXY_PID; CPU_STORE=$REDIS_PID
   echo "HTTPS_PROXY ($PROXY_ADDR)" >&2
-  measure "HTTPS_PROXY blind tunnel (baseline)" "?" --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TLS" \
+  measure "HTTPS_PROXY blind tunnel (baseline)" peak --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TLS" \
     --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
-  set_rss "HTTPS_PROXY blind tunnel (baseline)" "$(peak_rss_mib "$PROXY_PID")"
-  measure "HTTPS_PROXY interception, no key (TLS both legs, no store)" "?" --addr "$PROXY_ADDR" \
+  measure "HTTPS_PROXY interception, no key (TLS both legs, no store)" peak --addr "$PROXY_ADDR" \
     --connect "secure.bench.test:443" --host secure.bench.test --cacert "$WORK/ca/ca.pem" --keys none
-  set_rss "HTTPS_PROXY interception, no key (TLS both legs, no store)" "$(peak_rss_mib "$PROXY_PID")"
-  measure "HTTPS_PROXY interception, redis: A" "?" --addr "$PROXY_ADDR" --connect "secure.bench.test:443" \
+  measure "HTTPS_PROXY interception, redis: A" peak --addr "$PROXY_ADDR" --connect "secure.bench.test:443" \
     --host secure.bench.test --cacert "$WORK/ca/ca.pem" --keys unique
-  set_rss "HTTPS_PROXY interception, redis: A" "$(peak_rss_mib "$PROXY_PID")"
   stop_proxy
 else
   echo "this build has no 'ca init': HTTPS_PROXY rows skipped" >&2
