@@ -5,7 +5,9 @@ use std::sync::Arc;
 use crate::auth::Tenants;
 use crate::config::{Config, ConfigError};
 use crate::idempotency::claims::Claims;
+use crate::identity::minted_keys::MintedKeys;
 use crate::metrics::{Metrics, TimedStore};
+use crate::proxy::admission::Admission;
 use crate::proxy::connect::ConnectPolicy;
 use crate::proxy::egress::Egress;
 use crate::proxy::upstream::{ClientOptions, UpstreamClient};
@@ -27,6 +29,9 @@ pub struct App {
     pub tenants: Tenants,
     /// Where requests no route covers may go.
     pub egress: Arc<Egress>,
+    /// Bounds on protected requests being forwarded.
+    pub admission: Admission,
+    pub minted_keys: MintedKeys,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +80,12 @@ impl App {
             metrics,
             tenants,
             egress,
+            admission: Admission::new(
+                config.server.max_forwards,
+                config.server.max_forward_bytes,
+                config.server.max_body_bytes,
+            ),
+            minted_keys: MintedKeys::default(),
         }))
     }
 }

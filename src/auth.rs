@@ -11,8 +11,7 @@ use subtle::ConstantTimeEq;
 use crate::config::{Config, ConfigError};
 use crate::proxy::body::{full, Body};
 
-/// Every caller is this tenant when no tenants are configured.
-pub const DEFAULT_TENANT: &str = "default";
+pub use crate::config::DEFAULT_TENANT;
 
 const REALM: &str = "Basic realm=\"idemproxy\", Bearer realm=\"idemproxy\"";
 

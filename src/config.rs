@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+/// Every caller is this tenant when no tenants are configured.
+pub const DEFAULT_TENANT: &str = "default";
+
 /// A config problem, always naming the file and the field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -78,6 +81,12 @@ pub struct ServerConfig {
     /// Threads that run requests; 0 = one per CPU the process may use. With one, the
     /// single-threaded scheduler runs everything on the main thread.
     pub worker_threads: usize,
+    /// Protected requests being forwarded at once (including those whose client went away);
+    /// beyond it a new one is refused with 503 before anything is claimed.
+    pub max_forwards: usize,
+    /// Request bodies buffered for protected requests at once, in bytes; beyond it a new
+    /// one is refused with 503 before anything is claimed.
+    pub max_forward_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -94,6 +103,8 @@ impl Default for ServerConfig {
             max_header_bytes: 64 * 1024,
             receipt_cache_bytes: 16 * 1024 * 1024,
             worker_threads: 0,
+            max_forwards: 1024,
+            max_forward_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -174,6 +185,31 @@ pub enum MissingKey {
     Derive,
 }
 
+/// Where a protected request's identity (the operation it performs) comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeySource {
+    /// The client's key (the `key_header`, or the provider's own key field as the client set
+    /// it); without one, the route's template, then `missing_key`.
+    Client,
+    /// The route's (or the matching operation's) template, even when the client sent a key:
+    /// SDKs mint a fresh key per call, which would make every re-run a new operation.
+    Template,
+    /// The whole request (method, path, query, content type, body) within `dedup_window`,
+    /// whatever key the client sent.
+    Request,
+}
+
+impl KeySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeySource::Client => "client",
+            KeySource::Template => "template",
+            KeySource::Request => "request",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum OnInFlight {
@@ -211,12 +247,23 @@ pub struct RouteConfig {
     pub forward_key_max_len: Option<usize>,
     /// Characters the provider accepts in a key, like a regex class body: `A-Za-z0-9 _-`.
     pub forward_key_charset: Option<String>,
-    /// Template deriving the key from a request that carries none, e.g.
+    /// Template naming the operation a request performs, e.g.
     /// `payment:{body.metadata.invoice_id}:{body.amount|decimal:2}`.
     pub key: Option<String>,
-    /// With `missing_key = "derive"`: how long identical requests count as one.
-    #[serde(default = "default_dedup_window")]
-    pub dedup_window: Dur,
+    /// Where the identity comes from: `client`, `template` (default when `key` is set) or
+    /// `request`. Default without `key`: the profile's, else `client`.
+    pub key_source: Option<KeySource>,
+    /// Templates for single endpoints of the route (`match = "POST /v1/refunds"`); the first
+    /// that matches a request names its operation, before the route's own `key`.
+    #[serde(default)]
+    pub operations: Vec<OperationConfig>,
+    /// With `key_source = "request"` or `missing_key = "derive"`: how long identical requests
+    /// count as one. Default: the profile's, else 10 minutes.
+    pub dedup_window: Option<Dur>,
+    /// Template naming the provider account a request acts for, instead of hashing its
+    /// credentials: `{tenant}`, `{header.x-account}`, `{bearer.sub}`. For credentials that
+    /// change between attempts of one operation (refreshed OAuth tokens, temporary keys).
+    pub account: Option<String>,
     /// A provider answer meaning "this key was already used", which is never a receipt.
     pub duplicate: Option<DuplicateConfig>,
     /// Header the client sends its key in.
@@ -238,12 +285,20 @@ pub struct RouteConfig {
     pub commit_statuses: Option<Vec<String>>,
     /// Statuses that leave the outcome UNKNOWN on a provider that does not honour keys.
     pub unknown_statuses: Option<Vec<u16>>,
+    /// Committed statuses that say nothing happened (a decline, a validation error): an
+    /// identical retry replays them, but a corrected request for the same derived operation
+    /// executes as a new attempt. Default: the profile's, else 4xx except 408, 409, 425, 429.
+    pub declined_statuses: Option<Vec<String>>,
+    /// Outcomes read from the response body, checked before the status rules (providers that
+    /// answer failures with HTTP 200). The profile's rules come after these.
+    #[serde(default)]
+    pub outcome_rules: Vec<OutcomeRuleConfig>,
     /// How long an UNKNOWN claim is held before the next retry executes; `forever` to hold
     /// until an operator resolves it. Default: the profile's, else 5 minutes.
     pub hold: Option<Hold>,
-    /// How long receipts (and every other claim) are kept.
-    #[serde(default = "default_retention")]
-    pub retention: Dur,
+    /// How long receipts (and every other claim) are kept. Default: the profile's (7 days
+    /// for money and trading profiles), else 24 hours.
+    pub retention: Option<Dur>,
     /// How long a claim stays PENDING without a heartbeat before it counts as abandoned.
     #[serde(default = "default_lease")]
     pub lease: Dur,
@@ -252,9 +307,10 @@ pub struct RouteConfig {
     /// Total deadline for one upstream call (send + response body).
     #[serde(default = "default_timeout")]
     pub timeout: Dur,
-    /// Headers whose values identify the caller; hashed into the scope, never stored.
-    #[serde(default = "default_credential_headers")]
-    pub credential_headers: Vec<String>,
+    /// Headers whose values identify the caller's account; hashed into the scope, never
+    /// stored. Default: the profile's account headers, else every header whose name looks like
+    /// a credential (see `identity::account`).
+    pub credential_headers: Option<Vec<String>>,
     /// When the store is unreachable, forward unprotected instead of answering 503.
     #[serde(default)]
     pub fail_open: bool,
@@ -271,8 +327,49 @@ pub struct DuplicateConfig {
     pub lookup_hint: String,
 }
 
-fn default_dedup_window() -> Dur {
-    Dur(Duration::from_secs(600))
+/// One endpoint's operation template: `match = "POST /v1/payment_intents/*/confirm"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperationConfig {
+    /// For logs and metrics; default: the match text.
+    pub name: Option<String>,
+    /// `METHOD /path` (or `* /path` for any protected method); `*` stands for one segment.
+    #[serde(rename = "match")]
+    pub matches: String,
+    pub key: String,
+    /// Default: the route's.
+    pub missing_key: Option<MissingKey>,
+}
+
+/// An outcome read from the response body: `field` (a JSON path such as `error` or
+/// `data.0.sCode`) tested one way, deciding what becomes of the claim.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutcomeRuleConfig {
+    /// Statuses the rule applies to (`2xx`, `400`); default: every status.
+    pub status: Option<Vec<String>>,
+    pub field: String,
+    /// The field's value (as text) is one of these.
+    #[serde(default)]
+    pub equals: Vec<String>,
+    /// The field is present and its value is none of these.
+    #[serde(default)]
+    pub not_equals: Vec<String>,
+    /// The value (or any item of an array) starts with one of these.
+    #[serde(default)]
+    pub prefix: Vec<String>,
+    /// The field is a non-empty array, object or string.
+    #[serde(default)]
+    pub non_empty: bool,
+    /// `commit`, `decline`, `release`, `unknown` or `duplicate`.
+    pub outcome: String,
+    /// Said in logs, the record's note and a `duplicate` answer's detail.
+    #[serde(default)]
+    pub note: String,
+}
+
+pub fn default_dedup_window() -> Duration {
+    Duration::from_secs(600)
 }
 fn default_key_header() -> String {
     "Idempotency-Key".into()
@@ -293,8 +390,13 @@ pub fn default_unknown_statuses() -> Vec<u16> {
 pub fn default_hold() -> Hold {
     Hold::For(Duration::from_secs(300))
 }
-fn default_retention() -> Dur {
-    Dur(Duration::from_secs(24 * 3600))
+pub fn default_retention() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+pub fn default_declined_statuses() -> Vec<String> {
+    ["4xx", "!408", "!409", "!425", "!429"]
+        .map(String::from)
+        .to_vec()
 }
 fn default_lease() -> Dur {
     Dur(Duration::from_secs(15))
@@ -307,11 +409,6 @@ fn default_connect_timeout() -> Dur {
 }
 fn default_timeout() -> Dur {
     Dur(Duration::from_secs(60))
-}
-fn default_credential_headers() -> Vec<String> {
-    ["authorization", "x-api-key", "api-key"]
-        .map(String::from)
-        .to_vec()
 }
 
 /// A duration written as `30s`, `5m`, `24h`, `250ms`.
@@ -400,6 +497,18 @@ impl Config {
         }
         if self.server.max_body_bytes == 0 {
             return Err(self.invalid("server.max_body_bytes", "must be greater than 0"));
+        }
+        if self.server.max_forwards == 0 {
+            return Err(self.invalid("server.max_forwards", "must be greater than 0"));
+        }
+        if self.server.max_forward_bytes < self.server.max_body_bytes as u64 {
+            return Err(self.invalid(
+                "server.max_forward_bytes",
+                format!(
+                    "must be at least server.max_body_bytes ({}): one largest body must fit",
+                    self.server.max_body_bytes
+                ),
+            ));
         }
         if !self.store.url.starts_with("sqlite://")
             && !self.store.url.starts_with("redis://")

@@ -6,6 +6,7 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod idempotency;
+pub mod identity;
 pub mod metrics;
 pub mod problem;
 pub mod providers;

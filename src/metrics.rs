@@ -33,8 +33,12 @@ pub enum RequestOutcome {
     Released,
     /// Refused by the proxy before anything was claimed or forwarded (4xx/5xx it made itself).
     Rejected,
-    /// Not protected: streamed through untouched.
+    /// Not protected: streamed through untouched (a method the route does not protect, or no
+    /// route at all).
     Passthrough,
+    /// A method the route protects, forwarded without protection (no key on a route whose
+    /// `missing_key` is `forward`, or a store down with `fail_open`).
+    Unprotected,
     /// A CONNECT tunnel.
     Tunnel,
 }
@@ -50,6 +54,7 @@ impl RequestOutcome {
             RequestOutcome::Released => "released",
             RequestOutcome::Rejected => "rejected",
             RequestOutcome::Passthrough => "passthrough",
+            RequestOutcome::Unprotected => "unprotected",
             RequestOutcome::Tunnel => "tunnel",
         }
     }
@@ -61,11 +66,14 @@ pub struct Metrics {
     upstream_seconds: Family<Labels, Histogram>,
     store_seconds: Family<Labels, Histogram>,
     store_errors: Family<Labels, Counter>,
+    minted_keys: Family<Labels, Counter>,
+    replays_of_other_requests: Family<Labels, Counter>,
+    forwards_refused: Family<Labels, Counter>,
     /// Claims this process holds while their upstream call runs.
     pub claims_in_flight: Gauge,
     /// Set at scrape time from the store (shared by every replica).
     pub unknown_claims: Gauge,
-    /// Leaf certificates cached for TLS interception; set by the interception code.
+    /// Leaf certificates cached for TLS interception; set at scrape time from the cache.
     pub cert_cache_entries: Gauge,
 }
 
@@ -108,6 +116,24 @@ impl Metrics {
             "Store operations that failed or timed out, by operation",
             store_errors.clone(),
         );
+        let minted_keys = Family::<Labels, Counter>::default();
+        registry.register(
+            "client_minted_keys",
+            "Requests for an operation seen shortly before under another client key: the client mints a key per call, so its key cannot catch a re-run. By route",
+            minted_keys.clone(),
+        );
+        let replays_of_other_requests = Family::<Labels, Counter>::default();
+        registry.register(
+            "replays_of_reworded_requests",
+            "Receipts of a derived operation replayed to a request whose details differ from the first (an agent re-run that reworded the call). By route",
+            replays_of_other_requests.clone(),
+        );
+        let forwards_refused = Family::<Labels, Counter>::default();
+        registry.register(
+            "forwards_refused",
+            "Protected requests refused before anything was claimed because server.max_forwards or server.max_forward_bytes was reached, by limit",
+            forwards_refused.clone(),
+        );
         let claims_in_flight = Gauge::default();
         registry.register(
             "claims_in_flight",
@@ -132,6 +158,9 @@ impl Metrics {
             upstream_seconds,
             store_seconds,
             store_errors,
+            minted_keys,
+            replays_of_other_requests,
+            forwards_refused,
             claims_in_flight,
             unknown_claims,
             cert_cache_entries,
@@ -144,6 +173,24 @@ impl Metrics {
                 ("route".into(), route.into()),
                 ("outcome".into(), outcome.as_str().into()),
             ])
+            .inc();
+    }
+
+    pub fn minted_key(&self, route: &str) {
+        self.minted_keys
+            .get_or_create(&vec![("route".into(), route.into())])
+            .inc();
+    }
+
+    pub fn replay_of_reworded_request(&self, route: &str) {
+        self.replays_of_other_requests
+            .get_or_create(&vec![("route".into(), route.into())])
+            .inc();
+    }
+
+    pub fn forward_refused(&self, limit: &'static str) {
+        self.forwards_refused
+            .get_or_create(&vec![("limit".into(), limit.into())])
             .inc();
     }
 

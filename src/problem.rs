@@ -5,35 +5,27 @@ use std::time::Duration;
 
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::idempotency::key::KeyError;
+use crate::idempotency::claims::Recorded;
+use crate::idempotency::outcome::Outcome;
+use crate::identity::IdentityError;
 use crate::proxy::body::{full, Body};
 use crate::proxy::connect::ConnectError;
 use crate::proxy::upstream::UpstreamError;
 use crate::store::StoreError;
 
-/// What the proxy did with the claim when the upstream call failed; shapes the advice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimAfterFailure {
-    /// Not a protected request.
-    None,
-    /// Released: a retry with the same key executes.
-    Released,
-    /// UNKNOWN: retries are held.
-    Unknown,
-    /// The store could not be told; the claim lapses into UNKNOWN when its lease runs out.
-    Unsettled,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error(transparent)]
-    InvalidKey(#[from] KeyError),
-    #[error("this route requires an idempotency key in the {header} header")]
-    MissingKey { header: String },
-    #[error("the request has no {header} header and its key template needs {field}, which the request does not carry")]
-    MissingKeyField { header: String, field: String },
+    Identity(#[from] IdentityError),
     #[error("{0}")]
     MalformedBody(String),
+    #[error("the method `{given}` differs from the protected method {protected} only in case")]
+    MethodCase { given: String, protected: String },
+    /// The request cannot be protected without changing what its signature covers.
+    #[error("{0}")]
+    Signed(String),
+    #[error("the proxy is forwarding as many protected requests as {limit} allows")]
+    Busy { limit: &'static str },
     /// The provider answered "this key was already used" instead of replaying: the operation
     /// exists, but its response is not known here.
     #[error("{note}")]
@@ -52,10 +44,11 @@ pub enum ProxyError {
     OutcomeUnknown { retry_after: Option<Duration> },
     #[error("the idempotency store is unavailable: {0}")]
     StoreUnavailable(StoreError),
+    /// `claim`: what became of the claim (`None`: the request was not protected).
     #[error("{error}")]
     Upstream {
         error: UpstreamError,
-        claim: ClaimAfterFailure,
+        claim: Option<(Outcome, Recorded)>,
     },
     #[error(transparent)]
     Connect(#[from] ConnectError),
@@ -66,11 +59,12 @@ pub enum ProxyError {
 impl ProxyError {
     fn status(&self) -> StatusCode {
         match self {
-            ProxyError::InvalidKey(_)
-            | ProxyError::MissingKey { .. }
-            | ProxyError::MissingKeyField { .. }
+            ProxyError::Identity(_)
             | ProxyError::MalformedBody(_)
+            | ProxyError::MethodCase { .. }
+            | ProxyError::Signed(_)
             | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::NoRoute(_) => StatusCode::NOT_FOUND,
             ProxyError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -91,11 +85,17 @@ impl ProxyError {
     /// Stable machine-readable name; also the last segment of the problem `type`.
     pub fn slug(&self) -> &'static str {
         match self {
-            ProxyError::InvalidKey(_) => "invalid-idempotency-key",
-            ProxyError::MissingKey { .. } | ProxyError::MissingKeyField { .. } => {
-                "missing-idempotency-key"
+            ProxyError::Identity(IdentityError::InvalidKey(_)) => "invalid-idempotency-key",
+            ProxyError::Identity(
+                IdentityError::MissingKey { .. } | IdentityError::MissingKeyField { .. },
+            ) => "missing-idempotency-key",
+            ProxyError::Identity(IdentityError::Malformed(_)) | ProxyError::MalformedBody(_) => {
+                "malformed-body"
             }
-            ProxyError::MalformedBody(_) => "malformed-body",
+            ProxyError::Identity(IdentityError::Account(_)) => "unknown-account",
+            ProxyError::MethodCase { .. } => "method-case",
+            ProxyError::Signed(_) => "signed-request",
+            ProxyError::Busy { .. } => "proxy-busy",
             ProxyError::DuplicateRejected { .. } => "outcome-unknown",
             ProxyError::BodyTooLarge { .. } => "body-too-large",
             ProxyError::BadRequest(_) => "bad-request",
@@ -128,11 +128,17 @@ impl ProxyError {
 
     fn title(&self) -> &'static str {
         match self {
-            ProxyError::InvalidKey(_) => "Invalid idempotency key",
-            ProxyError::MissingKey { .. } | ProxyError::MissingKeyField { .. } => {
-                "Idempotency key required"
+            ProxyError::Identity(IdentityError::InvalidKey(_)) => "Invalid idempotency key",
+            ProxyError::Identity(
+                IdentityError::MissingKey { .. } | IdentityError::MissingKeyField { .. },
+            ) => "Idempotency key required",
+            ProxyError::Identity(IdentityError::Malformed(_)) | ProxyError::MalformedBody(_) => {
+                "Malformed request body"
             }
-            ProxyError::MalformedBody(_) => "Malformed request body",
+            ProxyError::Identity(IdentityError::Account(_)) => "Account not identified",
+            ProxyError::MethodCase { .. } => "Method in the wrong case",
+            ProxyError::Signed(_) => "Signed request cannot be protected as sent",
+            ProxyError::Busy { .. } => "Proxy busy",
             ProxyError::DuplicateRejected { .. } => {
                 "Outcome unknown: the provider already has this operation"
             }
@@ -163,10 +169,14 @@ impl ProxyError {
 
     fn advice(&self) -> String {
         match self {
-            ProxyError::InvalidKey(_) => "Send a key of 1 to 255 visible ASCII characters, e.g. a UUID.".into(),
-            ProxyError::MissingKey { .. } => "Add the header with a key that stays the same across retries of this operation.".into(),
-            ProxyError::MissingKeyField { header, .. } => format!("Nothing was forwarded or claimed. Add the field, or send a {header} header that stays the same across retries of this operation."),
-            ProxyError::MalformedBody(_) => "Nothing was forwarded or claimed. Send a well-formed body.".into(),
+            ProxyError::Identity(IdentityError::InvalidKey(_)) => "Send a key of 1 to 255 visible ASCII characters, e.g. a UUID.".into(),
+            ProxyError::Identity(IdentityError::MissingKey { .. }) => "Add the header with a key that stays the same across retries of this operation.".into(),
+            ProxyError::Identity(IdentityError::MissingKeyField { header, .. }) => format!("Nothing was forwarded or claimed. Add the field, or send a {header} header that stays the same across retries of this operation."),
+            ProxyError::Identity(IdentityError::Malformed(_)) | ProxyError::MalformedBody(_) => "Nothing was forwarded or claimed. Send a well-formed body.".into(),
+            ProxyError::Identity(IdentityError::Account(_)) => "Nothing was forwarded or claimed. The route tells accounts apart by its `account` template; send what it names.".into(),
+            ProxyError::MethodCase { protected, .. } => format!("Nothing was forwarded or claimed. HTTP methods are case-sensitive: send {protected}."),
+            ProxyError::Signed(_) => "Nothing was forwarded or claimed.".into(),
+            ProxyError::Busy { .. } => "Nothing was forwarded or claimed. Retry shortly with the same key.".into(),
             ProxyError::DuplicateRejected { .. } => "Its real response was not kept, so none is replayed; retries with this key are held (409 outcome-unknown) until an operator resolves the key through the admin API.".into(),
             ProxyError::BodyTooLarge { .. } => "Protected requests are buffered to fingerprint them; send a smaller body or raise server.max_body_bytes.".into(),
             ProxyError::BadRequest(_) => "Fix the request; nothing was forwarded or claimed.".into(),
@@ -183,11 +193,11 @@ impl ProxyError {
             ProxyError::OutcomeUnknown { retry_after: None } => "The first request may have taken effect at the provider, so it is not sent again. Check the provider and resolve the key through the admin API (commit the real receipt, or release it to let the retry execute).".into(),
             ProxyError::StoreUnavailable(_) => "Nothing was forwarded. Retry shortly with the same key.".into(),
             ProxyError::Upstream { claim, error } => match claim {
-                ClaimAfterFailure::None => "Retry later.".into(),
-                ClaimAfterFailure::Released if error.may_have_been_sent() => "The provider deduplicates on the key passed down, so retry with the same key.".into(),
-                ClaimAfterFailure::Released => "Nothing reached the provider. Retry with the same key.".into(),
-                ClaimAfterFailure::Unknown => "The request may have taken effect at the provider; retries with this key are held (409 outcome-unknown) until the hold period ends or an operator resolves it.".into(),
-                ClaimAfterFailure::Unsettled => "The proxy could not record the outcome: the store did not answer (it keeps trying in the background) or another request took the claim over after its lease lapsed. Retries with this key get 409 until the claim settles or lapses into an unknown outcome.".into(),
+                None => "Retry later.".into(),
+                Some((_, Recorded::NotOurs | Recorded::Unconfirmed)) => "The proxy could not record the outcome: the store did not answer (it keeps trying in the background) or another request took the claim over after its lease lapsed. Retries with this key get 409 until the claim settles or lapses into an unknown outcome.".into(),
+                Some((Outcome::Unknown(_) | Outcome::Duplicate(_), _)) => "The request may have taken effect at the provider; retries with this key are held (409 outcome-unknown) until the hold period ends or an operator resolves it.".into(),
+                Some(_) if error.may_have_been_sent() => "The provider deduplicates on the key passed down, so retry with the same key.".into(),
+                Some(_) => "Nothing reached the provider. Retry with the same key.".into(),
             },
             ProxyError::Connect(e) => e.advice(),
             ProxyError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
@@ -198,7 +208,9 @@ impl ProxyError {
         match self {
             ProxyError::InFlight { retry_after } => Some(*retry_after),
             ProxyError::OutcomeUnknown { retry_after } => *retry_after,
-            ProxyError::StoreUnavailable(_) => Some(Duration::from_secs(1)),
+            ProxyError::StoreUnavailable(_) | ProxyError::Busy { .. } => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         }
     }

@@ -1,20 +1,20 @@
-//! Built-in provider profiles: where a provider takes an idempotency key, what keys it
-//! accepts, whether it deduplicates on them, and which of its answers are final. A route's
-//! own fields override every part of a profile.
-//!
-//! Facts come from `../shared/notes/idempotency-facts.md` §2; each profile cites its source.
+//! Built-in provider profiles: how each provider tells accounts apart, what its signing
+//! changes on every attempt, where it takes an idempotency key and what keys it accepts,
+//! whether it deduplicates on them, and which of its answers are final. A route's own fields
+//! override every part of a profile. `docs/providers.md` lists the sources behind each entry;
+//! the short tags in the comments below refer to it.
 
+use std::time::Duration;
+
+use http::HeaderName;
 use sha2::{Digest, Sha256};
 
-/// Where the key is passed down to the provider.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placement {
-    Header(String),
-    /// A top-level string field of a JSON object body.
-    BodyField(String),
-    /// The provider takes no key.
-    None,
-}
+use crate::config::KeySource;
+use crate::idempotency::outcome::{BodyRule, Condition, RuleOutcome, Test};
+use crate::idempotency::policy::StatusSet;
+use crate::identity::account::AccountPart;
+use crate::identity::provider_key::KeyField;
+use crate::identity::Signing;
 
 /// Which keys a provider accepts: a length range and a set of ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,9 +83,18 @@ impl Charset {
     }
 }
 
+/// Why a set of key limits cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitsError {
+    #[error("charset {0}")]
+    Charset(String),
+    #[error("{0}")]
+    Length(String),
+}
+
 impl KeyLimits {
-    pub fn new(min_len: usize, max_len: usize, charset: &str) -> Result<KeyLimits, String> {
-        let charset = Charset::parse(charset)?;
+    pub fn new(min_len: usize, max_len: usize, charset: &str) -> Result<KeyLimits, LimitsError> {
+        let charset = Charset::parse(charset).map_err(LimitsError::Charset)?;
         let limits = KeyLimits {
             min_len,
             max_len,
@@ -96,30 +105,30 @@ impl KeyLimits {
     }
 
     /// The derived form must always fit: hex digits allowed, 16..=64 of them possible.
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), LimitsError> {
         if self.min_len > self.max_len {
-            return Err(format!(
+            return Err(LimitsError::Length(format!(
                 "min length {} is above max length {}",
                 self.min_len, self.max_len
-            ));
+            )));
         }
         if self.max_len < DERIVED_MIN_LEN {
-            return Err(format!(
+            return Err(LimitsError::Length(format!(
                 "max length {} is below {DERIVED_MIN_LEN}: a derived key keeps at least 64 bits",
                 self.max_len
-            ));
+            )));
         }
         if self.min_len > DERIVED_MAX_LEN {
-            return Err(format!(
+            return Err(LimitsError::Length(format!(
                 "min length {} is above {DERIVED_MAX_LEN}, the length of a derived key",
                 self.min_len
-            ));
+            )));
         }
         if !b"0123456789abcdef".iter().all(|b| self.charset.allows(*b)) {
-            return Err(format!(
-                "charset [{}] must allow 0-9 and a-f: derived keys are lowercase hex",
+            return Err(LimitsError::Charset(format!(
+                "[{}] must allow 0-9 and a-f: derived keys are lowercase hex",
                 self.charset.spec
-            ));
+            )));
         }
         Ok(())
     }
@@ -145,46 +154,54 @@ impl KeyLimits {
 const DERIVED_MAX_LEN: usize = 64;
 const DERIVED_MIN_LEN: usize = 16;
 
-/// A provider answer that says "this key was already used" instead of replaying the first
-/// answer. It is never a receipt: the operation exists, but this is not its response.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DuplicateRejection {
-    pub status: u16,
-    /// The value of the top-level `code` field of the JSON body (number or string).
-    pub code: String,
-    /// Where an operator finds the original; `{key}` is replaced by the key passed down.
-    pub lookup_hint: String,
-}
-
-impl DuplicateRejection {
-    pub fn matches(&self, status: u16, body: &[u8]) -> bool {
-        if status != self.status {
-            return false;
-        }
-        let Ok(serde_json::Value::Object(map)) = serde_json::from_slice(body) else {
-            return false;
-        };
-        match map.get("code") {
-            Some(serde_json::Value::Number(n)) => n.to_string() == self.code,
-            Some(serde_json::Value::String(s)) => *s == self.code,
-            _ => false,
-        }
-    }
-}
-
+/// Everything a profile sets, resolved.
 #[derive(Debug, Clone)]
 pub struct Profile {
     pub name: &'static str,
     /// The provider deduplicates requests carrying the same key, so an uncertain outcome
     /// may be retried with the same key.
     pub honours_key: bool,
-    pub placement: Placement,
+    /// Where the provider takes its key; `None`: it takes none.
+    pub key_field: Option<KeyField>,
     pub limits: KeyLimits,
     /// Statuses kept as the receipt; `None`: the proxy's default.
     pub commit_statuses: Option<&'static [&'static str]>,
-    pub duplicate: Option<DuplicateRejection>,
+    /// Statuses that leave the outcome UNKNOWN without provider keys; `None`: the default.
+    pub unknown_statuses: Option<&'static [u16]>,
+    pub rules: Vec<BodyRule>,
     /// Hold UNKNOWN outcomes until an operator resolves them (`hold = "forever"`).
     pub hold_forever: bool,
+    pub account: Vec<AccountPart>,
+    pub volatile: &'static [&'static str],
+    pub signing: Signing,
+    /// Where a route without a template takes the operation's identity from.
+    pub key_source: Option<KeySource>,
+    pub retention: Option<Duration>,
+    pub dedup_window: Option<Duration>,
+}
+
+/// A rule as written in a profile: statuses, `(field, test)` conditions, outcome, note.
+struct RuleSpec {
+    statuses: Option<&'static [&'static str]>,
+    all: &'static [(&'static str, TestSpec)],
+    outcome: RuleOutcome,
+    note: &'static str,
+}
+
+#[derive(Clone, Copy)]
+enum TestSpec {
+    Equals(&'static [&'static str]),
+    NotEquals(&'static [&'static str]),
+    Prefix(&'static [&'static str]),
+}
+
+#[derive(Clone, Copy)]
+enum Part {
+    Headers(&'static [&'static str]),
+    SigV4,
+    BearerSubject,
+    BodyFields(&'static [&'static str]),
+    PathAfter(&'static str),
 }
 
 struct Spec {
@@ -196,9 +213,21 @@ struct Spec {
     max_len: usize,
     charset: &'static str,
     commit_statuses: Option<&'static [&'static str]>,
-    duplicate: Option<(u16, &'static str, &'static str)>,
+    unknown_statuses: Option<&'static [u16]>,
+    rules: &'static [RuleSpec],
     hold_forever: bool,
+    account: &'static [Part],
+    volatile: &'static [&'static str],
+    signing: Signing,
+    key_source: Option<KeySource>,
+    retention: Option<Duration>,
+    dedup_window: Option<Duration>,
 }
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+/// Money and trading: a failed agent run is often re-triggered the next day, so receipts are
+/// kept a week (docs/operations.md gives the disk this costs).
+const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
 
 const HEADER: Spec = Spec {
     name: "",
@@ -209,8 +238,15 @@ const HEADER: Spec = Spec {
     max_len: 255,
     charset: VISIBLE_ASCII,
     commit_statuses: None,
-    duplicate: None,
+    unknown_statuses: None,
+    rules: &[],
     hold_forever: false,
+    account: &[Part::Headers(&["authorization"])],
+    volatile: &[],
+    signing: Signing::None,
+    key_source: None,
+    retention: Some(WEEK),
+    dedup_window: None,
 };
 
 /// No provider-side deduplication: the proxy's claim is the only protection, and ambiguous
@@ -218,48 +254,69 @@ const HEADER: Spec = Spec {
 const NO_KEY: Spec = Spec {
     honours_key: false,
     header: None,
+    retention: None,
+    ..HEADER
+};
+
+/// An exchange: it signs the body, so the proxy never changes it and cannot pass a key of its
+/// own down; its client order id is unique only among open orders, so it is not trusted to
+/// deduplicate, and an ambiguous outcome is held until someone looks the order up.
+const EXCHANGE: Spec = Spec {
+    honours_key: false,
+    header: None,
+    signing: Signing::Body,
+    hold_forever: true,
     ..HEADER
 };
 
 const SPECS: &[Spec] = &[
-    // Stripe v1: `Idempotency-Key`, ≤ 255 chars, kept ≥ 24 h, replays even 500s [SD][SLL].
+    // Stripe v1: `Idempotency-Key` ≤ 255, kept ≥ 24 h, replays even 500s [SD]. Account: the
+    // secret key and the connected account it acts for (`Stripe-Account`, `Stripe-Context`)
+    // [ST-CONNECT]. The official SDKs mint a random key per call [SP], so a route without a
+    // template keys on the whole request for 24 h (the time Stripe keeps keys): an agent's
+    // re-run is one charge; two deliberate identical charges in a day need a field that
+    // differs (metadata) or `key_source = "client"`.
     Spec {
         name: "stripe",
+        account: &[Part::Headers(&["authorization", "stripe-account", "stripe-context"])],
+        key_source: Some(KeySource::Request),
+        dedup_window: Some(DAY),
         ..HEADER
     },
-    // Adyen: `Idempotency-Key`, ≤ 64 chars, kept ≥ 31 days [ADY].
+    // Adyen: `Idempotency-Key` ≤ 64, kept ≥ 31 days [ADY]; API key in `X-API-Key`.
     Spec {
         name: "adyen",
         max_len: 64,
+        account: &[Part::Headers(&["x-api-key", "authorization"])],
         ..HEADER
     },
-    // PayPal REST: `PayPal-Request-Id`; per-API limits not confirmed, so the proxy's own
-    // 255 applies [PP][PPE].
+    // PayPal REST: `PayPal-Request-Id` [PP]. Access tokens are refreshed: a route whose
+    // tools refresh them between attempts sets `account` (docs/security.md).
     Spec {
         name: "paypal",
         header: Some("PayPal-Request-Id"),
+        account: &[Part::Headers(&["authorization", "paypal-auth-assertion"])],
         ..HEADER
     },
     // Checkout.com: `Cko-Idempotency-Key`; only 2xx are stored, 4xx/5xx are re-attempted
-    // [CKO], so only 2xx become receipts here too (a retry after a decline re-executes at
-    // Checkout.com anyway).
+    // [CKO], so only 2xx become receipts here too.
     Spec {
         name: "checkout",
         header: Some("Cko-Idempotency-Key"),
         commit_statuses: Some(&["2xx"]),
         ..HEADER
     },
-    // GoCardless: `Idempotency-Key` on create endpoints; a reused key answers 409
-    // `idempotent_creation_conflict` with `links.conflicting_resource_id` [GC]. 409 is never
-    // committed by default, so that answer passes through and the claim is released.
+    // GoCardless: `Idempotency-Key`; a reused key answers 409 `idempotent_creation_conflict`
+    // [GC], which is never committed: it passes through and the claim is released.
     Spec {
         name: "gocardless",
         ..HEADER
     },
-    // Resend: `Idempotency-Key`, ≤ 256 chars, kept 24 h [RS].
+    // Resend: `Idempotency-Key` ≤ 256, kept 24 h [RS].
     Spec {
         name: "resend",
         max_len: 256,
+        retention: None,
         ..HEADER
     },
     // Razorpay X payouts: `X-Payout-Idempotency`, 4–36 of `[A-Za-z0-9 _-]` [RZP].
@@ -271,8 +328,7 @@ const SPECS: &[Spec] = &[
         charset: "A-Za-z0-9 _-",
         ..HEADER
     },
-    // Square: body `idempotency_key`; CreatePayment allows 1–45 chars (Square SDK model
-    // docs, `CreatePaymentRequest`: "Maximum Length: 45"), the tightest of its endpoints [SQ].
+    // Square: body `idempotency_key`, 1–45 on CreatePayment, the tightest endpoint [SQ].
     Spec {
         name: "square",
         header: None,
@@ -280,80 +336,373 @@ const SPECS: &[Spec] = &[
         max_len: 45,
         ..HEADER
     },
-    // Plaid: body `idempotency_key`; /transfer/create documents "Maximum of 50 characters"
-    // (128 on payment consents) [PL][PLT].
+    // Plaid: body `idempotency_key` ≤ 50 [PL]. Account: `client_id` and `secret`, in headers
+    // or the body [PL-SDK]; both leave the fingerprint (a credential; header or body alike).
     Spec {
         name: "plaid",
         header: None,
         body_field: Some("idempotency_key"),
         max_len: 50,
+        account: &[
+            Part::Headers(&["plaid-client-id", "plaid-secret"]),
+            Part::BodyFields(&["client_id", "secret"]),
+        ],
+        volatile: &["client_id", "secret"],
         ..HEADER
     },
-    // Alpaca orders: body `client_order_id`, ≤ 128 chars [ALP]. A duplicate is rejected
-    // with 422 `{"code":40010001,"message":"client_order_id must be unique"}` rather than
-    // replayed [ALP422], and uniqueness is reported only among *active* orders, so Alpaca
-    // is not trusted to deduplicate: ambiguous outcomes are held until an operator looks
-    // (GET /v2/orders:by_client_order_id) instead of being retried.
+    // Alpaca: body `client_order_id` ≤ 128 [ALP]. A duplicate is rejected with 422
+    // `{"code":40010001}` [ALP422] rather than replayed, and uniqueness is reported only
+    // among active orders, so Alpaca is not trusted to deduplicate: ambiguous outcomes are
+    // held until someone looks the order up. Account: the key id and secret headers (or
+    // OAuth/Basic `Authorization`), and the account in Broker API paths [ALP-AUTH].
     Spec {
         name: "alpaca",
         honours_key: false,
         header: None,
         body_field: Some("client_order_id"),
         max_len: 128,
-        duplicate: Some((
-            422,
-            "40010001",
-            "GET /v2/orders:by_client_order_id?client_order_id={key}",
-        )),
+        rules: &[RuleSpec {
+            statuses: Some(&["422"]),
+            all: &[("code", TestSpec::Equals(&["40010001"]))],
+            outcome: RuleOutcome::Duplicate,
+            note: "Alpaca already has an order with this client_order_id (code 40010001). Look it up with GET /v2/orders:by_client_order_id?client_order_id={key}",
+        }],
         hold_forever: true,
+        account: &[
+            Part::Headers(&["apca-api-key-id", "apca-api-secret-key", "authorization"]),
+            Part::PathAfter("accounts"),
+        ],
         ..HEADER
     },
-    // No request idempotency documented [SG][MG][PM][EC2][TW17534].
+    // Binance spot: `X-MBX-APIKEY`; HMAC over query + body with `timestamp`, `recvWindow`,
+    // `signature` new on every attempt; parameters in any order, query or form body
+    // [BN-REST]. `newClientOrderId` is unique among open orders only. Duplicate: -2010
+    // "Duplicate order sent." [BN-ERR]. Any 5xx, -1006 and -1007: "execution status UNKNOWN".
+    Spec {
+        name: "binance",
+        body_field: Some("newClientOrderId"),
+        max_len: 36,
+        charset: "A-Za-z0-9_-",
+        unknown_statuses: Some(&[500, 502, 503, 504]),
+        rules: &[
+            RuleSpec {
+                statuses: None,
+                all: &[
+                    ("code", TestSpec::Equals(&["-2010"])),
+                    ("msg", TestSpec::Prefix(&["Duplicate order"])),
+                ],
+                outcome: RuleOutcome::Duplicate,
+                note: "Duplicate order sent (-2010): the order exists. Look it up with GET /api/v3/order?symbol=…&origClientOrderId={key}",
+            },
+            RuleSpec {
+                statuses: None,
+                all: &[(
+                    "code",
+                    TestSpec::Equals(&["-1000", "-1001", "-1006", "-1007", "-1008"]),
+                )],
+                outcome: RuleOutcome::Unknown,
+                note: "Binance says the execution status is unknown (-1006/-1007, or an internal error)",
+            },
+        ],
+        account: &[Part::Headers(&["x-mbx-apikey"])],
+        volatile: &["timestamp", "signature", "recvWindow"],
+        ..EXCHANGE
+    },
+    // Coinbase Advanced Trade: CDP keys send a new JWT per request (`sub` = key name),
+    // legacy keys `CB-ACCESS-KEY` + a signature over timestamp, method, path and body
+    // [CB-PY][CB-LEGACY]. `client_order_id` is required; a repeated one returns the original
+    // order [CB-CREATE], so the client's own id is honoured. Rejections come as
+    // `{"success":false,"error_response":…}`.
+    Spec {
+        name: "coinbase",
+        honours_key: true,
+        body_field: Some("client_order_id"),
+        rules: &[RuleSpec {
+            statuses: Some(&["2xx"]),
+            all: &[("success", TestSpec::Equals(&["false"]))],
+            outcome: RuleOutcome::Decline,
+            note: "the order was not created (success: false)",
+        }],
+        hold_forever: false,
+        account: &[Part::BearerSubject, Part::Headers(&["cb-access-key"])],
+        ..EXCHANGE
+    },
+    // Kraken spot: `API-Key`; `API-Sign` over path + SHA-256(nonce + body); body `nonce` and
+    // `otp` new on every attempt [KR-AUTH]. Errors come inside HTTP 200 as `error: [...]`
+    // ("E…" errors, "W…" warnings) [KR-INTRO]; `cl_ord_id` is unique among open orders [KR-CLID].
+    Spec {
+        name: "kraken",
+        body_field: Some("cl_ord_id"),
+        max_len: 36,
+        rules: &[
+            RuleSpec {
+                statuses: None,
+                all: &[(
+                    "error",
+                    TestSpec::Prefix(&[
+                        "EService:Unavailable",
+                        "EService:Busy",
+                        "EService:Deadline elapsed",
+                        "EGeneral:Internal error",
+                    ]),
+                )],
+                outcome: RuleOutcome::Unknown,
+                note: "Kraken's service was unavailable or busy while the order may have reached the matching engine",
+            },
+            RuleSpec {
+                statuses: None,
+                all: &[(
+                    "error",
+                    TestSpec::Prefix(&[
+                        "EAPI:Invalid nonce",
+                        "EAPI:Rate limit exceeded",
+                        "EOrder:Rate limit exceeded",
+                        "EOrder:Domain rate limit exceeded",
+                        "EGeneral:Temporary lockout",
+                    ]),
+                )],
+                outcome: RuleOutcome::Release,
+                note: "refused before execution (nonce or rate limit): the retry executes",
+            },
+            RuleSpec {
+                statuses: None,
+                all: &[("error", TestSpec::Prefix(&["E"]))],
+                outcome: RuleOutcome::Decline,
+                note: "Kraken refused the order",
+            },
+        ],
+        account: &[Part::Headers(&["api-key"])],
+        volatile: &["nonce", "otp"],
+        ..EXCHANGE
+    },
+    // OKX v5: `OK-ACCESS-KEY` (+ passphrase), signature over timestamp, method, path, body
+    // [OKX-AUTH]. `clOrdId` unique among pending orders; 51016 = duplicate; 50004 "does not
+    // mean that the request was successful or failed" (HTTP 400!) [OKX-ERR]; a rejected order
+    // is `code` "1" with `data[0].sCode` ≠ "0" inside HTTP 200 [OKX-PLACE].
+    Spec {
+        name: "okx",
+        body_field: Some("clOrdId"),
+        max_len: 32,
+        charset: "A-Za-z0-9",
+        rules: &[
+            RuleSpec {
+                statuses: None,
+                all: &[("code", TestSpec::Equals(&["50004", "50001", "50013", "50026"]))],
+                outcome: RuleOutcome::Unknown,
+                note: "OKX timed out or was unavailable; the order may exist",
+            },
+            RuleSpec {
+                statuses: None,
+                all: &[("data.0.sCode", TestSpec::Equals(&["51016"]))],
+                outcome: RuleOutcome::Duplicate,
+                note: "clOrdId already exists (51016): the order exists. Look it up with GET /api/v5/trade/order?instId=…&clOrdId={key}",
+            },
+            RuleSpec {
+                statuses: None,
+                all: &[("code", TestSpec::Equals(&["50011", "50061"]))],
+                outcome: RuleOutcome::Release,
+                note: "rate limited before execution: the retry executes",
+            },
+            RuleSpec {
+                statuses: None,
+                all: &[("code", TestSpec::NotEquals(&["0"]))],
+                outcome: RuleOutcome::Decline,
+                note: "OKX rejected the order",
+            },
+        ],
+        account: &[Part::Headers(&[
+            "ok-access-key",
+            "ok-access-passphrase",
+            "x-simulated-trading",
+        ])],
+        ..EXCHANGE
+    },
+    // Bybit v5: `X-BAPI-API-KEY`; signature over timestamp, key, recv window and the query
+    // or raw JSON body [BB-GUIDE]. Every answer is `{"retCode": …}` inside HTTP 200; 10000,
+    // 10016, 170001, 170007, 170146 are timeouts and internal errors; 110072, 170141 are a
+    // duplicate `orderLinkId` [BB-ERR].
+    Spec {
+        name: "bybit",
+        body_field: Some("orderLinkId"),
+        max_len: 36,
+        charset: "A-Za-z0-9_-",
+        rules: &[
+            RuleSpec {
+                statuses: None,
+                all: &[(
+                    "retCode",
+                    TestSpec::Equals(&["10000", "10016", "170001", "170007", "170146"]),
+                )],
+                outcome: RuleOutcome::Unknown,
+                note: "Bybit timed out or failed internally; the order may exist",
+            },
+            RuleSpec {
+                statuses: None,
+                all: &[("retCode", TestSpec::Equals(&["110072", "170141", "10014"]))],
+                outcome: RuleOutcome::Duplicate,
+                note: "orderLinkId is a duplicate: the order exists. Look it up with GET /v5/order/realtime?category=…&orderLinkId={key}",
+            },
+            RuleSpec {
+                statuses: None,
+                all: &[("retCode", TestSpec::Equals(&["10006", "10002"]))],
+                outcome: RuleOutcome::Release,
+                note: "rate limited or outside the time window: the retry executes",
+            },
+            RuleSpec {
+                statuses: None,
+                all: &[("retCode", TestSpec::NotEquals(&["0"]))],
+                outcome: RuleOutcome::Decline,
+                note: "Bybit rejected the order",
+            },
+        ],
+        account: &[Part::Headers(&["x-bapi-api-key"])],
+        ..EXCHANGE
+    },
+    // KuCoin spot: `KC-API-KEY` (+ derived passphrase), signature over timestamp, method,
+    // path, query and body [KC-DOC]; success is `code` "200000", failures may come in HTTP
+    // 200 [KC-DOC]; 500000 is an internal error. `clientOid` ≤ 40 of `[A-Za-z0-9_-]` [KC-SPEC].
+    Spec {
+        name: "kucoin",
+        body_field: Some("clientOid"),
+        max_len: 40,
+        charset: "A-Za-z0-9_-",
+        rules: &[
+            RuleSpec {
+                statuses: None,
+                all: &[("code", TestSpec::Equals(&["500000"]))],
+                outcome: RuleOutcome::Unknown,
+                note: "KuCoin failed internally; the order may exist",
+            },
+            RuleSpec {
+                statuses: None,
+                all: &[("msg", TestSpec::Prefix(&["validation.createOrder.clientOidDuplicated"]))],
+                outcome: RuleOutcome::Duplicate,
+                note: "clientOid is a duplicate: the order exists. Look it up with GET /api/v1/hf/orders/client-order/{key}?symbol=…",
+            },
+            RuleSpec {
+                statuses: Some(&["2xx"]),
+                all: &[("code", TestSpec::NotEquals(&["200000"]))],
+                outcome: RuleOutcome::Decline,
+                note: "KuCoin rejected the order",
+            },
+        ],
+        account: &[Part::Headers(&["kc-api-key", "kc-api-passphrase", "kc-api-key-version"])],
+        volatile: &["clientTimestamp"],
+        ..EXCHANGE
+    },
+    // No request idempotency documented [SG][MG][PM][SES][TW].
     Spec {
         name: "sendgrid",
+        account: &[Part::Headers(&["authorization", "on-behalf-of"])],
         ..NO_KEY
     },
     Spec {
         name: "postmark",
+        account: &[Part::Headers(&[
+            "x-postmark-server-token",
+            "x-postmark-account-token",
+        ])],
         ..NO_KEY
     },
     Spec {
         name: "mailgun",
+        account: &[Part::Headers(&["authorization", "x-mailgun-on-behalf-of"])],
         ..NO_KEY
     },
+    // AWS SES v2: SigV4; the account is the access key id, region and service of the
+    // `Credential` scope; the signature, `X-Amz-Date` and the session token change on every
+    // signing [SIGV4]. SendEmail has no client token [SES].
     Spec {
         name: "ses",
+        account: &[Part::SigV4],
+        signing: Signing::SigV4,
         ..NO_KEY
     },
+    // Twilio: Basic auth; the account is in the path (`Accounts/{AccountSid}`) [TW].
     Spec {
         name: "twilio",
+        account: &[Part::Headers(&["authorization"]), Part::PathAfter("Accounts")],
         ..NO_KEY
     },
 ];
 
 fn build(spec: &Spec) -> Profile {
-    let placement = match (spec.header, spec.body_field) {
-        (Some(h), _) => Placement::Header(h.to_string()),
-        (None, Some(f)) => Placement::BodyField(f.to_string()),
-        (None, None) => Placement::None,
+    let key_field = match (spec.header, spec.body_field) {
+        (Some(h), _) => HeaderName::from_bytes(h.as_bytes())
+            .ok()
+            .map(KeyField::Header),
+        (None, Some(f)) => Some(KeyField::Body(f.to_string())),
+        (None, None) => None,
     };
     Profile {
         name: spec.name,
         honours_key: spec.honours_key,
-        placement,
+        key_field,
         // The table is constant and covered by a test; fall back to the proxy's own limits
         // rather than panic if an entry were ever wrong.
         limits: KeyLimits::new(spec.min_len, spec.max_len, spec.charset)
             .unwrap_or_else(|_| default_limits()),
         commit_statuses: spec.commit_statuses,
-        duplicate: spec
-            .duplicate
-            .map(|(status, code, hint)| DuplicateRejection {
-                status,
-                code: code.to_string(),
-                lookup_hint: hint.to_string(),
-            }),
+        unknown_statuses: spec.unknown_statuses,
+        rules: spec.rules.iter().filter_map(rule).collect(),
         hold_forever: spec.hold_forever,
+        account: spec.account.iter().map(|p| part(*p)).collect(),
+        volatile: spec.volatile,
+        signing: spec.signing,
+        key_source: spec.key_source,
+        retention: spec.retention,
+        dedup_window: spec.dedup_window,
+    }
+}
+
+fn rule(r: &RuleSpec) -> Option<BodyRule> {
+    let statuses = match r.statuses {
+        Some(s) => {
+            Some(StatusSet::parse(&s.iter().map(|s| s.to_string()).collect::<Vec<_>>()).ok()?)
+        }
+        None => None,
+    };
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    Some(BodyRule {
+        statuses,
+        conditions: r
+            .all
+            .iter()
+            .map(|(field, test)| {
+                Condition::new(
+                    field,
+                    match test {
+                        TestSpec::Equals(v) => Test::Equals(strings(v)),
+                        TestSpec::NotEquals(v) => Test::NotEquals(strings(v)),
+                        TestSpec::Prefix(v) => Test::Prefix(strings(v)),
+                    },
+                )
+            })
+            .collect(),
+        outcome: r.outcome,
+        note: r.note.to_string(),
+    })
+}
+
+fn part(p: Part) -> AccountPart {
+    match p {
+        Part::Headers(names) => AccountPart::Headers(
+            names
+                .iter()
+                .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+                .collect(),
+        ),
+        Part::SigV4 => AccountPart::SigV4,
+        Part::BearerSubject => AccountPart::BearerSubject,
+        Part::BodyFields(fields) => AccountPart::BodyFields(
+            fields
+                .iter()
+                .filter_map(|f| {
+                    crate::idempotency::template::Template::parse(&format!("f:{{body.{f}}}")).ok()
+                })
+                .collect(),
+        ),
+        Part::PathAfter(segment) => AccountPart::PathAfter(segment.to_string()),
     }
 }
 
@@ -393,9 +742,19 @@ mod tests {
         for spec in SPECS {
             KeyLimits::new(spec.min_len, spec.max_len, spec.charset)
                 .unwrap_or_else(|e| panic!("{}: {e}", spec.name));
-            assert!(lookup(spec.name).is_some());
+            let p = lookup(spec.name).expect("listed");
+            assert_eq!(
+                p.rules.len(),
+                spec.rules.len(),
+                "{}: every rule parses",
+                spec.name
+            );
+            assert!(!p.account.is_empty(), "{}: names its account", spec.name);
+            if p.signing.body_signed() {
+                assert!(!p.honours_key || p.key_field.is_some(), "{}", spec.name);
+            }
         }
-        assert_eq!(names().len(), 15);
+        assert_eq!(names().len(), 21);
     }
 
     #[test]
@@ -439,26 +798,25 @@ mod tests {
         assert!(KeyLimits::new(1, 8, VISIBLE_ASCII).is_err());
         assert!(KeyLimits::new(70, 80, VISIBLE_ASCII).is_err());
         assert!(KeyLimits::new(5, 4, VISIBLE_ASCII).is_err());
-        assert!(KeyLimits::new(1, 40, "A-Z").is_err());
+        assert!(matches!(
+            KeyLimits::new(1, 40, "A-Z"),
+            Err(LimitsError::Charset(_))
+        ));
         assert!(KeyLimits::new(1, 40, "a-z0-9").is_ok());
     }
 
     #[test]
-    fn alpaca_duplicate_rejection_matches_its_code_only() {
+    fn alpaca_duplicate_rejection_is_a_duplicate_rule() {
         let alpaca = lookup("alpaca").expect("profile");
-        let dup = alpaca.duplicate.expect("alpaca rejects duplicates");
-        assert!(dup.matches(
-            422,
-            br#"{"code":40010001,"message":"client_order_id must be unique"}"#
-        ));
-        assert!(dup.matches(422, br#"{"code":"40010001"}"#));
-        assert!(!dup.matches(422, br#"{"code":40010002,"message":"qty must be > 0"}"#));
-        assert!(!dup.matches(200, br#"{"code":40010001}"#));
-        assert!(!dup.matches(422, b"not json"));
         assert!(!alpaca.honours_key);
         assert_eq!(
-            alpaca.placement,
-            Placement::BodyField("client_order_id".into())
+            alpaca.key_field,
+            Some(KeyField::Body("client_order_id".into()))
+        );
+        assert_eq!(alpaca.rules[0].outcome, RuleOutcome::Duplicate);
+        assert!(
+            !alpaca.rules[0].note.contains("{key}")
+                || alpaca.rules[0].note.contains("client_order_id={key}")
         );
     }
 }

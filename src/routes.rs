@@ -6,10 +6,15 @@ use std::sync::Arc;
 use http::uri::{Authority, Scheme};
 use http::{HeaderName, Method, Uri};
 
-use crate::config::{self, Config, ConfigError, Hold, MissingKey, RouteConfig};
+use crate::config::{self, Config, ConfigError, Hold, KeySource, RouteConfig};
+use crate::idempotency::outcome::{BodyRule, Condition, RuleOutcome, Test};
 use crate::idempotency::policy::{Policy, StatusSet};
 use crate::idempotency::template::Template;
-use crate::providers::{self, DuplicateRejection, KeyLimits, Placement};
+use crate::identity::account::{AccountPart, AccountSpec};
+use crate::identity::operations::Operation;
+use crate::identity::provider_key::KeyField;
+use crate::identity::{Identity, RouteIdentity, Signing};
+use crate::providers::{self, KeyLimits, LimitsError};
 use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 
 pub struct Upstream {
@@ -29,22 +34,18 @@ pub struct Route {
     pub port: Option<u16>,
     pub prefix: Option<String>,
     pub upstream: Upstream,
-    pub policy: Policy,
-    pub key_header: HeaderName,
-    pub forward_key_header: Option<HeaderName>,
-    /// JSON body field the key is passed down in (exclusive with `forward_key_header`).
-    pub forward_key_field: Option<String>,
+    pub policy: Arc<Policy>,
+    /// How accounts and operations are told apart.
+    pub identity: RouteIdentity,
+    /// Where the proxy passes its key down; `None` when the provider takes none, or signs
+    /// what would carry it.
+    pub pass_key: Option<KeyField>,
     /// The provider's key limits; keys outside them are passed down in a derived form.
     pub forward_key_limits: KeyLimits,
-    /// Derives a key for requests that carry none.
-    pub key_template: Option<Template>,
     pub methods: Vec<Method>,
-    pub missing_key: MissingKey,
-    /// How long a fingerprint-derived key (`missing_key = "derive"`) lasts.
+    /// How long a request-derived identity (`key_source = "request"`, `missing_key =
+    /// "derive"`) lasts.
     pub dedup_window: std::time::Duration,
-    /// The provider's "key already used" answer, never kept as a receipt.
-    pub duplicate: Option<DuplicateRejection>,
-    pub credential_headers: Vec<HeaderName>,
     /// Total deadline for one upstream call.
     pub timeout: std::time::Duration,
     /// `on_in_flight = "wait"`: how long a duplicate waits for the first request to settle.
@@ -55,6 +56,34 @@ pub struct Route {
 impl Route {
     pub fn protects(&self, method: &Method) -> bool {
         self.methods.contains(method)
+    }
+
+    /// A method that differs from a protected one only in case (`post`): methods are
+    /// case-sensitive, so it would pass unprotected while a lenient provider executes it.
+    pub fn protects_other_case(&self, method: &Method) -> Option<&Method> {
+        let m = method.as_str();
+        self.methods
+            .iter()
+            .find(|p| p.as_str() != m && p.as_str().eq_ignore_ascii_case(m))
+    }
+
+    /// The policy for one request: a request-derived identity lasts the dedup window, and a
+    /// provider deduplicates only on keys it actually gets (a signed body keeps the client's
+    /// own key, which need not be the same across two requests of one derived operation).
+    pub fn policy_for(&self, identity: &Identity) -> Arc<Policy> {
+        let reaches_provider =
+            self.pass_key.is_some() || !matches!(identity, Identity::Derived { .. });
+        let honours_key = self.policy.honours_key && reaches_provider;
+        let request = matches!(identity, Identity::Request);
+        if honours_key == self.policy.honours_key && !request {
+            return self.policy.clone();
+        }
+        let mut p = (*self.policy).clone();
+        p.honours_key = honours_key;
+        if request {
+            p.retention = self.dedup_window;
+        }
+        Arc::new(p)
     }
 
     /// The upstream URI for a request path (already stripped of the route prefix).
@@ -107,6 +136,15 @@ impl Routes {
         self.routes
             .iter()
             .find(|r| r.host.eq_ignore_ascii_case(host) && r.port.is_none_or(|p| p == port))
+    }
+
+    /// A route that covers `host` on another port than `port`: a request there must be
+    /// refused, never passed through past the route's idempotency checks.
+    pub fn on_other_port(&self, host: &str, port: u16) -> Option<&Arc<Route>> {
+        let host = host.trim_end_matches('.');
+        self.routes
+            .iter()
+            .find(|r| r.host.eq_ignore_ascii_case(host) && r.port.is_some_and(|p| p != port))
     }
 }
 
@@ -185,30 +223,32 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         .honours_key
         .or(profile.as_ref().map(|p| p.honours_key))
         .unwrap_or(false);
-    let placement = match (&r.forward_key_header, &r.forward_key_field) {
+    let signing = profile.as_ref().map(|p| p.signing).unwrap_or_default();
+    let key_field = match (&r.forward_key_header, &r.forward_key_field) {
         (Some(h), Some(f)) if !h.is_empty() && !f.is_empty() => {
             return Err(invalid(
                 "forward_key_field",
                 "set either forward_key_header or forward_key_field, not both".into(),
             ))
         }
-        (Some(h), _) if !h.is_empty() => Placement::Header(h.clone()),
-        (_, Some(f)) if !f.is_empty() => Placement::BodyField(f.clone()),
-        (Some(_), _) | (_, Some(_)) => Placement::None,
+        (Some(h), _) if !h.is_empty() => Some(KeyField::Header(
+            HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                invalid("forward_key_header", format!("`{h}` is not a header name"))
+            })?,
+        )),
+        (_, Some(f)) if !f.is_empty() => Some(KeyField::Body(f.clone())),
+        (Some(_), _) | (_, Some(_)) => None,
         (None, None) => match &profile {
-            Some(p) => p.placement.clone(),
-            None => Placement::Header("Idempotency-Key".into()),
+            Some(p) => p.key_field.clone(),
+            None => Some(KeyField::Header(HeaderName::from_static("idempotency-key"))),
         },
     };
-    let (forward_key_header, forward_key_field) = match placement {
-        Placement::Header(h) => (
-            Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-                invalid("forward_key_header", format!("`{h}` is not a header name"))
-            })?),
-            None,
-        ),
-        Placement::BodyField(f) => (None, Some(f)),
-        Placement::None => (None, None),
+    // A signed body is never changed, so a key can go down only in a header the signature
+    // does not cover.
+    let pass_key = match (&key_field, signing) {
+        (Some(KeyField::Header(_)), Signing::None | Signing::Body) => key_field.clone(),
+        (Some(KeyField::Body(_)), Signing::None) => key_field.clone(),
+        _ => None,
     };
     let base_limits = profile
         .as_ref()
@@ -221,15 +261,9 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
             .as_deref()
             .unwrap_or(base_limits.charset.spec()),
     )
-    .map_err(|m| {
-        invalid(
-            if r.forward_key_charset.is_some() && m.contains("charset") {
-                "forward_key_charset"
-            } else {
-                "forward_key_max_len"
-            },
-            m,
-        )
+    .map_err(|e| match e {
+        LimitsError::Charset(m) => invalid("forward_key_charset", format!("charset {m}")),
+        LimitsError::Length(m) => invalid("forward_key_max_len", m),
     })?;
     let key_template = r
         .key
@@ -237,13 +271,27 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         .map(Template::parse)
         .transpose()
         .map_err(|m| invalid("key", format!("the key template cannot be used: {m}")))?;
-    let duplicate = match &r.duplicate {
-        Some(d) => Some(DuplicateRejection {
-            status: d.status,
-            code: d.code.clone(),
-            lookup_hint: d.lookup_hint.clone(),
-        }),
-        None => profile.as_ref().and_then(|p| p.duplicate.clone()),
+    let operations = r
+        .operations
+        .iter()
+        .enumerate()
+        .map(|(j, o)| {
+            Operation::parse(o.name.as_deref(), &o.matches, &o.key, o.missing_key)
+                .map_err(|(f, m)| invalid(&format!("operations[{j}].{f}"), m))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let key_source = match (r.key_source, &key_template) {
+        (Some(KeySource::Template), None) => return Err(invalid(
+            "key_source",
+            "\"template\" needs a key template: set `key` (or use operations, which always derive)"
+                .into(),
+        )),
+        (Some(source), _) => source,
+        (None, Some(_)) => KeySource::Template,
+        (None, None) => profile
+            .as_ref()
+            .and_then(|p| p.key_source)
+            .unwrap_or(KeySource::Client),
     };
     let hold = r.hold.unwrap_or(match &profile {
         Some(p) if p.hold_forever => Hold::Forever,
@@ -255,10 +303,43 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
             None => config::default_commit_statuses(),
         }
     });
-    let unknown_statuses = r
-        .unknown_statuses
+    let declined_statuses = r
+        .declined_statuses
         .clone()
-        .unwrap_or_else(config::default_unknown_statuses);
+        .unwrap_or_else(config::default_declined_statuses);
+    let unknown_statuses = r.unknown_statuses.clone().unwrap_or_else(|| {
+        match profile.as_ref().and_then(|p| p.unknown_statuses) {
+            Some(set) => set.to_vec(),
+            None => config::default_unknown_statuses(),
+        }
+    });
+    let mut rules = r
+        .outcome_rules
+        .iter()
+        .enumerate()
+        .map(|(j, rule)| outcome_rule(rule).map_err(|m| invalid(&format!("outcome_rules[{j}]"), m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(d) = &r.duplicate {
+        rules.push(BodyRule {
+            statuses: Some(
+                StatusSet::parse(&[d.status.to_string()])
+                    .map_err(|m| invalid("duplicate.status", m))?,
+            ),
+            conditions: vec![Condition::new("code", Test::Equals(vec![d.code.clone()]))],
+            outcome: RuleOutcome::Duplicate,
+            note: if d.lookup_hint.is_empty() {
+                format!("it already has an operation with the key passed down (code {})", d.code)
+            } else {
+                format!(
+                    "it already has an operation with the key passed down (code {}). Look it up with {}",
+                    d.code, d.lookup_hint
+                )
+            },
+        });
+    }
+    if let Some(p) = &profile {
+        rules.extend(p.rules.iter().cloned());
+    }
     let key_header = HeaderName::from_bytes(r.key_header.as_bytes()).map_err(|_| {
         invalid(
             "key_header",
@@ -273,16 +354,48 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
                 .map_err(|_| invalid("methods", format!("`{m}` is not a method")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let credential_headers = r
-        .credential_headers
-        .iter()
-        .map(|h| {
-            HeaderName::from_bytes(h.as_bytes())
-                .map_err(|_| invalid("credential_headers", format!("`{h}` is not a header name")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let account = match (&r.account, &r.credential_headers) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "account",
+                "set either account or credential_headers, not both".into(),
+            ))
+        }
+        (Some(t), None) => AccountSpec::Template(Template::parse(t).map_err(|m| {
+            invalid(
+                "account",
+                format!("the account template cannot be used: {m}"),
+            )
+        })?),
+        (None, Some(names)) => AccountSpec::Parts(vec![AccountPart::Headers(
+            names
+                .iter()
+                .map(|h| {
+                    HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                        invalid("credential_headers", format!("`{h}` is not a header name"))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        )]),
+        (None, None) => AccountSpec::Parts(match &profile {
+            Some(p) => p.account.clone(),
+            None => vec![AccountPart::CredentialLike],
+        }),
+    };
+    let retention = r
+        .retention
+        .map(|d| d.0)
+        .or(profile.as_ref().and_then(|p| p.retention))
+        .unwrap_or_else(config::default_retention);
+    let dedup_window = r
+        .dedup_window
+        .map(|d| d.0)
+        .or(profile.as_ref().and_then(|p| p.dedup_window))
+        .unwrap_or_else(config::default_dedup_window);
     let commit_statuses =
         StatusSet::parse(&commit_statuses).map_err(|m| invalid("commit_statuses", m))?;
+    let declined_statuses =
+        StatusSet::parse(&declined_statuses).map_err(|m| invalid("declined_statuses", m))?;
     if let Some(bad) = unknown_statuses.iter().find(|s| !(100..=599).contains(*s)) {
         return Err(invalid(
             "unknown_statuses",
@@ -290,14 +403,14 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         ));
     }
     for (f, d) in [
-        ("lease", r.lease),
-        ("retention", r.retention),
-        ("connect_timeout", r.connect_timeout),
-        ("timeout", r.timeout),
-        ("dedup_window", r.dedup_window),
-        ("wait_timeout", r.wait_timeout),
+        ("lease", r.lease.0),
+        ("retention", retention),
+        ("connect_timeout", r.connect_timeout.0),
+        ("timeout", r.timeout.0),
+        ("dedup_window", dedup_window),
+        ("wait_timeout", r.wait_timeout.0),
     ] {
-        if d.0.is_zero() {
+        if d.is_zero() {
             return Err(invalid(f, "must be greater than 0".into()));
         }
     }
@@ -344,36 +457,82 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         )
     })?;
 
+    let volatile: Vec<String> = profile
+        .as_ref()
+        .map(|p| p.volatile.iter().map(|v| v.to_string()).collect())
+        .unwrap_or_default();
     Ok(Route {
         name: r.name.clone(),
         host,
         port,
         prefix,
         upstream,
-        policy: Policy {
+        policy: Arc::new(Policy {
             honours_key,
             commit_statuses,
+            declined_statuses,
             unknown_statuses,
+            rules: Arc::from(rules),
             hold,
             lease: r.lease.0,
-            retention: r.retention.0,
+            retention,
             upstream_timeout: r.timeout.0,
             on_in_flight: r.on_in_flight,
             fail_open: r.fail_open,
+        }),
+        identity: RouteIdentity {
+            key_header,
+            key_source,
+            template: key_template,
+            operations,
+            missing_key: r.missing_key,
+            account,
+            volatile,
+            provider_key: key_field,
+            signing,
         },
-        key_header,
-        forward_key_header,
-        forward_key_field,
+        pass_key,
         forward_key_limits,
-        key_template,
         methods,
-        missing_key: r.missing_key,
-        dedup_window: r.dedup_window.0,
-        duplicate,
-        credential_headers,
+        dedup_window,
         timeout: r.timeout.0,
         wait_timeout: r.wait_timeout.0,
         client,
+    })
+}
+
+/// A configured body rule: one condition (`equals`, `not_equals`, `prefix` or `non_empty`).
+fn outcome_rule(r: &config::OutcomeRuleConfig) -> Result<BodyRule, String> {
+    let outcome = RuleOutcome::parse(&r.outcome).ok_or_else(|| {
+        format!(
+            "outcome `{}` is not one of commit, decline, release, unknown, duplicate",
+            r.outcome
+        )
+    })?;
+    let tests: Vec<Test> = [
+        (!r.equals.is_empty()).then(|| Test::Equals(r.equals.clone())),
+        (!r.not_equals.is_empty()).then(|| Test::NotEquals(r.not_equals.clone())),
+        (!r.prefix.is_empty()).then(|| Test::Prefix(r.prefix.clone())),
+        r.non_empty.then_some(Test::NonEmpty),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let [test] = <[Test; 1]>::try_from(tests).map_err(|_| {
+        "give exactly one test: equals, not_equals, prefix or non_empty = true".to_string()
+    })?;
+    if r.field.is_empty() || r.field.split('.').any(str::is_empty) {
+        return Err(format!(
+            "field `{}` must be a path like `error` or `data.0.sCode`",
+            r.field
+        ));
+    }
+    let statuses = r.status.as_ref().map(|s| StatusSet::parse(s)).transpose()?;
+    Ok(BodyRule {
+        statuses,
+        conditions: vec![Condition::new(&r.field, test)],
+        outcome,
+        note: r.note.clone(),
     })
 }
 

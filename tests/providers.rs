@@ -54,6 +54,13 @@ const PROFILES: &[(&str, Where, usize, usize, bool)] = &[
     ("mailgun", Where::Nowhere, 0, 0, false),
     ("ses", Where::Nowhere, 0, 0, false),
     ("twilio", Where::Nowhere, 0, 0, false),
+    // Exchanges sign the body: nothing is passed down, the body goes down untouched.
+    ("binance", Where::Nowhere, 0, 0, false),
+    ("coinbase", Where::Nowhere, 0, 0, false),
+    ("kraken", Where::Nowhere, 0, 0, false),
+    ("okx", Where::Nowhere, 0, 0, false),
+    ("bybit", Where::Nowhere, 0, 0, false),
+    ("kucoin", Where::Nowhere, 0, 0, false),
 ];
 
 const KEY_HEADERS: &[&str] = &[
@@ -97,7 +104,15 @@ async fn every_profile_passes_the_key_where_its_provider_expects_it(backend: Bac
     let store = StoreFixture::new(backend);
     let routes: String = PROFILES
         .iter()
-        .map(|(name, ..)| route(name, provider.port(), &format!("provider = \"{name}\"")))
+        // Client keys on every route (Stripe's default is the whole request): this is about
+        // where the key goes.
+        .map(|(name, ..)| {
+            route(
+                name,
+                provider.port(),
+                &format!("provider = \"{name}\"\nkey_source = \"client\""),
+            )
+        })
         .collect();
     let proxy = Proxy::start(&config(&store.url(), &routes));
 
@@ -295,6 +310,7 @@ async fn a_route_overrides_every_part_of_a_profile(backend: Backend) {
     // Stripe's profile, but this (hypothetical) endpoint takes a short key in the body and
     // answers a reused one with 409 {"code":"duplicate_request"}.
     let options = r#"provider = "stripe"
+key_source = "client"
 forward_key_field = "request_id"
 forward_key_max_len = 20
 forward_key_charset = "a-z0-9-"

@@ -33,6 +33,8 @@ fn record(state: State) -> Record {
                 headers: vec![("content-type".into(), "application/json".into())],
                 body: bytes::Bytes::from_static(b"{\"id\":1}"),
             }),
+            declined: false,
+            attempt: 0,
         },
     }
 }

@@ -16,6 +16,8 @@ use serde::Deserialize;
 use super::{json, problem, Admin};
 use crate::idempotency::record::{Receipt, Record, State, Token};
 use crate::idempotency::scope;
+use crate::idempotency::template::RequestView;
+use crate::identity::Identity;
 use crate::proxy::body::{read_limited, Body};
 use crate::store::{now_ms, Expiry, StoreError};
 
@@ -204,7 +206,17 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
                 .iter()
                 .find(|route| route.name == found.body.route)
                 .map(|route| route.policy.retention)
-                .unwrap_or(Duration::from_secs(24 * 3600));
+                // The route is gone (renamed): keep the receipt as long as any route would.
+                .or_else(|| {
+                    admin
+                        .app
+                        .routes
+                        .all()
+                        .iter()
+                        .map(|r| r.policy.retention)
+                        .max()
+                })
+                .unwrap_or_else(crate::config::default_retention);
             let mut body = found.body.clone();
             body.receipt = Some(receipt);
             body.note = Some(format!(
@@ -320,14 +332,28 @@ fn scope_of(admin: &Admin, l: LookupFields) -> Result<String, Box<Response<Body>
         };
         headers.append(n, v);
     }
-    let credentials = scope::credential_fingerprint(&headers, &route.credential_headers);
+    // The account as the route tells it apart, from the credentials given (for a route whose
+    // account comes from the path or body, give the scope from the log line instead).
+    let view = RequestView {
+        method: "POST",
+        path: "",
+        headers: &headers,
+        body: b"",
+        tenant: &l.tenant,
+    };
+    let ignore = [&route.identity.key_header];
+    let account = route
+        .identity
+        .account
+        .fingerprint(&view, &ignore)
+        .map_err(|e| refuse(&format!("credentials: {e}")))?;
     Ok(scope::scope(
         &admin.app.namespace,
         &l.tenant,
         &route.name,
         &route.upstream.host,
-        &credentials,
-        &key,
+        &account,
+        &Identity::Client(key).scope_key(""),
     ))
 }
 

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::decide::{decide, Decision};
+use super::decide::{decide, Ask, Decision};
+use super::outcome::{classify, CallFailure, Outcome};
 use super::policy::Policy;
 use super::receipt_cache::ReceiptCache;
 use super::record::{Fence, Receipt, Record, RecordBody, State, Token};
@@ -27,12 +28,37 @@ const RECHECK_MIN: Duration = Duration::from_millis(100);
 /// least this long (longer on routes with longer leases).
 const RETRY_UNCONFIRMED_FOR: Duration = Duration::from_secs(30);
 
+/// A request asking for the claim on a scope.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    pub scope: &'a str,
+    pub fingerprint: &'a str,
+    /// See `decide::Ask::strict`.
+    pub strict: bool,
+    /// Route name, for operators.
+    pub route: &'a str,
+}
+
+impl ClaimRequest<'_> {
+    fn ask(&self) -> Ask<'_> {
+        Ask {
+            fingerprint: self.fingerprint,
+            strict: self.strict,
+        }
+    }
+}
+
 /// What acquiring a claim found.
 #[derive(Debug)]
 pub enum Acquired {
     /// We hold the claim: forward the request.
     Execute(Claim),
-    Replay(Receipt),
+    /// `differs`: the receipt is a derived operation's, produced by a request that was not
+    /// byte for byte this one.
+    Replay {
+        receipt: Receipt,
+        differs: bool,
+    },
     Mismatch,
     InFlight {
         retry_after: Duration,
@@ -48,6 +74,9 @@ pub struct Claim {
     pub scope: String,
     pub token: Token,
     body: RecordBody,
+    /// A declined record this claim replaced: put back if the claim is released, so the
+    /// count of attempts (and the provider key of the next one) is never reused.
+    restore: Option<Box<Record>>,
 }
 
 impl Claim {
@@ -58,11 +87,16 @@ impl Claim {
             body,
         }
     }
+
+    /// Which attempt at the operation this is (see `RecordBody::attempt`).
+    pub fn attempt(&self) -> u32 {
+        self.body.attempt
+    }
 }
 
-/// How a claim was settled, for the answer to the client.
+/// Whether the store took a claim's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settled {
+pub enum Recorded {
     /// The store confirmed the transition.
     Done,
     /// The claim is no longer ours (taken over after our lease lapsed): nothing written.
@@ -71,12 +105,13 @@ pub enum Settled {
     Unconfirmed,
 }
 
-/// A transition that settles a claim.
-#[derive(Debug, Clone)]
-pub enum Settle {
-    Commit(Receipt),
-    Release,
-    Unknown(String),
+/// A claimed operation, run to its end.
+#[derive(Debug)]
+pub struct Executed<E> {
+    /// The provider's answer as a receipt, or why there is none.
+    pub result: Result<Receipt, E>,
+    pub outcome: Outcome,
+    pub recorded: Recorded,
 }
 
 pub struct Claims {
@@ -152,12 +187,10 @@ impl Claims {
             .unwrap_or(Err(StoreError::Timeout(self.op_timeout)))
     }
 
-    /// Claims `scope` for a request with `fingerprint`, or says why it must not execute.
+    /// Claims a scope, or says why the request must not execute.
     pub async fn acquire(
         &self,
-        scope: &str,
-        fingerprint: &str,
-        route: &str,
+        req: &ClaimRequest<'_>,
         policy: &Policy,
     ) -> Result<Acquired, StoreError> {
         let token = Token::random();
@@ -166,29 +199,31 @@ impl Claims {
         // token, so it never touches anyone else's claim.
         let mut guard = AcquireGuard {
             claims: self,
-            scope,
+            scope: req.scope,
             token: token.clone(),
             armed: true,
         };
-        let acquired = self
-            .acquire_with(scope, fingerprint, route, policy, token)
-            .await;
+        let acquired = self.acquire_with(req, policy, token).await;
         guard.armed = false;
         acquired
     }
 
     async fn acquire_with(
         &self,
-        scope: &str,
-        fingerprint: &str,
-        route: &str,
+        req: &ClaimRequest<'_>,
         policy: &Policy,
         token: Token,
     ) -> Result<Acquired, StoreError> {
+        let scope = req.scope;
         // A COMMITTED record never changes, so a receipt seen here answers as the store would.
+        // (Declined receipts are never cached: a corrected request must reach the store.)
         if let Some(hit) = self.receipts.as_ref().and_then(|c| c.get(scope)) {
-            return Ok(if hit.fingerprint == fingerprint {
-                Acquired::Replay(hit.receipt.clone())
+            let same = hit.fingerprint == req.fingerprint;
+            return Ok(if same || !req.strict {
+                Acquired::Replay {
+                    receipt: hit.receipt.clone(),
+                    differs: !same,
+                }
             } else {
                 Acquired::Mismatch
             });
@@ -198,14 +233,17 @@ impl Claims {
             scope: scope.to_string(),
             token,
             body: RecordBody {
-                fingerprint: fingerprint.to_string(),
-                route: route.to_string(),
+                fingerprint: req.fingerprint.to_string(),
+                route: req.route.to_string(),
                 created_ms: now,
                 lease_until_ms: now + policy.lease.as_millis() as u64,
                 unknown_since_ms: 0,
                 note: None,
                 receipt: None,
+                declined: false,
+                attempt: 0,
             },
+            restore: None,
         };
         let pending = claim.record(State::Pending, claim.body.clone());
         let mut found = match self
@@ -217,13 +255,15 @@ impl Claims {
         {
             Ok(None) => return Ok(Acquired::Execute(claim)),
             Ok(Some(found)) => found,
-            Err(e) => return self.confirm_unanswered_claim(claim, policy, e).await,
+            Err(e) => return self.confirm_unanswered_claim(claim, req, policy, e).await,
         };
         for _ in 0..MAX_ATTEMPTS {
-            match decide(&found, fingerprint, now_ms(), policy) {
-                Decision::Replay(receipt) => {
-                    self.remember(scope, &found.body, &receipt, policy);
-                    return Ok(Acquired::Replay(receipt));
+            match decide(&found, req.ask(), now_ms(), policy) {
+                Decision::Replay { receipt, differs } => {
+                    if !found.body.declined {
+                        self.remember(scope, &found.body, &receipt, policy);
+                    }
+                    return Ok(Acquired::Replay { receipt, differs });
                 }
                 Decision::Mismatch => return Ok(Acquired::Mismatch),
                 Decision::InFlight { retry_after } => {
@@ -235,12 +275,14 @@ impl Claims {
                     }
                     return Ok(Acquired::Held { retry_after });
                 }
-                Decision::TakeOver => {
+                Decision::TakeOver { attempt, restore } => {
                     let mut pending = pending.clone();
                     let now = now_ms();
                     pending.body.lease_until_ms = now + policy.lease.as_millis() as u64;
+                    pending.body.attempt = attempt;
                     let ours = Claim {
                         body: pending.body.clone(),
+                        restore: restore.then(|| Box::new(found.clone())),
                         ..claim.clone()
                     };
                     match self
@@ -256,14 +298,15 @@ impl Claims {
                             tracing::info!(
                                 scope,
                                 previous = found.state.as_str(),
-                                "took over an unsettled claim"
+                                attempt,
+                                "took over an unsettled or declined claim"
                             );
                             return Ok(Acquired::Execute(ours));
                         }
                         Ok(false) => {}
                         // It may still land: withdrawing it then only does what the take-over
                         // would have done, let the next retry execute.
-                        Err(e) => return self.confirm_unanswered_claim(ours, policy, e).await,
+                        Err(e) => return self.confirm_unanswered_claim(ours, req, policy, e).await,
                     }
                 }
             }
@@ -279,7 +322,7 @@ impl Claims {
                 {
                     Ok(None) => return Ok(Acquired::Execute(claim)),
                     Ok(Some(r)) => r,
-                    Err(e) => return self.confirm_unanswered_claim(claim, policy, e).await,
+                    Err(e) => return self.confirm_unanswered_claim(claim, req, policy, e).await,
                 },
             };
         }
@@ -293,9 +336,7 @@ impl Claims {
     /// retry at that moment would (replay, 409 outcome-unknown, or execute after a release).
     pub async fn acquire_waiting(
         &self,
-        scope: &str,
-        fingerprint: &str,
-        route: &str,
+        req: &ClaimRequest<'_>,
         policy: &Policy,
         bound: Duration,
     ) -> Result<Acquired, StoreError> {
@@ -306,8 +347,8 @@ impl Claims {
                 None => own_deadline,
             };
             // Registered before the read, so a settle landing in between still wakes us.
-            let mut watch = self.waiters.watch(scope);
-            let acquired = self.acquire(scope, fingerprint, route, policy).await?;
+            let mut watch = self.waiters.watch(req.scope);
+            let acquired = self.acquire(req, policy).await?;
             let Acquired::InFlight { retry_after } = acquired else {
                 return Ok(acquired);
             };
@@ -335,6 +376,7 @@ impl Claims {
     async fn confirm_unanswered_claim(
         &self,
         claim: Claim,
+        req: &ClaimRequest<'_>,
         policy: &Policy,
         error: StoreError,
     ) -> Result<Acquired, StoreError> {
@@ -352,12 +394,12 @@ impl Claims {
             }
             // Not ours: the insert did not land (and, on a connection that failed, cannot
             // land later). What is there answers this request as it would any retry.
-            Ok(Some(found)) => match decide(&found, &claim.body.fingerprint, now_ms(), policy) {
-                Decision::Replay(receipt) => Ok(Acquired::Replay(receipt)),
+            Ok(Some(found)) => match decide(&found, req.ask(), now_ms(), policy) {
+                Decision::Replay { receipt, differs } => Ok(Acquired::Replay { receipt, differs }),
                 Decision::Mismatch => Ok(Acquired::Mismatch),
                 Decision::InFlight { retry_after } => Ok(Acquired::InFlight { retry_after }),
                 Decision::Held { retry_after } => Ok(Acquired::Held { retry_after }),
-                Decision::TakeOver => Err(StoreError::Unavailable(format!(
+                Decision::TakeOver { .. } => Err(StoreError::Unavailable(format!(
                     "the claim's insert failed ({failure}); retry to take over the unsettled claim"
                 ))),
             },
@@ -407,8 +449,76 @@ impl Claims {
         }
     }
 
+    /// Runs a claimed operation to its end, in a task of its own: a client that hangs up must
+    /// neither cancel a call the provider may be executing nor leave its claim unsettled, and
+    /// shutdown waits for the task. While `call` runs the claim's lease is renewed; its result
+    /// is classified under `policy`, the claim settled (fenced on its token; retried in the
+    /// background when the store does not answer) and waiters woken.
+    pub async fn execute<E, F>(
+        self: &Arc<Self>,
+        claim: Claim,
+        policy: Arc<Policy>,
+        call: F,
+    ) -> Result<Executed<E>, tokio::task::JoinError>
+    where
+        F: Future<Output = Result<Receipt, E>> + Send + 'static,
+        E: CallFailure + Send + 'static,
+    {
+        let claims = self.clone();
+        self.spawn_tracked(async move {
+            let result = claims.with_lease_renewal(&claim, &policy, call).await;
+            let outcome = classify(result.as_ref(), &policy);
+            let receipt = result.as_ref().ok().cloned();
+            let scope = claim.scope.clone();
+            let recorded = claims
+                .settle_or_retry(claim, outcome.clone(), receipt, policy)
+                .await;
+            if recorded == Recorded::NotOurs {
+                tracing::warn!(%scope, "the claim was no longer ours at settle time; nothing overwritten");
+            }
+            Executed {
+                result,
+                outcome,
+                recorded,
+            }
+        })
+        .await
+    }
+
+    /// Runs `work` while renewing the claim every third of its lease, so a slow provider does
+    /// not make a live claim look abandoned.
+    async fn with_lease_renewal<T>(
+        &self,
+        claim: &Claim,
+        policy: &Policy,
+        work: impl Future<Output = T>,
+    ) -> T {
+        let renew = async {
+            let every = policy.lease / 3;
+            loop {
+                tokio::time::sleep(every).await;
+                match self.renew(claim, policy).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(scope = %claim.scope, "lost the claim while the upstream call runs; its settle will be refused");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(scope = %claim.scope, error = %e, "could not renew the claim lease")
+                    }
+                }
+            }
+            std::future::pending::<T>().await
+        };
+        tokio::select! {
+            biased;
+            out = work => out,
+            never = renew => never,
+        }
+    }
+
     /// Extends the lease. `Ok(false)`: the claim is no longer ours.
-    pub async fn renew(&self, claim: &Claim, policy: &Policy) -> Result<bool, StoreError> {
+    async fn renew(&self, claim: &Claim, policy: &Policy) -> Result<bool, StoreError> {
         let mut body = claim.body.clone();
         body.lease_until_ms = now_ms() + policy.lease.as_millis() as u64;
         let record = claim.record(State::Pending, body);
@@ -421,18 +531,27 @@ impl Claims {
         .await
     }
 
-    /// Settles the claim, once. On a store error the caller may retry: every transition is
-    /// fenced by our token, so a retry after an answer that was lost changes nothing.
-    pub async fn settle(
+    /// Records the outcome, once, and wakes whoever waits on the scope. On a store error the
+    /// caller may retry: every transition is fenced by our token, so a retry after an answer
+    /// that was lost changes nothing.
+    async fn settle(
         &self,
         claim: &Claim,
-        how: &Settle,
+        outcome: &Outcome,
+        receipt: Option<&Receipt>,
         policy: &Policy,
     ) -> Result<bool, StoreError> {
-        let done = match how {
-            Settle::Commit(receipt) => self.commit(claim, receipt.clone(), policy).await,
-            Settle::Release => self.release(claim).await,
-            Settle::Unknown(note) => self.mark_unknown(claim, note.clone(), policy).await,
+        let done = match (outcome, receipt) {
+            (Outcome::Committed, Some(r)) => self.commit(claim, r.clone(), false, policy).await,
+            (Outcome::Declined, Some(r)) => self.commit(claim, r.clone(), true, policy).await,
+            (Outcome::Unknown(note) | Outcome::Duplicate(note), _) => {
+                self.mark_unknown(claim, note.clone(), policy).await
+            }
+            // Committed without a receipt cannot happen (`classify` commits responses only);
+            // releasing is what a failed call gets.
+            (Outcome::Released | Outcome::Committed | Outcome::Declined, _) => {
+                self.release(claim, policy).await
+            }
         };
         if let Ok(true) = done {
             // Only wait-mode routes have waiters on other proxies; everywhere else a publish
@@ -448,30 +567,34 @@ impl Claims {
 
     /// Settles the claim; when the store does not answer, keeps trying in the background
     /// (tracked, so shutdown waits for it) and says so.
-    pub fn settle_or_retry(
+    fn settle_or_retry(
         self: &Arc<Self>,
         claim: Claim,
-        how: Settle,
-        policy: Policy,
-    ) -> impl Future<Output = Settled> + Send + 'static {
+        outcome: Outcome,
+        receipt: Option<Receipt>,
+        policy: Arc<Policy>,
+    ) -> impl Future<Output = Recorded> + Send + 'static {
         let claims = self.clone();
         async move {
-            match claims.settle(&claim, &how, &policy).await {
-                Ok(true) => Settled::Done,
-                Ok(false) => Settled::NotOurs,
+            match claims
+                .settle(&claim, &outcome, receipt.as_ref(), &policy)
+                .await
+            {
+                Ok(true) => Recorded::Done,
+                Ok(false) => Recorded::NotOurs,
                 Err(e) => {
                     tracing::warn!(scope = %claim.scope, error = %e, "could not settle the claim; retrying in the background");
                     let retry_for = retry_window(&policy);
                     let again = claims.clone();
                     claims.tasks.spawn(async move {
-                        let attempt = || again.settle(&claim, &how, &policy);
+                        let attempt = || again.settle(&claim, &outcome, receipt.as_ref(), &policy);
                         match again.retrier.until_answered(retry_for, attempt).await {
                             Some(true) => tracing::info!(scope = %claim.scope, "settled the claim on a later attempt"),
                             Some(false) => tracing::info!(scope = %claim.scope, "a later settle attempt found the claim settled or taken over; nothing overwritten"),
                             None => tracing::error!(scope = %claim.scope, "gave up settling the claim; it becomes UNKNOWN when its lease runs out"),
                         }
                     });
-                    Settled::Unconfirmed
+                    Recorded::Unconfirmed
                 }
             }
         }
@@ -494,24 +617,22 @@ impl Claims {
     ///
     /// Also admitted from UNKNOWN with our own token: a holder that was presumed dead but
     /// comes back with the real response replaces the doubt with the truth.
-    pub async fn commit(
+    async fn commit(
         &self,
         claim: &Claim,
         receipt: Receipt,
+        declined: bool,
         policy: &Policy,
     ) -> Result<bool, StoreError> {
         let mut body = claim.body.clone();
         body.receipt = Some(receipt);
+        body.declined = declined;
         let record = claim.record(State::Committed, body);
-        let fence = Fence {
-            token: claim.token.clone(),
-            states: vec![State::Pending, State::Unknown],
-        };
         // Not cached here: most keys are never retried, and caching every commit cost
         // throughput and memory in the benchmark. The first replay caches it.
         self.timed(self.store.replace(
             &claim.scope,
-            &fence,
+            &ours_unsettled(claim),
             &record,
             Expiry::After(policy.retention),
         ))
@@ -527,18 +648,31 @@ impl Claims {
         }
     }
 
-    /// Deletes the claim so the next retry executes.
+    /// Lets the next retry execute: deletes the claim, or puts back the decline it replaced.
     ///
     /// Also admitted from UNKNOWN with our own token: another request may have presumed us
     /// dead while the store stalled, but we know the request had no effect (or the provider
     /// deduplicates it).
-    pub async fn release(&self, claim: &Claim) -> Result<bool, StoreError> {
-        self.timed(self.store.remove(&claim.scope, &ours_unsettled(claim)))
-            .await
+    async fn release(&self, claim: &Claim, policy: &Policy) -> Result<bool, StoreError> {
+        match &claim.restore {
+            None => {
+                self.timed(self.store.remove(&claim.scope, &ours_unsettled(claim)))
+                    .await
+            }
+            Some(declined) => {
+                self.timed(self.store.replace(
+                    &claim.scope,
+                    &ours_unsettled(claim),
+                    declined,
+                    Expiry::After(policy.retention),
+                ))
+                .await
+            }
+        }
     }
 
     /// Records that the request may have taken effect.
-    pub async fn mark_unknown(
+    async fn mark_unknown(
         &self,
         claim: &Claim,
         note: String,
@@ -657,6 +791,8 @@ mod lifetime_tests {
         Policy {
             honours_key: false,
             commit_statuses: StatusSet::parse(&["2xx".to_string()]).expect("parses"),
+            declined_statuses: StatusSet::parse(&["4xx".to_string()]).expect("parses"),
+            rules: std::sync::Arc::from(Vec::new()),
             unknown_statuses: vec![500],
             hold,
             lease: Duration::from_secs(15),

@@ -9,26 +9,46 @@ use crate::config::Hold;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// COMMITTED with the same fingerprint: answer with the receipt.
-    Replay(Receipt),
+    /// COMMITTED: answer with the receipt. `differs`: this request is not byte for byte the
+    /// one that produced it (a derived operation, reworded).
+    Replay { receipt: Receipt, differs: bool },
     /// The key was used for another request: 422.
     Mismatch,
     /// A live holder is executing it: 409 (or wait), retry after about this long.
     InFlight { retry_after: Duration },
     /// The outcome is unknown and held: 409 outcome-unknown; `None` = until an operator acts.
     Held { retry_after: Option<Duration> },
-    /// Replace the found record with our own claim and forward.
-    TakeOver,
+    /// Replace the found record with our own claim and forward, as this attempt. `restore`:
+    /// the found record is a decline to put back if our claim is released.
+    TakeOver { attempt: u32, restore: bool },
 }
 
-pub fn decide(found: &Record, fingerprint: &str, now_ms: u64, policy: &Policy) -> Decision {
-    if found.body.fingerprint != fingerprint {
+/// What the request asking for a claim is.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub fingerprint: &'a str,
+    /// A different request under this scope is a client error (client keys). Otherwise the
+    /// scope names the operation (a derived key) and the details may differ.
+    pub strict: bool,
+}
+
+pub fn decide(found: &Record, ask: Ask<'_>, now_ms: u64, policy: &Policy) -> Decision {
+    let same = found.body.fingerprint == ask.fingerprint;
+    if !same && ask.strict {
         return Decision::Mismatch;
     }
     let unknown_since = match found.state {
         State::Committed => {
             return match &found.body.receipt {
-                Some(r) => Decision::Replay(r.clone()),
+                // A decline says nothing happened: a corrected request may execute.
+                Some(_) if found.body.declined && !same => Decision::TakeOver {
+                    attempt: found.body.attempt.saturating_add(1),
+                    restore: true,
+                },
+                Some(r) => Decision::Replay {
+                    receipt: r.clone(),
+                    differs: !same,
+                },
                 // A COMMITTED record without a receipt is not something we write; never
                 // invent one, and never execute again on a record we cannot read.
                 None => Decision::Held { retry_after: None },
@@ -43,16 +63,21 @@ pub fn decide(found: &Record, fingerprint: &str, now_ms: u64, policy: &Policy) -
         State::Pending => abandoned_since(found, policy),
         State::Unknown => found.body.unknown_since_ms,
     };
+    // Same attempt: the provider gets the same key as the claim it replaces.
+    let take_over = Decision::TakeOver {
+        attempt: found.body.attempt,
+        restore: false,
+    };
     if policy.honours_key {
         // The provider deduplicates on the key we pass down: re-forwarding cannot repeat the effect.
-        return Decision::TakeOver;
+        return take_over;
     }
     match policy.hold {
         Hold::Forever => Decision::Held { retry_after: None },
         Hold::For(hold) => {
             let until = unknown_since.saturating_add(hold.as_millis() as u64);
             if now_ms >= until {
-                Decision::TakeOver
+                take_over
             } else {
                 Decision::Held {
                     retry_after: Some(Duration::from_millis(until - now_ms)),
@@ -84,6 +109,8 @@ mod tests {
         Policy {
             honours_key,
             commit_statuses: StatusSet::parse(&["2xx".to_string()]).expect("parses"),
+            declined_statuses: StatusSet::parse(&["4xx".to_string()]).expect("parses"),
+            rules: std::sync::Arc::from(Vec::new()),
             unknown_statuses: vec![500],
             hold,
             lease: Duration::from_secs(10),
@@ -102,27 +129,87 @@ mod tests {
     }
 
     const FIVE_MIN: Hold = Hold::For(Duration::from_secs(300));
+    const TAKE_OVER: Decision = Decision::TakeOver {
+        attempt: 0,
+        restore: false,
+    };
+
+    fn strict(fp: &str) -> Ask<'_> {
+        Ask {
+            fingerprint: fp,
+            strict: true,
+        }
+    }
+
+    fn derived(fp: &str) -> Ask<'_> {
+        Ask {
+            fingerprint: fp,
+            strict: false,
+        }
+    }
 
     #[test]
     fn committed_replays_and_mismatch_wins_over_everything() {
         let p = policy(false, FIVE_MIN);
         assert!(matches!(
-            decide(&record(State::Committed, 0, 0), "fp", 5, &p),
-            Decision::Replay(_)
+            decide(&record(State::Committed, 0, 0), strict("fp"), 5, &p),
+            Decision::Replay { differs: false, .. }
         ));
         for s in [State::Committed, State::Pending, State::Unknown] {
             assert_eq!(
-                decide(&record(s, 10_000, 0), "other", 5, &p),
+                decide(&record(s, 10_000, 0), strict("other"), 5, &p),
                 Decision::Mismatch
             );
         }
     }
 
     #[test]
+    fn a_derived_operation_replays_to_a_reworded_request() {
+        let p = policy(true, FIVE_MIN);
+        assert!(matches!(
+            decide(&record(State::Committed, 0, 0), derived("reworded"), 5, &p),
+            Decision::Replay { differs: true, .. }
+        ));
+        assert!(matches!(
+            decide(
+                &record(State::Pending, 10_000, 0),
+                derived("reworded"),
+                5,
+                &p
+            ),
+            Decision::InFlight { .. }
+        ));
+    }
+
+    #[test]
+    fn a_decline_replays_to_the_same_request_and_lets_a_corrected_one_execute() {
+        let p = policy(true, FIVE_MIN);
+        let mut declined = record(State::Committed, 0, 0);
+        declined.body.declined = true;
+        declined.body.attempt = 2;
+        assert!(matches!(
+            decide(&declined, derived("fp"), 5, &p),
+            Decision::Replay { differs: false, .. }
+        ));
+        assert_eq!(
+            decide(&declined, derived("new card"), 5, &p),
+            Decision::TakeOver {
+                attempt: 3,
+                restore: true
+            }
+        );
+        // Client keys keep the 422: the client said "same operation" and sent other details.
+        assert_eq!(
+            decide(&declined, strict("new card"), 5, &p),
+            Decision::Mismatch
+        );
+    }
+
+    #[test]
     fn live_pending_is_in_flight() {
         let p = policy(true, FIVE_MIN);
         assert_eq!(
-            decide(&record(State::Pending, 1_500, 0), "fp", 1_000, &p),
+            decide(&record(State::Pending, 1_500, 0), strict("fp"), 1_000, &p),
             Decision::InFlight {
                 retry_after: Duration::from_millis(500)
             }
@@ -133,14 +220,14 @@ mod tests {
     fn expired_pending_is_unknown_since_its_lease_ended() {
         let p = policy(false, FIVE_MIN);
         assert_eq!(
-            decide(&record(State::Pending, 1_000, 0), "fp", 2_000, &p),
+            decide(&record(State::Pending, 1_000, 0), strict("fp"), 2_000, &p),
             Decision::Held {
                 retry_after: Some(Duration::from_millis(299_000))
             }
         );
         assert_eq!(
-            decide(&record(State::Pending, 1_000, 0), "fp", 301_000, &p),
-            Decision::TakeOver
+            decide(&record(State::Pending, 1_000, 0), strict("fp"), 301_000, &p),
+            TAKE_OVER
         );
     }
 
@@ -151,34 +238,39 @@ mod tests {
         // Created at 0, lease lapsed at 1s, but the call may run until 60s: held until 61s.
         let rec = record(State::Pending, 1_000, 0);
         assert_eq!(
-            decide(&rec, "fp", 5_000, &p),
+            decide(&rec, strict("fp"), 5_000, &p),
             Decision::Held {
                 retry_after: Some(Duration::from_millis(56_000))
             }
         );
-        assert_eq!(decide(&rec, "fp", 61_000, &p), Decision::TakeOver);
+        assert_eq!(decide(&rec, strict("fp"), 61_000, &p), TAKE_OVER);
     }
 
     #[test]
     fn unknown_follows_route_policy() {
         let rec = record(State::Unknown, 0, 1_000);
         assert_eq!(
-            decide(&rec, "fp", 1_001, &policy(true, Hold::Forever)),
-            Decision::TakeOver
+            decide(&rec, strict("fp"), 1_001, &policy(true, Hold::Forever)),
+            TAKE_OVER
         );
         assert_eq!(
-            decide(&rec, "fp", 10_000_000, &policy(false, Hold::Forever)),
+            decide(
+                &rec,
+                strict("fp"),
+                10_000_000,
+                &policy(false, Hold::Forever)
+            ),
             Decision::Held { retry_after: None }
         );
         assert_eq!(
-            decide(&rec, "fp", 2_000, &policy(false, FIVE_MIN)),
+            decide(&rec, strict("fp"), 2_000, &policy(false, FIVE_MIN)),
             Decision::Held {
                 retry_after: Some(Duration::from_millis(299_000))
             }
         );
         assert_eq!(
-            decide(&rec, "fp", 301_000, &policy(false, FIVE_MIN)),
-            Decision::TakeOver
+            decide(&rec, strict("fp"), 301_000, &policy(false, FIVE_MIN)),
+            TAKE_OVER
         );
     }
 }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::outcome::BodyRule;
 use crate::config::{Hold, OnInFlight};
 
 /// Which statuses become a receipt: `2xx`-style classes or single codes, minus exclusions.
@@ -56,8 +57,12 @@ pub struct Policy {
     /// The provider deduplicates on the key we pass down, so an uncertain outcome can be retried.
     pub honours_key: bool,
     pub commit_statuses: StatusSet,
+    /// Committed statuses that say nothing happened (see `Outcome::Declined`).
+    pub declined_statuses: StatusSet,
     /// On a provider that does not honour keys, these statuses leave the outcome UNKNOWN.
     pub unknown_statuses: Vec<u16>,
+    /// Outcomes read from the response body, checked before the statuses.
+    pub rules: std::sync::Arc<[BodyRule]>,
     pub hold: Hold,
     pub lease: Duration,
     pub retention: Duration,

@@ -141,6 +141,22 @@ pub struct RecordBody {
     pub note: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<Receipt>,
+    /// COMMITTED: the receipt says nothing happened (a decline), so a corrected request for
+    /// the same derived operation may execute as a new attempt.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub declined: bool,
+    /// New attempts after declined ones; part of the key passed down, so the provider does not
+    /// answer a corrected attempt with the decline it keeps.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt: u32,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -225,6 +241,8 @@ impl Record {
                     headers: vec![],
                     body: Bytes::from_static(b"ok"),
                 }),
+                declined: false,
+                attempt: 0,
             },
         }
     }
@@ -273,6 +291,8 @@ mod tests {
                     )],
                     body: Bytes::from_static(&[0, 1, 2, 255]),
                 }),
+                declined: true,
+                attempt: 3,
             },
         };
         let enc = r.encode();

@@ -4,7 +4,9 @@
 //!
 //! Fields: `body.a.b` or `body.a[b]` (a JSON body, or a form body whose keys use Stripe's
 //! bracket style `a[b]`; array items by index, `body.items.0.id`), `header.NAME`,
-//! `path.N` (the N-th segment of the path after the route prefix, from 0), `method`.
+//! `path.N` (the N-th segment of the path after the route prefix, from 0), `method`,
+//! `tenant` (the proxy tenant the request belongs to) and `bearer.CLAIM` (a claim of the
+//! JWT in `Authorization: Bearer`, read without verifying it: an account name, never a secret).
 //! Filters, applied left to right: `trim`, `lower`, `decimal:N` (a decimal number rounded
 //! half away from zero to N places, computed on the digits, never through a float).
 //!
@@ -12,7 +14,8 @@
 //! a field's value `%`, bytes outside visible ASCII and the first character of every
 //! separator (the literal text between two fields) are percent-encoded, so each value ends
 //! exactly where the next separator starts and two different sets of values never render
-//! the same key. A key longer than 255 bytes becomes `sha256:` + the hex SHA-256 of the rendered text.
+//! the same key. A key longer than 255 bytes becomes `sha256 ` + the hex SHA-256 of the
+//! rendered text: the space keeps it apart from every rendered key, which never holds one.
 
 use std::collections::BTreeMap;
 
@@ -50,6 +53,8 @@ enum Source {
     Header(HeaderName),
     Path(usize),
     Method,
+    Tenant,
+    Bearer(String),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +71,7 @@ pub struct RequestView<'a> {
     pub path: &'a str,
     pub headers: &'a HeaderMap,
     pub body: &'a [u8],
+    pub tenant: &'a str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,7 +205,7 @@ impl Template {
             }
         }
         if out.len() > MAX_KEY_LEN {
-            out = format!("sha256:{}", hex::encode(Sha256::digest(out.as_bytes())));
+            out = format!("sha256 {}", hex::encode(Sha256::digest(out.as_bytes())));
         }
         Ok(Rendered::Key(out))
     }
@@ -231,9 +237,16 @@ fn parse_field(inner: &str) -> Result<Field, String> {
         })?)
     } else if name == "method" {
         Source::Method
+    } else if name == "tenant" {
+        Source::Tenant
+    } else if let Some(claim) = name.strip_prefix("bearer.") {
+        if claim.is_empty() {
+            return Err(format!("`{{{inner}}}`: name a claim, e.g. bearer.sub"));
+        }
+        Source::Bearer(claim.to_string())
     } else {
         return Err(format!(
-            "`{{{inner}}}`: fields are body.NAME, header.NAME, path.N or method"
+            "`{{{inner}}}`: fields are body.NAME, header.NAME, path.N, method, tenant or bearer.CLAIM"
         ));
     };
     let filters = pieces
@@ -301,6 +314,14 @@ impl Field {
     ) -> Result<Option<String>, RenderError> {
         match &self.source {
             Source::Method => Ok(Some(req.method.to_string())),
+            Source::Tenant => Ok(Some(req.tenant.to_string())),
+            Source::Bearer(claim) => Ok(bearer_claims(req.headers).and_then(|claims| match claims
+                .get(claim.as_str())?
+            {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            })),
             Source::Path(n) => Ok(req
                 .path
                 .split('/')
@@ -344,6 +365,29 @@ impl Field {
             };
         }
         Ok(value)
+    }
+}
+
+/// The claims of the JWT in `Authorization: Bearer …`, decoded without verifying its signature
+/// (the proxy has no key to verify it with). `None` when the header holds no JWT.
+pub fn bearer_claims(headers: &HeaderMap) -> Option<serde_json::Map<String, serde_json::Value>> {
+    use base64::Engine as _;
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let mut parts = token.trim().split('.');
+    let (_header, payload, _signature) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    match serde_json::from_slice(&json).ok()? {
+        serde_json::Value::Object(map) => Some(map),
+        _ => None,
     }
 }
 
@@ -595,6 +639,7 @@ mod tests {
             path,
             headers,
             body,
+            tenant: "acme",
         }
     }
 
@@ -650,6 +695,39 @@ mod tests {
         assert_eq!(
             key(t, &h, r#"{"items":[{"sku":"a"},{"sku":"b"}]}"#),
             Ok(Rendered::Key("POST:cus_1:inv-9:b".into()))
+        );
+    }
+
+    #[test]
+    fn tenant_and_bearer_claims() {
+        use base64::Engine as _;
+        let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(r#"{"sub":"organizations/o1/apiKeys/k1","iss":"cdp","n":7}"#);
+        let mut h = json_headers();
+        h.insert(
+            "authorization",
+            format!("Bearer eyJhbGciOiJFUzI1NiJ9.{claims}.c2ln")
+                .parse()
+                .expect("value"),
+        );
+        assert_eq!(
+            key("{tenant}:{bearer.iss}/{bearer.sub}:{bearer.n}", &h, "{}"),
+            Ok(Rendered::Key(
+                "acme:cdp/organizations%2Fo1%2FapiKeys%2Fk1:7".into()
+            ))
+        );
+        assert_eq!(
+            key("a:{bearer.missing}", &h, "{}"),
+            Ok(Rendered::Missing("bearer.missing".into()))
+        );
+        let mut opaque = json_headers();
+        opaque.insert(
+            "authorization",
+            "Bearer ya29.opaque".parse().expect("value"),
+        );
+        assert_eq!(
+            key("a:{bearer.sub}", &opaque, "{}"),
+            Ok(Rendered::Missing("bearer.sub".into()))
         );
     }
 
@@ -752,7 +830,7 @@ mod tests {
         ) else {
             panic!("renders");
         };
-        assert!(k.starts_with("sha256:") && k.len() == 71, "{k}");
+        assert!(k.starts_with("sha256 ") && k.len() == 71, "{k}");
     }
 
     #[test]
@@ -763,6 +841,7 @@ mod tests {
             ("p:}", "closes nothing"),
             ("p:{body.a}{body.b}", "directly"),
             ("p:{query.a}", "fields are"),
+            ("p:{bearer.}", "name a claim"),
             ("p:{body.a|upper}", "not a filter"),
             ("p:{body.a|decimal:x}", "not a filter"),
             ("p:{path.x}", "numbered"),

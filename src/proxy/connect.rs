@@ -243,7 +243,7 @@ async fn open(
     }
     // A protected host on a port its route does not name is refused, not tunnelled past
     // the route.
-    if let Some(route) = app.routes.all().iter().find(|r| r.host == target.host) {
+    if let Some(route) = app.routes.on_other_port(&target.host, target.port) {
         return Err(ConnectError::RouteOnOtherPort {
             route: route.name.clone(),
             host: target.host.clone(),

@@ -77,12 +77,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
                 }
                 // A routed host on a port its route does not name: passing it through would
                 // bypass the route's idempotency checks (CONNECT refuses the same).
-                None if app
-                    .routes
-                    .all()
-                    .iter()
-                    .any(|r| r.host.eq_ignore_ascii_case(host)) =>
-                {
+                None if app.routes.on_other_port(host, port).is_some() => {
                     app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);
                     ProxyError::EgressRefused(format!(
                         "{host} is covered by a route on another port; a request to port {port} \
@@ -148,9 +143,16 @@ pub async fn to_route(
         // Boxed: the pipeline's state is kilobytes, and every enclosing future (up to the one
         // hyper keeps per request) would otherwise embed it and be copied whole.
         Box::pin(pipeline::run(app, route, req, upstream_uri, tenant)).await
+    } else if let Some(protected) = route.protects_other_case(req.method()) {
+        app.metrics.request(&route.name, RequestOutcome::Rejected);
+        ProxyError::MethodCase {
+            given: req.method().to_string(),
+            protected: protected.to_string(),
+        }
+        .into_response()
     } else {
         app.metrics
             .request(&route.name, RequestOutcome::Passthrough);
-        passthrough::forward(&route.client, req, upstream_uri).await
+        passthrough::forward_for(route, tenant, req, upstream_uri).await
     }
 }

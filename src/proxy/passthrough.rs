@@ -6,7 +6,35 @@ use hyper::body::Incoming;
 use super::body::{stream, Body};
 use super::headers::{for_upstream, strip_hop_by_hop};
 use super::upstream::UpstreamClient;
-use crate::problem::{ClaimAfterFailure, ProxyError};
+use crate::config::DEFAULT_TENANT;
+use crate::identity::provider_key::KeyField;
+use crate::problem::ProxyError;
+use crate::routes::Route;
+
+/// Streams a request of a method `route` does not protect. Outside the default tenant, a
+/// provider key header the client set is namespaced with the tenant, as on protected
+/// requests: tenants sharing a provider account must never share a provider key.
+pub async fn forward_for(
+    route: &Route,
+    tenant: &str,
+    mut req: Request<Incoming>,
+    uri: Uri,
+) -> Response<Body> {
+    if tenant != DEFAULT_TENANT {
+        if let Some(KeyField::Header(name)) = &route.pass_key {
+            let namespaced = req
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(|k| route.forward_key_limits.fit(&format!("{tenant}:{k}")))
+                .and_then(|k| http::HeaderValue::from_str(&k).ok());
+            if let Some(v) = namespaced {
+                req.headers_mut().insert(name.clone(), v);
+            }
+        }
+    }
+    forward(&route.client, req, uri).await
+}
 
 pub async fn forward(client: &UpstreamClient, req: Request<Incoming>, uri: Uri) -> Response<Body> {
     let (mut parts, body) = req.into_parts();
@@ -21,10 +49,6 @@ pub async fn forward(client: &UpstreamClient, req: Request<Incoming>, uri: Uri) 
             strip_hop_by_hop(&mut parts.headers);
             Response::from_parts(parts, stream(body))
         }
-        Err(error) => ProxyError::Upstream {
-            error,
-            claim: ClaimAfterFailure::None,
-        }
-        .into_response(),
+        Err(error) => ProxyError::Upstream { error, claim: None }.into_response(),
     }
 }

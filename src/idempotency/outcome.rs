@@ -1,0 +1,403 @@
+//! What an upstream call's result makes of its claim.
+//!
+//! | result | provider honours keys | provider does not |
+//! |---|---|---|
+//! | a body rule matches | the rule's outcome | the rule's outcome |
+//! | status in `commit_statuses` | committed (declined if also in `declined_statuses`) | same |
+//! | status in `unknown_statuses` | released | unknown |
+//! | any other status | released | released |
+//! | failed before the request left | released | released |
+//! | failed after it may have arrived | released | unknown |
+//!
+//! Body rules exist because some providers answer failures with HTTP 200 (Kraken's
+//! `{"error":["EService:Busy"]}`, OKX's `sCode`, Bybit's `retCode`), and because some answer
+//! "this key was already used" instead of replaying (a *duplicate*: the operation exists, but
+//! that answer is not its response, so it is never a receipt).
+
+use super::policy::{Policy, StatusSet};
+use super::record::Receipt;
+
+/// What a claim becomes once its call is over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The response is the receipt.
+    Committed,
+    /// The response is the receipt, and it says nothing happened (a decline, a validation
+    /// error): a corrected request for the same derived operation may execute.
+    Declined,
+    /// The claim is deleted: the next retry executes (with the same key passed down).
+    Released,
+    /// It may have taken effect: held, never a fake receipt. The note says why.
+    Unknown(String),
+    /// The provider already has an operation under the key passed down; the note says where
+    /// to look it up (`{key}` stands for the key passed down, never stored in clear).
+    Duplicate(String),
+}
+
+impl Outcome {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Committed => "committed",
+            Outcome::Declined => "declined",
+            Outcome::Released => "released",
+            Outcome::Unknown(_) => "unknown",
+            Outcome::Duplicate(_) => "duplicate",
+        }
+    }
+}
+
+/// A failed call: whether the request may have reached the provider decides the outcome.
+pub trait CallFailure: std::fmt::Display {
+    fn may_have_been_sent(&self) -> bool;
+}
+
+/// An outcome read from a response body.
+#[derive(Debug, Clone)]
+pub struct BodyRule {
+    /// `None`: every status.
+    pub statuses: Option<StatusSet>,
+    /// All must hold.
+    pub conditions: Vec<Condition>,
+    pub outcome: RuleOutcome,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleOutcome {
+    Commit,
+    Decline,
+    Release,
+    Unknown,
+    Duplicate,
+}
+
+impl RuleOutcome {
+    pub fn parse(s: &str) -> Option<RuleOutcome> {
+        Some(match s {
+            "commit" => RuleOutcome::Commit,
+            "decline" => RuleOutcome::Decline,
+            "release" => RuleOutcome::Release,
+            "unknown" => RuleOutcome::Unknown,
+            "duplicate" => RuleOutcome::Duplicate,
+            _ => return None,
+        })
+    }
+}
+
+/// A JSON field (`error`, `data.0.sCode`) tested one way.
+#[derive(Debug, Clone)]
+pub struct Condition {
+    pub field: Vec<String>,
+    pub test: Test,
+}
+
+#[derive(Debug, Clone)]
+pub enum Test {
+    /// Its value, as text (numbers as written), is one of these.
+    Equals(Vec<String>),
+    /// It is present, and its value is none of these.
+    NotEquals(Vec<String>),
+    /// It (or any item of it, for an array) is text starting with one of these.
+    Prefix(Vec<String>),
+    /// A non-empty array, object or string.
+    NonEmpty,
+}
+
+impl Condition {
+    pub fn new(field: &str, test: Test) -> Condition {
+        Condition {
+            field: field.split('.').map(String::from).collect(),
+            test,
+        }
+    }
+
+    fn holds(&self, body: &serde_json::Value) -> bool {
+        let mut cur = body;
+        for seg in &self.field {
+            let next = match cur {
+                serde_json::Value::Object(m) => m.get(seg),
+                serde_json::Value::Array(a) => seg.parse::<usize>().ok().and_then(|i| a.get(i)),
+                _ => None,
+            };
+            match next {
+                Some(v) => cur = v,
+                None => return false,
+            }
+        }
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Number(n) => Some(n.to_string()),
+            serde_json::Value::Bool(b) => Some(b.to_string()),
+            _ => None,
+        };
+        match &self.test {
+            Test::Equals(values) => text(cur).is_some_and(|t| values.contains(&t)),
+            Test::NotEquals(values) => text(cur).is_some_and(|t| !values.contains(&t)),
+            Test::Prefix(prefixes) => {
+                let starts = |v: &serde_json::Value| {
+                    text(v).is_some_and(|t| prefixes.iter().any(|p| t.starts_with(p.as_str())))
+                };
+                match cur {
+                    serde_json::Value::Array(items) => items.iter().any(starts),
+                    v => starts(v),
+                }
+            }
+            Test::NonEmpty => match cur {
+                serde_json::Value::Array(a) => !a.is_empty(),
+                serde_json::Value::Object(m) => !m.is_empty(),
+                serde_json::Value::String(s) => !s.is_empty(),
+                _ => false,
+            },
+        }
+    }
+}
+
+impl BodyRule {
+    fn matches(&self, status: u16, body: &serde_json::Value) -> bool {
+        self.statuses.as_ref().is_none_or(|s| s.contains(status))
+            && self.conditions.iter().all(|c| c.holds(body))
+    }
+}
+
+/// The outcome of a call under the route's policy.
+pub fn classify<E: CallFailure>(result: Result<&Receipt, &E>, policy: &Policy) -> Outcome {
+    let receipt = match result {
+        Ok(r) => r,
+        Err(e) if e.may_have_been_sent() && !policy.honours_key => {
+            return Outcome::Unknown(format!(
+                "{e} after the request may have reached the provider"
+            ))
+        }
+        Err(_) => return Outcome::Released,
+    };
+    let status = receipt.status;
+    if !policy.rules.is_empty() {
+        if let Ok(body) = serde_json::from_slice::<serde_json::Value>(&receipt.body) {
+            if let Some(rule) = policy.rules.iter().find(|r| r.matches(status, &body)) {
+                let note = |what: &str| {
+                    if rule.note.is_empty() {
+                        format!("the provider answered {status}: {what}")
+                    } else {
+                        format!("the provider answered {status}: {}", rule.note)
+                    }
+                };
+                return match rule.outcome {
+                    RuleOutcome::Commit => Outcome::Committed,
+                    RuleOutcome::Decline => Outcome::Declined,
+                    RuleOutcome::Release => Outcome::Released,
+                    RuleOutcome::Unknown if policy.honours_key => Outcome::Released,
+                    RuleOutcome::Unknown => {
+                        Outcome::Unknown(note("its documentation says the outcome is unknown"))
+                    }
+                    RuleOutcome::Duplicate => Outcome::Duplicate(note(
+                        "it already has an operation with the key passed down, from an earlier attempt",
+                    )),
+                };
+            }
+        }
+    }
+    if policy.commit_statuses.contains(status) {
+        if policy.declined_statuses.contains(status) {
+            Outcome::Declined
+        } else {
+            Outcome::Committed
+        }
+    } else if policy.honours_key || !policy.unknown_statuses.contains(&status) {
+        Outcome::Released
+    } else {
+        Outcome::Unknown(format!(
+            "the provider answered {status} and does not deduplicate on keys"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Hold, OnInFlight};
+    use bytes::Bytes;
+    use std::time::Duration;
+
+    struct Failed(bool);
+    impl std::fmt::Display for Failed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("reset")
+        }
+    }
+    impl CallFailure for Failed {
+        fn may_have_been_sent(&self) -> bool {
+            self.0
+        }
+    }
+
+    fn set(entries: &[&str]) -> StatusSet {
+        StatusSet::parse(&entries.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("parses")
+    }
+
+    fn policy(honours_key: bool) -> Policy {
+        Policy {
+            honours_key,
+            commit_statuses: set(&["2xx", "3xx", "4xx", "!408", "!409", "!425", "!429"]),
+            declined_statuses: set(&["4xx", "!408", "!409", "!425", "!429"]),
+            unknown_statuses: vec![500, 502, 504],
+            rules: std::sync::Arc::from(Vec::new()),
+            hold: Hold::For(Duration::from_secs(300)),
+            lease: Duration::from_secs(10),
+            retention: Duration::from_secs(100),
+            upstream_timeout: Duration::from_secs(60),
+            on_in_flight: OnInFlight::Conflict,
+            fail_open: false,
+        }
+    }
+
+    fn answered(status: u16, body: &'static str) -> Result<Receipt, Failed> {
+        Ok(Receipt {
+            status,
+            headers: vec![],
+            body: Bytes::from_static(body.as_bytes()),
+        })
+    }
+
+    #[test]
+    fn the_status_table() {
+        let keyed = policy(true);
+        let unkeyed = policy(false);
+        let short = |o: Outcome| o.as_str();
+        for (status, with_key, without_key) in [
+            (200, "committed", "committed"),
+            (402, "declined", "declined"),
+            (429, "released", "released"),
+            (409, "released", "released"),
+            (503, "released", "released"),
+            (500, "released", "unknown"),
+            (502, "released", "unknown"),
+            (504, "released", "unknown"),
+        ] {
+            assert_eq!(
+                short(classify(answered(status, "").as_ref(), &keyed)),
+                with_key,
+                "{status}"
+            );
+            assert_eq!(
+                short(classify(answered(status, "").as_ref(), &unkeyed)),
+                without_key,
+                "{status}"
+            );
+        }
+        assert_eq!(classify(Err(&Failed(false)), &unkeyed), Outcome::Released);
+        assert_eq!(classify(Err(&Failed(true)), &keyed), Outcome::Released);
+        assert!(matches!(
+            classify(Err(&Failed(true)), &unkeyed),
+            Outcome::Unknown(_)
+        ));
+    }
+
+    #[test]
+    fn body_rules_read_errors_inside_a_200() {
+        let mut p = policy(false);
+        p.rules = std::sync::Arc::from(vec![
+            BodyRule {
+                statuses: Some(set(&["200"])),
+                conditions: vec![Condition::new(
+                    "error",
+                    Test::Prefix(vec!["EService:Unavailable".into(), "EService:Busy".into()]),
+                )],
+                outcome: RuleOutcome::Unknown,
+                note: "Kraken's service is busy".into(),
+            },
+            BodyRule {
+                statuses: None,
+                conditions: vec![Condition::new("error", Test::Prefix(vec!["E".into()]))],
+                outcome: RuleOutcome::Decline,
+                note: String::new(),
+            },
+            BodyRule {
+                statuses: None,
+                conditions: vec![
+                    Condition::new("code", Test::Equals(vec!["-2010".into()])),
+                    Condition::new("msg", Test::Prefix(vec!["Duplicate order".into()])),
+                ],
+                outcome: RuleOutcome::Duplicate,
+                note: "look it up".into(),
+            },
+        ]);
+        assert!(matches!(
+            classify(answered(200, r#"{"error":["EService:Busy"]}"#).as_ref(), &p),
+            Outcome::Unknown(n) if n.contains("busy")
+        ));
+        assert_eq!(
+            classify(
+                answered(200, r#"{"error":["EOrder:Insufficient funds"]}"#).as_ref(),
+                &p
+            ),
+            Outcome::Declined
+        );
+        assert_eq!(
+            classify(
+                answered(200, r#"{"error":[],"result":{"txid":["O1"]}}"#).as_ref(),
+                &p
+            ),
+            Outcome::Committed
+        );
+        assert_eq!(
+            classify(
+                answered(200, r#"{"error":["WGeneral:warning"],"result":{}}"#).as_ref(),
+                &p
+            ),
+            Outcome::Committed
+        );
+        assert!(matches!(
+            classify(
+                answered(400, r#"{"code":-2010,"msg":"Duplicate order sent."}"#).as_ref(),
+                &p
+            ),
+            Outcome::Duplicate(_)
+        ));
+        assert_eq!(
+            classify(
+                answered(
+                    400,
+                    r#"{"code":-2010,"msg":"Account has insufficient balance"}"#
+                )
+                .as_ref(),
+                &p
+            ),
+            Outcome::Declined
+        );
+        // With provider keys an unknown rule releases: the retry is deduplicated.
+        let mut keyed = p.clone();
+        keyed.honours_key = true;
+        assert_eq!(
+            classify(
+                answered(200, r#"{"error":["EService:Busy"]}"#).as_ref(),
+                &keyed
+            ),
+            Outcome::Released
+        );
+        // Nested fields and not-equals.
+        p.rules = std::sync::Arc::from(vec![BodyRule {
+            statuses: None,
+            conditions: vec![Condition::new(
+                "data.0.sCode",
+                Test::NotEquals(vec!["0".into()]),
+            )],
+            outcome: RuleOutcome::Decline,
+            note: String::new(),
+        }]);
+        assert_eq!(
+            classify(
+                answered(200, r#"{"code":"1","data":[{"sCode":"51008"}]}"#).as_ref(),
+                &p
+            ),
+            Outcome::Declined
+        );
+        assert_eq!(
+            classify(
+                answered(200, r#"{"code":"0","data":[{"sCode":"0"}]}"#).as_ref(),
+                &p
+            ),
+            Outcome::Committed
+        );
+    }
+}

@@ -1,0 +1,470 @@
+//! Who is asking and what they are asking for, as the provider defines both: the account a
+//! request acts for, the operation it performs, and what makes two requests the same request.
+//! Everything the scope and the fingerprint are made of is decided here, from the request
+//! alone, before anything is claimed.
+//!
+//! The operation's identity comes from one of three places (the route's `key_source`):
+//! - **client**: the key the client sent (`Idempotency-Key`, or the provider's own key field
+//!   as the client set it). A different request under the same key is a client error (422).
+//! - **template**: the route's (or the matching operation's) template over the request, even
+//!   when the client sent a key: SDKs mint a fresh key per call, which would make every re-run
+//!   of a tool a new operation. A request with the same template key and other details (an
+//!   LLM reworded the description) is the same operation: it gets the receipt.
+//! - **request**: the whole request, for `dedup_window`.
+
+pub mod account;
+pub mod canonical;
+pub mod minted_keys;
+pub mod operations;
+pub mod provider_key;
+
+use http::{HeaderMap, HeaderName, Method};
+use sha2::{Digest, Sha256};
+
+use self::account::{AccountError, AccountSpec};
+use self::operations::Operation;
+use self::provider_key::KeyField;
+use crate::config::{KeySource, MissingKey, DEFAULT_TENANT};
+use crate::idempotency::key::{self, KeyError};
+use crate::idempotency::template::{RenderError, Rendered, RequestView, Template};
+
+/// How a provider signs its requests, which decides what the proxy may change in them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Signing {
+    /// Nothing is signed: the proxy may pass its key down in a header or the body.
+    #[default]
+    None,
+    /// The body and query are signed (Binance, Kraken, OKX, Bybit, KuCoin, Coinbase): the
+    /// proxy never changes them, so it cannot pass a key of its own down in the body.
+    Body,
+    /// AWS SigV4: body, query, `Host` and every header named in `SignedHeaders` are signed.
+    SigV4,
+}
+
+impl Signing {
+    pub fn body_signed(self) -> bool {
+        self != Signing::None
+    }
+}
+
+/// A route's rules for telling accounts and operations apart.
+#[derive(Debug, Clone)]
+pub struct RouteIdentity {
+    /// Where the client sends its key to the proxy (`Idempotency-Key`).
+    pub key_header: HeaderName,
+    /// For requests no operation names.
+    pub key_source: KeySource,
+    pub template: Option<Template>,
+    pub operations: Vec<Operation>,
+    pub missing_key: MissingKey,
+    pub account: AccountSpec,
+    /// Parameters left out of the fingerprint (re-signing changes them).
+    pub volatile: Vec<String>,
+    /// Where the provider takes its own key.
+    pub provider_key: Option<KeyField>,
+    pub signing: Signing,
+}
+
+/// The operation a protected request performs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// The client's key.
+    Client(String),
+    /// A template's key, for one endpoint (`POST /v1/refunds`): two endpoints never share one.
+    Derived { endpoint: String, key: String },
+    /// The whole request (its fingerprint), for the dedup window.
+    Request,
+}
+
+impl Identity {
+    /// The key part of the scope. Client keys are visible ASCII, so the spaces keep the three
+    /// kinds apart: no client can land on a derived claim, which runs under another policy.
+    pub fn scope_key(&self, fingerprint: &str) -> String {
+        match self {
+            Identity::Client(k) => k.clone(),
+            Identity::Derived { endpoint, key } => format!("op {endpoint} {key}"),
+            Identity::Request => format!("fingerprint {fingerprint}"),
+        }
+    }
+
+    /// Client keys: another request under the same key is refused (422). Derived keys: the
+    /// template says what the operation is, so other details do not make it another one.
+    pub fn strict(&self) -> bool {
+        !matches!(self, Identity::Derived { .. })
+    }
+
+    /// The key the provider gets, before its limits apply (`KeyLimits::fit`). Deterministic,
+    /// so every retry of the operation passes the same key down and the provider catches
+    /// what the proxy could not know (a response lost after the effect). `attempt` counts
+    /// new attempts after a declined one (a new card after a decline), which the provider
+    /// must not answer with the decline it keeps. Outside the default tenant it carries the
+    /// tenant: tenants sharing one provider account must never have the provider
+    /// deduplicate one tenant's request against another's.
+    pub fn provider_key(&self, tenant: &str, fingerprint: &str, attempt: u32) -> String {
+        let k = match self {
+            Identity::Client(k) if attempt == 0 => k.clone(),
+            Identity::Client(k) => format!("{k}~{attempt}"),
+            // Readable at the provider (its dashboard shows the template key), and distinct
+            // per endpoint and attempt through a fixed-length suffix.
+            Identity::Derived { endpoint, key } => {
+                let mut h = Sha256::new();
+                h.update(endpoint.as_bytes());
+                h.update(attempt.to_be_bytes());
+                format!("{key}~{}", &hex::encode(h.finalize())[..8])
+            }
+            Identity::Request if attempt == 0 => format!("request {fingerprint}"),
+            Identity::Request => format!("request {fingerprint}~{attempt}"),
+        };
+        if tenant == DEFAULT_TENANT {
+            k
+        } else {
+            format!("{tenant}:{k}")
+        }
+    }
+
+    pub fn source(&self) -> KeySource {
+        match self {
+            Identity::Client(_) => KeySource::Client,
+            Identity::Derived { .. } => KeySource::Template,
+            Identity::Request => KeySource::Request,
+        }
+    }
+}
+
+/// A protected request, identified.
+#[derive(Debug, Clone)]
+pub struct Identified {
+    pub identity: Identity,
+    /// Hex hash of the account; `""` when the request names none.
+    pub account: String,
+    /// What exactly is asked, without what re-signing changes.
+    pub fingerprint: String,
+    /// The key the client sent, if any (header, or the provider's own field).
+    pub client_key: Option<String>,
+    /// What the client set in the provider's own key field, if anything.
+    pub provider_set: Option<String>,
+    /// What the operation is regardless of the client's key, to notice clients that send a
+    /// new key for the same operation (SDKs that mint one per call).
+    pub same_operation: String,
+    /// The matching operation's name, for logs.
+    pub operation: Option<String>,
+}
+
+/// What becomes of a request the route protects.
+#[derive(Debug, Clone)]
+pub enum Identification {
+    Protected(Box<Identified>),
+    /// Forwarded unprotected: why (said in a response header and the log), and the key the
+    /// client sent, if any.
+    Unprotected {
+        why: String,
+        client_key: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error(transparent)]
+    InvalidKey(#[from] KeyError),
+    #[error("this route requires an idempotency key in the {header} header")]
+    MissingKey { header: String },
+    #[error("the request has no {header} header and its key template needs {field}, which the request does not carry")]
+    MissingKeyField { header: String, field: String },
+    #[error("{0}")]
+    Malformed(String),
+    #[error(transparent)]
+    Account(#[from] AccountError),
+}
+
+/// The request as identification sees it.
+pub struct Request<'a> {
+    pub method: &'a Method,
+    /// The path after the route's upstream base path, without the query.
+    pub path: &'a str,
+    /// The upstream path and query, as forwarded.
+    pub path_and_query: &'a str,
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+    pub tenant: &'a str,
+}
+
+impl Request<'_> {
+    fn view(&self) -> RequestView<'_> {
+        RequestView {
+            method: self.method.as_str(),
+            path: self.path,
+            headers: self.headers,
+            body: self.body,
+            tenant: self.tenant,
+        }
+    }
+
+    fn query(&self) -> &str {
+        self.path_and_query.split_once('?').map_or("", |(_, q)| q)
+    }
+}
+
+impl RouteIdentity {
+    /// Identifies a request of a method the route protects (its body read in full).
+    pub fn identify(
+        &self,
+        route: &str,
+        req: &Request<'_>,
+    ) -> Result<Identification, IdentityError> {
+        let view = req.view();
+        let header_key = key::from_headers(req.headers, &self.key_header)?;
+        // The provider's own field, when it is not the header the client keys the proxy with.
+        let provider_set = self
+            .provider_key
+            .as_ref()
+            .filter(|f| **f != KeyField::Header(self.key_header.clone()))
+            .and_then(|f| f.client_set(req.headers, req.query(), req.body));
+        let client_key = header_key.clone().or_else(|| provider_set.clone());
+
+        let operation = self
+            .operations
+            .iter()
+            .find(|o| o.matches(req.method, req.path));
+        let source = match operation {
+            Some(_) => KeySource::Template,
+            None => self.key_source,
+        };
+        let template = operation.map(|o| &o.key).or(self.template.as_ref());
+        let missing = operation
+            .and_then(|o| o.missing_key)
+            .unwrap_or(self.missing_key);
+        let endpoint = format!("{} /{}", req.method, req.path.trim_matches('/'));
+        let derive = |template: Option<&Template>| -> Result<Option<Identity>, IdentityError> {
+            let Some(t) = template else {
+                return Ok(None);
+            };
+            match t.render(&view) {
+                Ok(Rendered::Key(key)) => Ok(Some(Identity::Derived {
+                    endpoint: endpoint.clone(),
+                    key,
+                })),
+                Ok(Rendered::Missing(_)) => Ok(None),
+                Err(e) => Err(malformed(route, &e)),
+            }
+        };
+
+        let identity = match source {
+            KeySource::Request => Some(Identity::Request),
+            KeySource::Client => match &client_key {
+                Some(k) => {
+                    // A provider field the client set must be a key the proxy can hold.
+                    key::validate(k.as_bytes(), &self.key_source_name(header_key.is_some()))?;
+                    Some(Identity::Client(k.clone()))
+                }
+                None => derive(template)?,
+            },
+            KeySource::Template => derive(template)?,
+        };
+        let identity = match identity {
+            Some(i) => i,
+            None => match missing {
+                MissingKey::Derive => Identity::Request,
+                MissingKey::Forward => {
+                    let why = match template {
+                        Some(t) => format!(
+                            "no key: the key template needs {}, which the request does not carry",
+                            missing_field(t, &view)
+                        ),
+                        None => {
+                            format!("no key: the request carries no {} header", self.key_header)
+                        }
+                    };
+                    return Ok(Identification::Unprotected { why, client_key });
+                }
+                MissingKey::Reject => {
+                    let header = self.key_header.to_string();
+                    return Err(match template {
+                        Some(t) => IdentityError::MissingKeyField {
+                            header,
+                            field: missing_field(t, &view),
+                        },
+                        None => IdentityError::MissingKey { header },
+                    });
+                }
+            },
+        };
+
+        let content_type = req
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .map(http::HeaderValue::as_bytes);
+        let fingerprint = canonical::fingerprint(
+            req.method.as_str(),
+            req.path_and_query,
+            content_type,
+            req.body,
+            &self.volatile,
+        );
+        let mut ignore = vec![&self.key_header];
+        if let Some(KeyField::Header(h)) = &self.provider_key {
+            ignore.push(h);
+        }
+        let account = self.account.fingerprint(&view, &ignore)?;
+        // What the operation is whatever key the client sent: its template key where the
+        // route has one, else the request itself.
+        let same_operation = match &identity {
+            Identity::Client(_) => match derive(template) {
+                Ok(Some(derived)) => derived.scope_key(&fingerprint),
+                _ => Identity::Request.scope_key(&fingerprint),
+            },
+            other => other.scope_key(&fingerprint),
+        };
+        Ok(Identification::Protected(Box::new(Identified {
+            identity,
+            account,
+            fingerprint,
+            client_key,
+            provider_set,
+            same_operation,
+            operation: operation.map(|o| o.name.clone()),
+        })))
+    }
+
+    fn key_source_name(&self, from_header: bool) -> String {
+        match (&self.provider_key, from_header) {
+            (Some(f), false) => f.describe(),
+            _ => self.key_header.to_string(),
+        }
+    }
+}
+
+fn missing_field(t: &Template, view: &RequestView<'_>) -> String {
+    match t.render(view) {
+        Ok(Rendered::Missing(field)) => field,
+        _ => "a field".into(),
+    }
+}
+
+fn malformed(route: &str, e: &RenderError) -> IdentityError {
+    IdentityError::Malformed(format!(
+        "route {route}: {e}, so its key template cannot derive a key"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::account::AccountPart;
+    use http::HeaderValue;
+
+    fn spec(source: KeySource, template: Option<&str>) -> RouteIdentity {
+        RouteIdentity {
+            key_header: HeaderName::from_static("idempotency-key"),
+            key_source: source,
+            template: template.map(|t| Template::parse(t).expect("template")),
+            operations: vec![],
+            missing_key: MissingKey::Forward,
+            account: AccountSpec::Parts(vec![AccountPart::CredentialLike]),
+            volatile: vec![],
+            provider_key: Some(KeyField::Header(HeaderName::from_static("idempotency-key"))),
+            signing: Signing::None,
+        }
+    }
+
+    fn identify(spec: &RouteIdentity, key: Option<&'static str>, body: &str) -> Identification {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        if let Some(k) = key {
+            h.insert("idempotency-key", HeaderValue::from_static(k));
+        }
+        spec.identify(
+            "r",
+            &Request {
+                method: &Method::POST,
+                path: "/v1/charges",
+                path_and_query: "/v1/charges",
+                headers: &h,
+                body: body.as_bytes(),
+                tenant: DEFAULT_TENANT,
+            },
+        )
+        .expect("identifies")
+    }
+
+    fn identity(i: Identification) -> Identified {
+        match i {
+            Identification::Protected(p) => *p,
+            Identification::Unprotected { why, .. } => panic!("unprotected: {why}"),
+        }
+    }
+
+    #[test]
+    fn a_template_outranks_a_minted_client_key() {
+        let s = spec(KeySource::Template, Some("inv:{body.invoice}"));
+        let a = identity(identify(&s, Some("minted-1"), r#"{"invoice":"1"}"#));
+        let b = identity(identify(
+            &s,
+            Some("minted-2"),
+            r#"{"invoice":"1","note":"reworded"}"#,
+        ));
+        assert_eq!(a.identity, b.identity);
+        assert_eq!(
+            a.identity,
+            Identity::Derived {
+                endpoint: "POST /v1/charges".into(),
+                key: "inv:1".into()
+            }
+        );
+        assert_ne!(a.fingerprint, b.fingerprint);
+        assert_eq!(a.client_key.as_deref(), Some("minted-1"));
+    }
+
+    #[test]
+    fn client_routes_keep_the_client_key_and_still_see_the_operation() {
+        let s = spec(KeySource::Client, None);
+        let a = identity(identify(&s, Some("k1"), r#"{"invoice":"1"}"#));
+        let b = identity(identify(&s, Some("k2"), r#"{"invoice":"1"}"#));
+        assert_eq!(a.identity, Identity::Client("k1".into()));
+        assert_ne!(a.identity, b.identity);
+        assert_eq!(a.same_operation, b.same_operation);
+        assert!(matches!(
+            identify(&s, None, "{}"),
+            Identification::Unprotected { .. }
+        ));
+    }
+
+    #[test]
+    fn request_identity_ignores_keys() {
+        let s = spec(KeySource::Request, None);
+        let a = identity(identify(&s, Some("k1"), r#"{"a":1}"#));
+        let b = identity(identify(&s, Some("k2"), r#"{"a":1}"#));
+        assert_eq!(a.identity, Identity::Request);
+        assert_eq!(
+            a.identity.scope_key(&a.fingerprint),
+            b.identity.scope_key(&b.fingerprint)
+        );
+    }
+
+    #[test]
+    fn endpoints_never_share_a_derived_key_and_kinds_never_collide() {
+        let charge = Identity::Derived {
+            endpoint: "POST /v1/payment_intents".into(),
+            key: "inv:1".into(),
+        };
+        let refund = Identity::Derived {
+            endpoint: "POST /v1/refunds".into(),
+            key: "inv:1".into(),
+        };
+        assert_ne!(charge.scope_key("f"), refund.scope_key("f"));
+        assert_ne!(
+            charge.provider_key("default", "f", 0),
+            refund.provider_key("default", "f", 0)
+        );
+        assert_ne!(
+            charge.provider_key("default", "f", 0),
+            charge.provider_key("default", "f", 1)
+        );
+        assert_eq!(
+            Identity::Client("k".into()).provider_key("alice", "f", 0),
+            "alice:k"
+        );
+        for i in [&charge, &Identity::Request] {
+            assert!(i.scope_key("f").contains(' '));
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Endpoints of a route and the template that names each one's operation:
+//! `match = "POST /v1/payment_intents/*/confirm"`.
+
+use http::Method;
+
+use crate::config::MissingKey;
+use crate::idempotency::template::Template;
+
+#[derive(Debug, Clone)]
+pub struct Operation {
+    pub name: String,
+    /// `None`: any method the route protects.
+    method: Option<Method>,
+    segments: Vec<Segment>,
+    pub key: Template,
+    pub missing_key: Option<MissingKey>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    /// `*`: exactly one segment.
+    Any,
+}
+
+impl Operation {
+    /// Parses `METHOD /path/*/more`; the error says what is wrong.
+    pub fn parse(
+        name: Option<&str>,
+        matches: &str,
+        key: &str,
+        missing_key: Option<MissingKey>,
+    ) -> Result<Operation, (&'static str, String)> {
+        let (method, path) = matches.trim().split_once(' ').ok_or((
+            "match",
+            format!("`{matches}` must be `METHOD /path`, e.g. `POST /v1/refunds`"),
+        ))?;
+        let method = match method {
+            "*" => None,
+            m => Some(
+                Method::from_bytes(m.as_bytes())
+                    .ok()
+                    .filter(|_| m.bytes().all(|b| b.is_ascii_uppercase()))
+                    .ok_or((
+                        "match",
+                        format!("`{m}` is not a method in capitals (or `*` for any)"),
+                    ))?,
+            ),
+        };
+        let path = path.trim();
+        if !path.starts_with('/') || path.contains('?') {
+            return Err((
+                "match",
+                format!("`{path}` must be a path starting with / and without a query"),
+            ));
+        }
+        let segments = path
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .map(|s| match s {
+                "*" => Segment::Any,
+                s => Segment::Literal(s.to_string()),
+            })
+            .collect();
+        let key = Template::parse(key)
+            .map_err(|m| ("key", format!("the key template cannot be used: {m}")))?;
+        Ok(Operation {
+            name: name.unwrap_or(matches.trim()).to_string(),
+            method,
+            segments,
+            key,
+            missing_key,
+        })
+    }
+
+    /// Whether a request with this method and path (after the route's upstream base path,
+    /// without the query) performs this operation.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        if self.method.as_ref().is_some_and(|m| m != method) {
+            return false;
+        }
+        let mut given = path.split('/').filter(|s| !s.is_empty());
+        for want in &self.segments {
+            match (want, given.next()) {
+                (Segment::Any, Some(_)) => {}
+                (Segment::Literal(l), Some(s)) if l == s => {}
+                _ => return false,
+            }
+        }
+        given.next().is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(m: &str) -> Operation {
+        Operation::parse(None, m, "k:{body.a}", None).expect("parses")
+    }
+
+    #[test]
+    fn matches_method_and_whole_segments() {
+        let confirm = op("POST /v1/payment_intents/*/confirm");
+        assert!(confirm.matches(&Method::POST, "/v1/payment_intents/pi_1/confirm"));
+        assert!(confirm.matches(&Method::POST, "/v1/payment_intents/pi_1/confirm/"));
+        assert!(!confirm.matches(&Method::POST, "/v1/payment_intents/pi_1"));
+        assert!(!confirm.matches(&Method::POST, "/v1/payment_intents/pi_1/confirm/x"));
+        assert!(!confirm.matches(&Method::DELETE, "/v1/payment_intents/pi_1/confirm"));
+        let create = op("* /v1/refunds");
+        assert!(create.matches(&Method::PUT, "/v1/refunds"));
+        assert!(!create.matches(&Method::PUT, "/v1/refundsx"));
+        assert_eq!(create.name, "* /v1/refunds");
+    }
+
+    #[test]
+    fn bad_patterns_say_why() {
+        for (m, says) in [
+            ("/v1/refunds", "METHOD /path"),
+            ("post /v1/refunds", "capitals"),
+            ("POST v1/refunds", "starting with /"),
+            ("POST /v1/refunds?x=1", "without a query"),
+        ] {
+            let (field, e) = Operation::parse(None, m, "k:{body.a}", None).expect_err(m);
+            assert_eq!(field, "match");
+            assert!(e.contains(says), "{m}: {e}");
+        }
+        let (field, _) = Operation::parse(None, "POST /x", "nofield", None).expect_err("key");
+        assert_eq!(field, "key");
+    }
+}
