@@ -14,6 +14,8 @@ pub enum KeyError {
     BadByte { header: String, pos: usize },
     #[error("the {header} header is sent more than once")]
     Repeated { header: String },
+    #[error("the {header} header starts a structured-field string but is not one (only \\\" and \\\\ may be escaped, and it must end with \")")]
+    BadString { header: String },
 }
 
 /// Reads the key from `header`. `Ok(None)` when the request carries none.
@@ -30,7 +32,9 @@ pub fn from_headers(headers: &HeaderMap, header: &HeaderName) -> Result<Option<S
             header: header.to_string(),
         });
     }
-    let raw = unquote_sf_string(value.as_bytes());
+    let raw = unquote_sf_string(value.as_bytes()).ok_or_else(|| KeyError::BadString {
+        header: header.to_string(),
+    })?;
     validate(&raw, header.as_str()).map(Some)
 }
 
@@ -60,23 +64,27 @@ pub fn validate(raw: &[u8], header: &str) -> Result<String, KeyError> {
     })
 }
 
-fn unquote_sf_string(v: &[u8]) -> Vec<u8> {
+/// `"abc"` → `abc` (RFC 8941 §3.3.3: only `\"` and `\\` are escapes). A value that starts
+/// with `"` must be a whole, canonical string: `None` otherwise, so two spellings can never
+/// collapse into one key.
+fn unquote_sf_string(v: &[u8]) -> Option<Vec<u8>> {
     let v = v.trim_ascii();
-    if v.len() >= 2 && v[0] == b'"' && v[v.len() - 1] == b'"' {
-        let inner = &v[1..v.len() - 1];
-        let mut out = Vec::with_capacity(inner.len());
-        let mut escaped = false;
-        for &b in inner {
-            if escaped || b != b'\\' {
-                out.push(b);
-                escaped = false;
-            } else {
-                escaped = true;
-            }
+    let Some(rest) = v.strip_prefix(b"\"") else {
+        return Some(v.to_vec());
+    };
+    let mut out = Vec::with_capacity(rest.len());
+    let mut bytes = rest.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'\\' => match bytes.next() {
+                Some(&e @ (b'"' | b'\\')) => out.push(e),
+                _ => return None,
+            },
+            b'"' => return bytes.next().is_none().then_some(out),
+            b => out.push(b),
         }
-        return out;
     }
-    v.to_vec()
+    None
 }
 
 #[cfg(test)]
@@ -97,6 +105,18 @@ mod tests {
         assert_eq!(key(b"abc-123").ok().flatten().as_deref(), Some("abc-123"));
         assert_eq!(key(b"\"abc\"").ok().flatten().as_deref(), Some("abc"));
         assert_eq!(key(b"\"a\\\"b\"").ok().flatten().as_deref(), Some("a\"b"));
+    }
+
+    #[test]
+    fn non_canonical_strings_are_refused_not_collapsed() {
+        for bad in [&b"\"a\\b\""[..], b"\"abc", b"\"a\"b\"", b"\"a\\\""] {
+            assert!(
+                matches!(key(bad), Err(KeyError::BadString { .. })),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(key(b"\"a\\\\b\"").ok().flatten().as_deref(), Some("a\\b"));
     }
 
     #[test]

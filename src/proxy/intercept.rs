@@ -20,6 +20,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use super::body::Body;
 use super::connect::Target;
 use super::dispatch;
+use super::limits::{first_request_within, FirstRequest};
 use super::tunnel::{until_idle, Activity};
 use crate::app::App;
 use crate::routes::Route;
@@ -57,7 +58,10 @@ pub async fn serve(
     // Requests inside the tunnel carry no Proxy-Authorization: they belong to the tenant
     // that opened it.
     let tenant: Arc<str> = tenant.into();
+    let first = FirstRequest::default();
+    let seen = first.clone();
     let svc = service_fn(move |req: Request<Incoming>| {
+        seen.seen();
         let app = app.clone();
         let route = route.clone();
         let tenant = tenant.clone();
@@ -89,11 +93,17 @@ pub async fn serve(
     // The error as text: with hyper's boxed error type the compiler cannot prove this future
     // `Send` across the select in `until_idle`.
     let conn = async move { conn.await.map_err(|e| e.to_string()) };
+    // The first request within the header timeout (see `first_request_within`), then every
+    // later one within the idle timeout.
+    let conn = first_request_within(conn, &first, timeout);
     match until_idle(conn, &activity, idle).await {
-        Some(Err(e)) => {
+        Some(Some(Err(e))) => {
             tracing::debug!(%target, error = %e, "intercepted connection ended with an error")
         }
-        Some(Ok(())) => {}
+        Some(Some(Ok(()))) => {}
+        Some(None) => {
+            tracing::info!(%target, ?timeout, "closed an intercepted connection that sent no request within the header timeout")
+        }
         None => tracing::debug!(%target, ?idle, "intercepted connection idle; closed"),
     }
 }
@@ -183,13 +193,22 @@ where
     }
 }
 
-/// One decrypted request: its path goes to the route's upstream, as in forward-proxy mode.
+/// One decrypted request: its path goes to the route's upstream, as in forward-proxy mode. A
+/// CONNECT inside the tunnel is refused: it would be passed to the provider.
 async fn request(
     app: &App,
     route: &Arc<Route>,
     req: Request<Incoming>,
     tenant: &str,
 ) -> Response<Body> {
+    if req.method() == http::Method::CONNECT {
+        app.metrics
+            .request(&route.name, crate::metrics::RequestOutcome::Rejected);
+        return crate::problem::ProxyError::BadRequest(
+            "CONNECT inside an intercepted connection is not supported; send requests to the provider directly in this tunnel".into(),
+        )
+        .into_response();
+    }
     let path_and_query = req
         .uri()
         .path_and_query()

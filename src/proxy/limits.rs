@@ -1,4 +1,10 @@
-//! What the listener does when it is full: a short 503 instead of an unbounded queue.
+//! What the listener does when it is full (a short 503 instead of an unbounded queue), and
+//! the deadline for a new connection's first request.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -29,6 +35,39 @@ pub async fn refuse_connection(mut stream: TcpStream) {
         }
     })
     .await;
+}
+
+/// Set when a connection delivers its first whole request head.
+#[derive(Clone, Default)]
+pub struct FirstRequest(Arc<AtomicBool>);
+
+impl FirstRequest {
+    pub fn seen(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs a connection, but closes it (`None`) when it has not delivered a whole request head
+/// within `limit` of opening. hyper-util sniffs the HTTP version before hyper's own header
+/// timeout starts, so a socket that sends nothing, or a partial `PRI * HTTP/2.0` preface, would
+/// otherwise hold its `max_connections` slot for as long as its client keeps it open. After
+/// the first request, hyper's header timeout guards every later one (HTTP/1.1).
+pub async fn first_request_within<F: Future>(
+    conn: F,
+    first: &FirstRequest,
+    limit: Duration,
+) -> Option<F::Output> {
+    tokio::pin!(conn);
+    tokio::select! {
+        out = &mut conn => Some(out),
+        () = tokio::time::sleep(limit) => {
+            if first.0.load(Ordering::Relaxed) {
+                Some(conn.await)
+            } else {
+                None
+            }
+        }
+    }
 }
 
 #[cfg(test)]

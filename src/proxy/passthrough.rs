@@ -38,7 +38,17 @@ pub async fn forward_for(
 
 pub async fn forward(client: &UpstreamClient, req: Request<Incoming>, uri: Uri) -> Response<Body> {
     let (mut parts, body) = req.into_parts();
+    // A body of unknown length (chunked) on a GET or HEAD: hyper's client would send none at
+    // all, silently. Say it is chunked, and it goes down as sent.
+    let unframed = !http_body::Body::is_end_stream(&body)
+        && http_body::Body::size_hint(&body).exact().is_none();
     for_upstream(&mut parts.headers, false);
+    if unframed && matches!(parts.method, http::Method::GET | http::Method::HEAD) {
+        parts.headers.insert(
+            http::header::TRANSFER_ENCODING,
+            http::HeaderValue::from_static("chunked"),
+        );
+    }
     // We answer `Expect: 100-continue` ourselves when the body is first polled.
     parts.headers.remove(http::header::EXPECT);
     parts.uri = uri;

@@ -12,6 +12,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use super::dispatch;
+use super::limits::{first_request_within, FirstRequest};
 use crate::app::App;
 
 pub struct ServerOptions {
@@ -63,7 +64,10 @@ pub async fn serve(
         let app = app.clone();
         let local = stream.local_addr().ok().map(dispatch::LocalAddr);
         let slot = dispatch::ConnectionSlot(Arc::new(permit));
+        let first = FirstRequest::default();
+        let seen = first.clone();
         let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            seen.seen();
             if let Some(local) = local {
                 req.extensions_mut().insert(local);
             }
@@ -74,9 +78,16 @@ pub async fn serve(
             .serve_connection_with_upgrades(TokioIo::new(stream), svc)
             .into_owned();
         let conn = graceful.watch(conn);
+        let limit = opts.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            match first_request_within(conn, &first, limit).await {
+                Some(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error")
+                }
+                Some(Ok(())) => {}
+                None => {
+                    tracing::info!(%peer, ?limit, "closed a connection that sent no request within the header timeout")
+                }
             }
         });
     }
