@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod connect;
+pub mod fakes;
 pub mod pki;
 pub mod provider;
 pub mod proxy;
