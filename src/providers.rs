@@ -278,6 +278,14 @@ const SPECS: &[Spec] = &[
     // differs (metadata) or `key_source = "client"`.
     Spec {
         name: "stripe",
+        // Same key, other parameters (or endpoint): Stripe's `idempotency_error` [SD]. The
+        // operation under that key exists; this answer is not its response.
+        rules: &[RuleSpec {
+            statuses: Some(&["400"]),
+            all: &[("error.type", TestSpec::Equals(&["idempotency_error"]))],
+            outcome: RuleOutcome::Duplicate,
+            note: "Stripe already has a request under the key passed down, with other parameters. Look it up in the Dashboard's request log by Idempotency-Key {key}",
+        }],
         account: &[Part::Headers(&["authorization", "stripe-account", "stripe-context"])],
         key_source: Some(KeySource::Request),
         dedup_window: Some(DAY),
