@@ -31,13 +31,16 @@ pub enum Fault {
     DropAfterEffect,
 }
 
+/// What Stripe keeps under (account, idempotency key): the endpoint, the parameters, and the
+/// first response.
+type Saved = (String, BTreeMap<String, String>, u16, Bytes);
+
 #[derive(Default)]
 struct State {
     keys: Vec<String>,
     faults: VecDeque<Fault>,
     next_id: u64,
-    /// (account, idempotency key) → (endpoint, params, status, body).
-    saved: HashMap<(String, String), (String, BTreeMap<String, String>, u16, Bytes)>,
+    saved: HashMap<(String, String), Saved>,
     objects: HashMap<String, Value>,
     pub charges: Vec<Value>,
     pub refunds: Vec<Value>,
