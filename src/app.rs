@@ -1,38 +1,23 @@
-//! Everything a request needs, built once at start-up.
+//! Wiring: everything the proxy runs on, built from a config. `Parts::check` is what
+//! `check-config` runs and what `serve` runs first, so the two accept exactly the same files.
 
 use std::sync::Arc;
 
+use crate::admin::AdminSettings;
 use crate::auth::Tenants;
 use crate::config::{Config, ConfigError};
 use crate::idempotency::claims::Claims;
 use crate::identity::minted_keys::MintedKeys;
-use crate::metrics::{Metrics, TimedStore};
+use crate::metrics::Metrics;
 use crate::proxy::admission::Admission;
-use crate::proxy::connect::ConnectPolicy;
+use crate::proxy::connect_policy::ConnectPolicy;
 use crate::proxy::egress::Egress;
 use crate::proxy::upstream::{ClientOptions, UpstreamClient};
+use crate::proxy::App;
 use crate::routes::Routes;
 use crate::store::sealed::{SealedStore, Sealer};
-use crate::store::{self, StoreError};
-
-pub struct App {
-    pub routes: Routes,
-    pub claims: Arc<Claims>,
-    pub namespace: String,
-    pub max_body_bytes: usize,
-    pub max_receipt_bytes: usize,
-    /// For forward-proxy requests to hosts no route covers.
-    pub default_client: UpstreamClient,
-    /// CONNECT: allowed ports, unknown hosts, and the CA for interception.
-    pub connect: ConnectPolicy,
-    pub metrics: Arc<Metrics>,
-    pub tenants: Tenants,
-    /// Where requests no route covers may go.
-    pub egress: Arc<Egress>,
-    /// Bounds on protected requests being forwarded.
-    pub admission: Admission,
-    pub minted_keys: MintedKeys,
-}
+use crate::store::timed::TimedStore;
+use crate::store::{self, StoreError, StoreUrl};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -42,22 +27,24 @@ pub enum StartError {
     Store(#[from] StoreError),
 }
 
-impl App {
-    pub async fn build(config: &Config) -> Result<Arc<App>, StartError> {
-        let routes = Routes::build(config)?;
-        let connect = ConnectPolicy::build(config)?;
-        let tenants = Tenants::build(config)?;
+/// Everything a config describes that can be built without touching the network or the
+/// store: a config these build from is one `serve` starts on (the store permitting).
+pub struct Parts {
+    pub routes: Routes,
+    pub connect: ConnectPolicy,
+    pub tenants: Tenants,
+    pub egress: Arc<Egress>,
+    pub sealer: Option<Sealer>,
+    pub admin: AdminSettings,
+    pub store_url: StoreUrl,
+    pub default_client: UpstreamClient,
+}
+
+impl Parts {
+    pub fn check(config: &Config) -> Result<Parts, ConfigError> {
+        let store_url =
+            StoreUrl::parse(&config.store.url).map_err(|m| config.invalid("store.url", m))?;
         let egress = Arc::new(Egress::build(config)?);
-        let sealer = Sealer::from_config(config)?;
-        let metrics = Arc::new(Metrics::new());
-        let store = store::open_with(
-            &config.store.url,
-            &config.store.namespace,
-            &config.store.sqlite_synchronous,
-            config.store.op_timeout.0,
-        )
-        .await?;
-        let store = TimedStore::wrap(SealedStore::wrap(store, sealer), metrics.clone());
         let default_client = UpstreamClient::new(&ClientOptions {
             extra_roots: None,
             connect_to: None,
@@ -65,27 +52,53 @@ impl App {
             pool_idle_timeout: config.server.pool_idle_timeout.0,
             egress: Some(egress.clone()),
         })
-        .map_err(|m| config.invalid("server", m))?;
-        Ok(Arc::new(App {
-            routes,
-            claims: Arc::new(
-                Claims::new(store, config.store.op_timeout.0)
-                    .with_receipt_cache(config.server.receipt_cache_bytes),
-            ),
-            namespace: config.store.namespace.clone(),
-            max_body_bytes: config.server.max_body_bytes,
-            max_receipt_bytes: config.server.max_receipt_bytes,
-            default_client,
-            connect,
-            metrics,
-            tenants,
+        .map_err(|e| config.invalid("server", e.to_string()))?;
+        Ok(Parts {
+            routes: Routes::build(config)?,
+            connect: ConnectPolicy::build(config)?,
+            tenants: Tenants::build(config)?,
             egress,
-            admission: Admission::new(
-                config.server.max_forwards,
-                config.server.max_forward_bytes,
-                config.server.max_body_bytes,
-            ),
-            minted_keys: MintedKeys::default(),
-        }))
+            sealer: Sealer::load(&config.encryption)
+                .map_err(|e| config.invalid(e.field, e.message))?,
+            admin: AdminSettings::from_config(config)?,
+            store_url,
+            default_client,
+        })
     }
+}
+
+/// The proxy's runtime state, its store opened, and the admin settings.
+pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartError> {
+    let parts = Parts::check(config)?;
+    let metrics = Arc::new(Metrics::new());
+    let store = store::open_with(
+        &config.store.url,
+        &config.store.namespace,
+        &config.store.sqlite_synchronous,
+        config.store.op_timeout.0,
+    )
+    .await?;
+    let store = TimedStore::wrap(SealedStore::wrap(store, parts.sealer), metrics.clone());
+    let app = App {
+        routes: parts.routes,
+        claims: Arc::new(
+            Claims::new(store, config.store.op_timeout.0)
+                .with_receipt_cache(config.server.receipt_cache_bytes),
+        ),
+        namespace: config.store.namespace.clone(),
+        max_body_bytes: config.server.max_body_bytes,
+        max_receipt_bytes: config.server.max_receipt_bytes,
+        default_client: parts.default_client,
+        connect: parts.connect,
+        metrics,
+        tenants: parts.tenants,
+        egress: parts.egress,
+        admission: Admission::new(
+            config.server.max_forwards,
+            config.server.max_forward_bytes,
+            config.server.max_body_bytes,
+        ),
+        minted_keys: MintedKeys::default(),
+    };
+    Ok((Arc::new(app), parts.admin))
 }

@@ -4,27 +4,17 @@
 
 use base64::Engine as _;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+pub use crate::config::TenantConfig;
 use crate::config::{Config, ConfigError};
-use crate::proxy::body::{full, Body};
+use crate::http::body::Body;
+use crate::http::problem::Problem;
 
 pub use crate::config::DEFAULT_TENANT;
 
 const REALM: &str = "Basic realm=\"idemproxy\", Bearer realm=\"idemproxy\"";
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantConfig {
-    /// Letters, digits, `-`, `_`; part of every store key of this tenant. The Basic user name.
-    pub name: String,
-    /// Hex SHA-256 of the tenant's secret (`printf %s "$SECRET" | sha256sum`).
-    pub secret_sha256: Option<String>,
-    /// Or: the environment variable holding the secret itself.
-    pub secret_env: Option<String>,
-}
 
 struct Tenant {
     name: String,
@@ -167,21 +157,15 @@ pub fn challenge(error: &AuthError) -> Response<Body> {
         AuthError::Missing => "proxy-auth-required",
         AuthError::Invalid => "proxy-auth-invalid",
     };
-    let body = serde_json::json!({
-        "type": format!("urn:idemproxy:problem:{slug}"),
-        "title": "Proxy authentication required",
-        "status": 407,
-        "detail": format!("{error}. Nothing was forwarded or claimed."),
-    });
-    let mut resp = Response::new(full(body.to_string()));
-    *resp.status_mut() = StatusCode::PROXY_AUTHENTICATION_REQUIRED;
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    h.insert(header::PROXY_AUTHENTICATE, HeaderValue::from_static(REALM));
-    h.insert("x-idemproxy-error", HeaderValue::from_static(slug));
+    let mut resp = Problem::new(
+        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+        slug,
+        format!("{error}. Nothing was forwarded or claimed."),
+    )
+    .titled("Proxy authentication required")
+    .into_response();
+    resp.headers_mut()
+        .insert(header::PROXY_AUTHENTICATE, HeaderValue::from_static(REALM));
     resp
 }
 

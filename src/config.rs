@@ -3,15 +3,14 @@
 //! Every timeout, limit and TTL is a named field with a default, so a config file only
 //! says what differs from a sane production setup.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-/// Every caller is this tenant when no tenants are configured.
-pub const DEFAULT_TENANT: &str = "default";
+pub use crate::idempotency::policy::{Hold, OnInFlight};
+pub use crate::identity::{KeySource, MissingKey, DEFAULT_TENANT};
 
 /// A config problem, always naming the file and the field.
 #[derive(Debug, thiserror::Error)]
@@ -43,17 +42,68 @@ pub struct Config {
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
     #[serde(default)]
-    pub admin: crate::admin::AdminConfig,
+    pub admin: AdminConfig,
     /// Who may use the proxy (`Proxy-Authorization`); none: everyone, as tenant `default`.
     #[serde(default)]
-    pub tenants: Vec<crate::auth::TenantConfig>,
+    pub tenants: Vec<TenantConfig>,
     #[serde(default)]
-    pub egress: crate::proxy::egress::EgressConfig,
+    pub egress: EgressConfig,
     #[serde(default)]
-    pub encryption: crate::store::sealed::EncryptionConfig,
+    pub encryption: EncryptionConfig,
     /// Where the file was read from, for messages that name it.
     #[serde(skip)]
     pub source: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Environment variable holding the key API's bearer token.
+    pub token_env: String,
+    /// Or: hex SHA-256 of the token, so the config file holds no secret.
+    pub token_sha256: Option<String>,
+    /// Most records one list (and the `unknown_claims` gauge) looks at.
+    pub list_limit: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            token_env: "IDEMPROXY_ADMIN_TOKEN".into(),
+            token_sha256: None,
+            list_limit: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Letters, digits, `-`, `_`; part of every store key of this tenant. The Basic user name.
+    pub name: String,
+    /// Hex SHA-256 of the tenant's secret (`printf %s "$SECRET" | sha256sum`).
+    pub secret_sha256: Option<String>,
+    /// Or: the environment variable holding the secret itself.
+    pub secret_env: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressConfig {
+    /// Hosts (`name`, `name:port`), addresses and CIDR blocks (`10.1.0.0/16`) that may be
+    /// reached even when they are internal.
+    pub allow: Vec<String>,
+    /// Refuse every destination `allow` does not name.
+    pub only_allowed: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EncryptionConfig {
+    /// Environment variable holding the 32-byte key as 64 hex digits or base64.
+    pub key_env: Option<String>,
+    /// File holding the key (32 raw bytes, 64 hex digits or base64).
+    pub key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -169,55 +219,6 @@ pub enum UnknownHosts {
     Tunnel,
     /// Answer 403.
     Deny,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum MissingKey {
-    /// Forward the request unprotected.
-    #[default]
-    Forward,
-    /// Answer 400.
-    Reject,
-    /// Key the request by its whole fingerprint (method, path, content type, body) for
-    /// `dedup_window`. The risky opt-in: two intended identical payments inside the window
-    /// become one.
-    Derive,
-}
-
-/// Where a protected request's identity (the operation it performs) comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KeySource {
-    /// The client's key (the `key_header`, or the provider's own key field as the client set
-    /// it); without one, the route's template, then `missing_key`.
-    Client,
-    /// The route's (or the matching operation's) template, even when the client sent a key:
-    /// SDKs mint a fresh key per call, which would make every re-run a new operation.
-    Template,
-    /// The whole request (method, path, query, content type, body) within `dedup_window`,
-    /// whatever key the client sent.
-    Request,
-}
-
-impl KeySource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KeySource::Client => "client",
-            KeySource::Template => "template",
-            KeySource::Request => "request",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum OnInFlight {
-    /// 409 with Retry-After.
-    #[default]
-    Conflict,
-    /// Wait for the first request to settle, then replay its receipt.
-    Wait,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -424,38 +425,6 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
-/// How long an UNKNOWN outcome is held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hold {
-    For(Duration),
-    Forever,
-}
-
-impl<'de> Deserialize<'de> for Hold {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        if s.trim().eq_ignore_ascii_case("forever") {
-            return Ok(Hold::Forever);
-        }
-        humantime::parse_duration(s.trim())
-            .map(Hold::For)
-            .map_err(|e| {
-                serde::de::Error::custom(format!(
-                    "`{s}` is neither `forever` nor a duration like 5m: {e}"
-                ))
-            })
-    }
-}
-
-impl fmt::Display for Hold {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Hold::For(d) => write!(f, "{}", humantime::format_duration(*d)),
-            Hold::Forever => f.write_str("forever"),
-        }
-    }
-}
-
 impl Config {
     /// Reads and validates a config file. Every error names the file and the field.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -507,18 +476,6 @@ impl Config {
                 format!(
                     "must be at least server.max_body_bytes ({}): one largest body must fit",
                     self.server.max_body_bytes
-                ),
-            ));
-        }
-        if !self.store.url.starts_with("sqlite://")
-            && !self.store.url.starts_with("redis://")
-            && !self.store.url.starts_with("rediss://")
-        {
-            return Err(self.invalid(
-                "store.url",
-                format!(
-                    "`{}` must start with sqlite://, redis:// or rediss://",
-                    self.store.url
                 ),
             ));
         }

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use idemproxy::app::App;
 use idemproxy::config::{parse_listen, Config};
 use idemproxy::proxy::server::{serve, ServerOptions};
 use idemproxy::tls::init::InitOptions;
@@ -143,12 +142,8 @@ fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
 
 fn check_config(path: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(&path)?;
-    // Building routes also checks provider names, URLs and CA files.
-    idemproxy::routes::Routes::build(&config)?;
-    idemproxy::proxy::connect::ConnectPolicy::build(&config)?;
-    idemproxy::auth::Tenants::build(&config)?;
-    idemproxy::proxy::egress::Egress::build(&config)?;
-    idemproxy::store::sealed::Sealer::from_config(&config)?;
+    // Exactly what `serve` builds before it opens the store.
+    idemproxy::app::Parts::check(&config)?;
     println!("{}: OK ({} routes)", path.display(), config.routes.len());
     Ok(())
 }
@@ -185,7 +180,7 @@ fn run_serve(path: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(&path)?;
     let runtime = runtime_for(&config)?;
     runtime.block_on(async move {
-        let app = App::build(&config).await?;
+        let (app, admin_settings) = idemproxy::app::build(&config).await?;
         if let Some(warning) = app.claims.store().durability_warning().await {
             tracing::warn!("{warning}");
         }
@@ -206,7 +201,7 @@ fn run_serve(path: PathBuf) -> anyhow::Result<()> {
                 let admin_local = admin_listener
                     .local_addr()
                     .context("admin listener has no local address")?;
-                let admin = idemproxy::admin::Admin::new(app.clone(), &config)?;
+                let admin = idemproxy::admin::Admin::new(app.clone(), admin_settings);
                 if !admin.key_api_enabled() {
                     tracing::warn!("admin key API disabled: no token in admin.token_env / admin.token_sha256");
                 }

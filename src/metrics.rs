@@ -1,19 +1,14 @@
 //! Prometheus metrics: what happened to requests (by route and outcome), how long upstreams
 //! and the store take, and what is outstanding. Labels never carry keys, scopes or credentials.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-
-use crate::idempotency::record::{Fence, Record, State};
-use crate::store::{Expiry, SettleSink, Store, StoreError};
 
 type Labels = Vec<(String, String)>;
 
@@ -200,7 +195,8 @@ impl Metrics {
             .observe(seconds);
     }
 
-    fn store_op(&self, op: &'static str, started: Instant, ok: bool) {
+    /// One store operation: its duration, and whether it failed (or was abandoned).
+    pub fn store_op(&self, op: &'static str, started: Instant, ok: bool) {
         let labels = vec![("op".to_string(), op.to_string())];
         self.store_seconds
             .get_or_create(&labels)
@@ -232,104 +228,6 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.claims_in_flight.dec();
-    }
-}
-
-/// A store that times every operation into the metrics.
-pub struct TimedStore {
-    inner: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-}
-
-impl TimedStore {
-    pub fn wrap(inner: Arc<dyn Store>, metrics: Arc<Metrics>) -> Arc<dyn Store> {
-        Arc::new(TimedStore { inner, metrics })
-    }
-
-    async fn timed<T>(
-        &self,
-        op: &'static str,
-        fut: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let mut timer = OpTimer {
-            metrics: &self.metrics,
-            op,
-            started: Instant::now(),
-            ok: None,
-        };
-        let out = fut.await;
-        timer.ok = Some(out.is_ok());
-        out
-    }
-}
-
-/// Records one store operation when dropped, so a call abandoned by the caller's timeout
-/// still shows up (as an error, with the time it was given).
-struct OpTimer<'a> {
-    metrics: &'a Metrics,
-    op: &'static str,
-    started: Instant,
-    ok: Option<bool>,
-}
-
-impl Drop for OpTimer<'_> {
-    fn drop(&mut self) {
-        self.metrics
-            .store_op(self.op, self.started, self.ok.unwrap_or(false));
-    }
-}
-
-#[async_trait]
-impl Store for TimedStore {
-    async fn insert_if_absent(
-        &self,
-        scope: &str,
-        record: &Record,
-        expiry: Expiry,
-    ) -> Result<Option<Record>, StoreError> {
-        self.timed("insert", self.inner.insert_if_absent(scope, record, expiry))
-            .await
-    }
-
-    async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
-        self.timed("get", self.inner.get(scope)).await
-    }
-
-    async fn replace(
-        &self,
-        scope: &str,
-        fence: &Fence,
-        record: &Record,
-        expiry: Expiry,
-    ) -> Result<bool, StoreError> {
-        self.timed("replace", self.inner.replace(scope, fence, record, expiry))
-            .await
-    }
-
-    async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError> {
-        self.timed("remove", self.inner.remove(scope, fence)).await
-    }
-
-    async fn list(&self, state: State, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
-        self.timed("list", self.inner.list(state, limit)).await
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.timed("ping", self.inner.ping()).await
-    }
-
-    async fn durability_warning(&self) -> Option<String> {
-        self.inner.durability_warning().await
-    }
-
-    // Wait-mode wake-ups across proxies must pass through this wrapper untouched.
-    async fn announce_settled(&self, scope: &str) -> Result<(), StoreError> {
-        self.timed("announce", self.inner.announce_settled(scope))
-            .await
-    }
-
-    fn listen_settled(&self, sink: Arc<dyn SettleSink>) {
-        self.inner.listen_settled(sink)
     }
 }
 

@@ -9,11 +9,10 @@ use std::time::Duration;
 use http::HeaderName;
 use sha2::{Digest, Sha256};
 
-use crate::config::KeySource;
-use crate::idempotency::outcome::{BodyRule, Condition, RuleOutcome, Test};
-use crate::idempotency::policy::StatusSet;
+use crate::idempotency::policy::{BodyRule, Condition, RuleOutcome, StatusSet, Test};
 use crate::identity::account::AccountPart;
 use crate::identity::provider_key::KeyField;
+use crate::identity::KeySource;
 use crate::identity::Signing;
 
 /// Which keys a provider accepts: a length range and a set of ASCII characters.

@@ -7,15 +7,14 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderName, Method, Uri};
 
 use crate::config::{self, Config, ConfigError, Hold, KeySource, RouteConfig};
-use crate::idempotency::outcome::{BodyRule, Condition, RuleOutcome, Test};
-use crate::idempotency::policy::{Policy, StatusSet};
+use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, StatusSet, Test};
 use crate::idempotency::template::Template;
 use crate::identity::account::{AccountPart, AccountSpec};
 use crate::identity::operations::Operation;
 use crate::identity::provider_key::KeyField;
 use crate::identity::{Identity, RouteIdentity, Signing};
 use crate::providers::{self, KeyLimits, LimitsError};
-use crate::proxy::upstream::{ClientOptions, UpstreamClient};
+use crate::proxy::upstream::{ClientError, ClientOptions, UpstreamClient};
 
 pub struct Upstream {
     pub scheme: Scheme,
@@ -446,15 +445,9 @@ fn build_route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Conf
         pool_idle_timeout: config.server.pool_idle_timeout.0,
         egress: None,
     })
-    .map_err(|m| {
-        invalid(
-            if m.contains("host:port") {
-                "connect_to"
-            } else {
-                "upstream_ca"
-            },
-            m,
-        )
+    .map_err(|e| match e {
+        ClientError::ConnectTo(_) => invalid("connect_to", e.to_string()),
+        ClientError::Roots(_) | ClientError::Tls(_) => invalid("upstream_ca", e.to_string()),
     })?;
 
     let volatile: Vec<String> = profile

@@ -5,7 +5,6 @@
 //! claim.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -14,12 +13,12 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 
 use super::{json, problem, Admin};
+use crate::http::body::{read_limited, Body};
 use crate::idempotency::record::{Receipt, Record, State, Token};
 use crate::idempotency::scope;
+use crate::idempotency::store::{now_ms, Expiry, StoreError};
 use crate::idempotency::template::RequestView;
 use crate::identity::Identity;
-use crate::proxy::body::{read_limited, Body};
-use crate::store::{now_ms, Expiry, StoreError};
 
 fn default_tenant() -> String {
     crate::auth::DEFAULT_TENANT.to_string()
@@ -135,12 +134,7 @@ async fn list(admin: &Admin, query: &str) -> Response<Body> {
             _ => {}
         }
     }
-    let found = match timed(
-        admin.op_timeout,
-        admin.app.claims.store().list(state, limit),
-    )
-    .await
-    {
+    let found = match admin.app.claims.store().list(state, limit).await {
         Ok(found) => found,
         Err(e) => return store_error(e),
     };
@@ -156,7 +150,7 @@ async fn show(admin: &Admin, lookup: LookupFields) -> Response<Body> {
         Ok(s) => s,
         Err(resp) => return *resp,
     };
-    match timed(admin.op_timeout, admin.app.claims.store().get(&scope)).await {
+    match (admin.app.claims.store().get(&scope)).await {
         Ok(Some(record)) => json(StatusCode::OK, &view(&scope, &record)),
         Ok(None) => not_found(&scope),
         Err(e) => store_error(e),
@@ -177,7 +171,7 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
         Err(resp) => return *resp,
     };
     let store = admin.app.claims.store();
-    let found = match timed(admin.op_timeout, store.get(&scope)).await {
+    let found = match (store.get(&scope)).await {
         Ok(Some(found)) => found,
         Ok(None) => return not_found(&scope),
         Err(e) => return store_error(e),
@@ -188,7 +182,7 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
     // The fence is the record as the operator saw it: same token, still UNKNOWN.
     let fence = found.fence();
     let done = match r.action {
-        Action::Release => timed(admin.op_timeout, store.remove(&scope, &fence)).await,
+        Action::Release => (store.remove(&scope, &fence)).await,
         Action::Commit => {
             let receipt = match r.receipt.map(operator_receipt) {
                 Some(Ok(receipt)) => receipt,
@@ -228,11 +222,9 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
                 token: Token::random(),
                 body,
             };
-            timed(
-                admin.op_timeout,
-                store.replace(&scope, &fence, &record, Expiry::After(retention)),
-            )
-            .await
+            store
+                .replace(&scope, &fence, &record, Expiry::After(retention))
+                .await
         }
     };
     match done {
@@ -249,7 +241,7 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
                 &serde_json::json!({"scope": scope, "resolved": action}),
             )
         }
-        Ok(false) => match timed(admin.op_timeout, store.get(&scope)).await {
+        Ok(false) => match (store.get(&scope)).await {
             Ok(Some(now)) => changed(&scope, &now),
             Ok(None) => not_found(&scope),
             Err(e) => store_error(e),
@@ -378,13 +370,4 @@ fn view(scope: &str, r: &Record) -> serde_json::Value {
             "body_bytes": rc.body.len(),
         })),
     })
-}
-
-async fn timed<T>(
-    d: Duration,
-    fut: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(d, fut)
-        .await
-        .unwrap_or(Err(StoreError::Timeout(d)))
 }

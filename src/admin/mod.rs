@@ -14,48 +14,26 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
-use crate::app::App;
 use crate::config::{Config, ConfigError};
+use crate::http::body::{full, Body};
+use crate::http::problem::Problem;
 use crate::idempotency::record::State;
-use crate::proxy::body::{full, Body};
+use crate::proxy::App;
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdminConfig {
-    /// Environment variable holding the key API's bearer token.
-    pub token_env: String,
-    /// Or: hex SHA-256 of the token, so the config file holds no secret.
-    pub token_sha256: Option<String>,
-    /// Most records one list (and the `unknown_claims` gauge) looks at.
-    pub list_limit: usize,
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        Self {
-            token_env: "IDEMPROXY_ADMIN_TOKEN".into(),
-            token_sha256: None,
-            list_limit: 1000,
-        }
-    }
-}
-
-/// Everything the admin handlers need besides the app.
-pub struct Admin {
-    app: Arc<App>,
+/// The admin listener's settings, checked when the config is.
+#[derive(Debug, Clone)]
+pub struct AdminSettings {
     /// SHA-256 of the bearer token; `None`: the key API is disabled.
     token_hash: Option<[u8; 32]>,
-    op_timeout: Duration,
     list_limit: usize,
 }
 
-impl Admin {
-    pub fn new(app: Arc<App>, config: &Config) -> Result<Admin, ConfigError> {
+impl AdminSettings {
+    pub fn from_config(config: &Config) -> Result<AdminSettings, ConfigError> {
         let admin = &config.admin;
         let token_hash = match &admin.token_sha256 {
             Some(h) => Some(
@@ -74,12 +52,28 @@ impl Admin {
         if admin.list_limit == 0 {
             return Err(config.invalid("admin.list_limit", "must be greater than 0"));
         }
-        Ok(Admin {
-            app,
+        Ok(AdminSettings {
             token_hash,
-            op_timeout: config.store.op_timeout.0,
             list_limit: admin.list_limit,
         })
+    }
+}
+
+/// Everything the admin handlers need besides the app.
+pub struct Admin {
+    app: Arc<App>,
+    /// SHA-256 of the bearer token; `None`: the key API is disabled.
+    token_hash: Option<[u8; 32]>,
+    list_limit: usize,
+}
+
+impl Admin {
+    pub fn new(app: Arc<App>, settings: AdminSettings) -> Admin {
+        Admin {
+            app,
+            token_hash: settings.token_hash,
+            list_limit: settings.list_limit,
+        }
     }
 
     pub fn key_api_enabled(&self) -> bool {
@@ -151,12 +145,14 @@ impl Admin {
     /// Ready when the store answers. The CA is loaded (and checked against its key) at
     /// start-up or the proxy does not start; readiness reports whether interception is on.
     async fn readyz(&self) -> Response<Body> {
-        let store =
-            match tokio::time::timeout(self.op_timeout, self.app.claims.store().ping()).await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!("no answer within {:?}", self.op_timeout)),
-            };
+        // The store is bounded by the store timeout: a stalled one answers `Timeout`.
+        let store = self
+            .app
+            .claims
+            .store()
+            .ping()
+            .await
+            .map_err(|e| e.to_string());
         let ready = store.is_ok();
         let checks = serde_json::json!({
             "store": match &store { Ok(()) => "ok".to_string(), Err(e) => e.clone() },
@@ -179,11 +175,11 @@ impl Admin {
             .claims
             .store()
             .list(State::Unknown, self.list_limit);
-        match tokio::time::timeout(self.op_timeout, list).await {
-            Ok(Ok(found)) => {
+        match list.await {
+            Ok(found) => {
                 self.app.metrics.unknown_claims.set(found.len() as i64);
             }
-            _ => {
+            Err(_) => {
                 tracing::debug!("cannot count UNKNOWN claims for /metrics; keeping the last value")
             }
         }
@@ -238,19 +234,6 @@ fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     resp
 }
 
-fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
-    let mut resp = json(
-        status,
-        &serde_json::json!({
-            "type": format!("urn:idemproxy:problem:{slug}"),
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-            "detail": detail,
-        }),
-    );
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    resp
+fn problem(status: StatusCode, slug: &'static str, detail: &str) -> Response<Body> {
+    Problem::new(status, slug, detail).into_response()
 }

@@ -11,12 +11,12 @@ use tokio_util::task::TaskTracker;
 use super::decide::{decide, Ask, Decision};
 use super::outcome::{classify, CallFailure, Outcome};
 use super::policy::Policy;
+use super::policy::{Hold, OnInFlight};
 use super::receipt_cache::ReceiptCache;
 use super::record::{Fence, Receipt, Record, RecordBody, State, Token};
+use super::store::{now_ms, Deadline, Expiry, Store, StoreError};
 use super::unconfirmed::Retrier;
 use super::waiters::Waiters;
-use crate::config::{Hold, OnInFlight};
-use crate::store::{now_ms, Expiry, Store, StoreError};
 
 /// How often acquire re-reads after losing a take-over race before giving up with 503.
 const MAX_ATTEMPTS: usize = 4;
@@ -115,8 +115,8 @@ pub struct Executed<E> {
 }
 
 pub struct Claims {
+    /// Bounded by the store timeout (`Deadline`).
     store: Arc<dyn Store>,
-    op_timeout: Duration,
     waiters: Arc<Waiters>,
     /// Work that must finish before the process exits: forwards being settled, settles and
     /// withdrawals being retried.
@@ -129,12 +129,13 @@ pub struct Claims {
 }
 
 impl Claims {
+    /// Claims over `store`, every operation of which is bounded by `op_timeout`.
     pub fn new(store: Arc<dyn Store>, op_timeout: Duration) -> Claims {
+        let store = Deadline::wrap(store, op_timeout);
         let waiters = Arc::new(Waiters::new());
         store.listen_settled(waiters.clone());
         Claims {
             store,
-            op_timeout,
             waiters,
             tasks: TaskTracker::new(),
             retrier: Retrier::default(),
@@ -176,15 +177,6 @@ impl Claims {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
-    }
-
-    async fn timed<T>(
-        &self,
-        op: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.op_timeout, op)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.op_timeout)))
     }
 
     /// Claims a scope, or says why the request must not execute.
@@ -246,12 +238,10 @@ impl Claims {
             restore: None,
         };
         let pending = claim.record(State::Pending, claim.body.clone());
-        let mut found = match self
-            .timed(
-                self.store
-                    .insert_if_absent(scope, &pending, pending_expiry(policy)),
-            )
-            .await
+        let mut found = match (self
+            .store
+            .insert_if_absent(scope, &pending, pending_expiry(policy)))
+        .await
         {
             Ok(None) => return Ok(Acquired::Execute(claim)),
             Ok(Some(found)) => found,
@@ -285,14 +275,13 @@ impl Claims {
                         restore: restore.then(|| Box::new(found.clone())),
                         ..claim.clone()
                     };
-                    match self
-                        .timed(self.store.replace(
-                            scope,
-                            &found.fence(),
-                            &pending,
-                            pending_expiry(policy),
-                        ))
-                        .await
+                    match (self.store.replace(
+                        scope,
+                        &found.fence(),
+                        &pending,
+                        pending_expiry(policy),
+                    ))
+                    .await
                     {
                         Ok(true) => {
                             tracing::info!(
@@ -311,14 +300,12 @@ impl Claims {
                 }
             }
             // Someone else moved the record between our read and our write: look again.
-            found = match self.timed(self.store.get(scope)).await? {
+            found = match (self.store.get(scope)).await? {
                 Some(r) => r,
-                None => match self
-                    .timed(
-                        self.store
-                            .insert_if_absent(scope, &pending, pending_expiry(policy)),
-                    )
-                    .await
+                None => match (self
+                    .store
+                    .insert_if_absent(scope, &pending, pending_expiry(policy)))
+                .await
                 {
                     Ok(None) => return Ok(Acquired::Execute(claim)),
                     Ok(Some(r)) => r,
@@ -383,10 +370,7 @@ impl Claims {
         let failure = error.to_string();
         let read_back = match error {
             StoreError::Timeout(_) => Err(error),
-            _ => self
-                .timed(self.store.get(&claim.scope))
-                .await
-                .map_err(|_| error),
+            _ => (self.store.get(&claim.scope)).await.map_err(|_| error),
         };
         match read_back {
             Ok(Some(r)) if r.token == claim.token && r.state == State::Pending => {
@@ -407,19 +391,14 @@ impl Claims {
                 "the claim's insert failed ({failure}) and did not land"
             ))),
             Err(error) => {
-                let (store, op_timeout, waiters) =
-                    (self.store.clone(), self.op_timeout, self.waiters.clone());
+                let (store, waiters) = (self.store.clone(), self.waiters.clone());
                 let retry_for = retry_window(policy);
                 let retrier = self.retrier.clone();
                 self.tasks.spawn(async move {
                     let withdraw = || {
                         let fence = ours_unsettled(&claim);
                         let (store, scope) = (store.clone(), claim.scope.clone());
-                        async move {
-                            tokio::time::timeout(op_timeout, store.remove(&scope, &fence))
-                                .await
-                                .unwrap_or(Err(StoreError::Timeout(op_timeout)))
-                        }
+                        async move { store.remove(&scope, &fence).await }
                     };
                     if retrier.until_gone(retry_for, withdraw).await {
                         waiters.wake(&claim.scope);
@@ -438,11 +417,10 @@ impl Claims {
         unknown.state = State::Unknown;
         unknown.body.unknown_since_ms = super::decide::abandoned_since(found, policy);
         unknown.body.note = Some("the proxy holding this claim stopped renewing its lease (crashed or cut off) while the request may have been at the provider".into());
-        if let Err(e) = self
-            .timed(
-                self.store
-                    .replace(scope, &found.fence(), &unknown, unknown_expiry(policy)),
-            )
+        if let Err(e) =
+            (self
+                .store
+                .replace(scope, &found.fence(), &unknown, unknown_expiry(policy)))
             .await
         {
             tracing::warn!(scope, error = %e, "could not record an abandoned claim as UNKNOWN");
@@ -522,7 +500,7 @@ impl Claims {
         let mut body = claim.body.clone();
         body.lease_until_ms = now_ms() + policy.lease.as_millis() as u64;
         let record = claim.record(State::Pending, body);
-        self.timed(self.store.replace(
+        (self.store.replace(
             &claim.scope,
             &pending_fence(claim),
             &record,
@@ -603,12 +581,10 @@ impl Claims {
     /// Wakes local waiters now and tells other proxies, without delaying the caller.
     pub fn announce_settled(&self, scope: &str) {
         self.waiters.wake(scope);
-        let (store, scope, timeout) = (self.store.clone(), scope.to_string(), self.op_timeout);
+        let (store, scope) = (self.store.clone(), scope.to_string());
         tokio::spawn(async move {
-            match tokio::time::timeout(timeout, store.announce_settled(&scope)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, "could not announce a settle"),
-                Err(_) => tracing::debug!("announcing a settle timed out"),
+            if let Err(e) = store.announce_settled(&scope).await {
+                tracing::debug!(error = %e, "could not announce a settle");
             }
         });
     }
@@ -630,7 +606,7 @@ impl Claims {
         let record = claim.record(State::Committed, body);
         // Not cached here: most keys are never retried, and caching every commit cost
         // throughput and memory in the benchmark. The first replay caches it.
-        self.timed(self.store.replace(
+        (self.store.replace(
             &claim.scope,
             &ours_unsettled(claim),
             &record,
@@ -655,12 +631,9 @@ impl Claims {
     /// deduplicates it).
     async fn release(&self, claim: &Claim, policy: &Policy) -> Result<bool, StoreError> {
         match &claim.restore {
-            None => {
-                self.timed(self.store.remove(&claim.scope, &ours_unsettled(claim)))
-                    .await
-            }
+            None => (self.store.remove(&claim.scope, &ours_unsettled(claim))).await,
             Some(declined) => {
-                self.timed(self.store.replace(
+                (self.store.replace(
                     &claim.scope,
                     &ours_unsettled(claim),
                     declined,
@@ -682,7 +655,7 @@ impl Claims {
         body.unknown_since_ms = now_ms();
         body.note = Some(note);
         let record = claim.record(State::Unknown, body);
-        self.timed(self.store.replace(
+        (self.store.replace(
             &claim.scope,
             &pending_fence(claim),
             &record,
@@ -758,7 +731,7 @@ impl Drop for AcquireGuard<'_> {
         if !self.armed || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let (store, timeout) = (self.claims.store.clone(), self.claims.op_timeout);
+        let store = self.claims.store.clone();
         let (scope, fence) = (
             self.scope.to_string(),
             Fence {
@@ -767,12 +740,12 @@ impl Drop for AcquireGuard<'_> {
             },
         );
         self.claims.tasks.spawn(async move {
-            match tokio::time::timeout(timeout, store.remove(&scope, &fence)).await {
-                Ok(Ok(true)) => {
+            match store.remove(&scope, &fence).await {
+                Ok(true) => {
                     tracing::info!(scope, "withdrew the claim of a request that went away")
                 }
-                Ok(Ok(false)) => {}
-                _ => tracing::warn!(
+                Ok(false) => {}
+                Err(_) => tracing::warn!(
                     scope,
                     "could not withdraw the claim of a request that went away"
                 ),
@@ -784,7 +757,7 @@ impl Drop for AcquireGuard<'_> {
 #[cfg(test)]
 mod lifetime_tests {
     use super::*;
-    use crate::config::OnInFlight;
+    use crate::idempotency::policy::OnInFlight;
     use crate::idempotency::policy::StatusSet;
 
     fn policy(hold: Hold) -> Policy {

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use super::policy::Hold;
 use super::policy::Policy;
 use super::record::{Receipt, Record, State};
-use crate::config::Hold;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -102,7 +102,7 @@ pub fn abandoned_since(found: &Record, policy: &Policy) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::OnInFlight;
+    use crate::idempotency::policy::OnInFlight;
     use crate::idempotency::policy::StatusSet;
 
     fn policy(honours_key: bool, hold: Hold) -> Policy {

@@ -11,6 +11,7 @@ pub mod policy;
 pub mod receipt_cache;
 pub mod record;
 pub mod scope;
+pub mod store;
 pub mod template;
 pub mod unconfirmed;
 pub mod waiters;

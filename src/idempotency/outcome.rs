@@ -14,7 +14,7 @@
 //! "this key was already used" instead of replaying (a *duplicate*: the operation exists, but
 //! that answer is not its response, so it is never a receipt).
 
-use super::policy::{Policy, StatusSet};
+use super::policy::{Policy, RuleOutcome};
 use super::record::Receipt;
 
 /// What a claim becomes once its call is over.
@@ -49,114 +49,6 @@ impl Outcome {
 /// A failed call: whether the request may have reached the provider decides the outcome.
 pub trait CallFailure: std::fmt::Display {
     fn may_have_been_sent(&self) -> bool;
-}
-
-/// An outcome read from a response body.
-#[derive(Debug, Clone)]
-pub struct BodyRule {
-    /// `None`: every status.
-    pub statuses: Option<StatusSet>,
-    /// All must hold.
-    pub conditions: Vec<Condition>,
-    pub outcome: RuleOutcome,
-    pub note: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RuleOutcome {
-    Commit,
-    Decline,
-    Release,
-    Unknown,
-    Duplicate,
-}
-
-impl RuleOutcome {
-    pub fn parse(s: &str) -> Option<RuleOutcome> {
-        Some(match s {
-            "commit" => RuleOutcome::Commit,
-            "decline" => RuleOutcome::Decline,
-            "release" => RuleOutcome::Release,
-            "unknown" => RuleOutcome::Unknown,
-            "duplicate" => RuleOutcome::Duplicate,
-            _ => return None,
-        })
-    }
-}
-
-/// A JSON field (`error`, `data.0.sCode`) tested one way.
-#[derive(Debug, Clone)]
-pub struct Condition {
-    pub field: Vec<String>,
-    pub test: Test,
-}
-
-#[derive(Debug, Clone)]
-pub enum Test {
-    /// Its value, as text (numbers as written), is one of these.
-    Equals(Vec<String>),
-    /// It is present, and its value is none of these.
-    NotEquals(Vec<String>),
-    /// It (or any item of it, for an array) is text starting with one of these.
-    Prefix(Vec<String>),
-    /// A non-empty array, object or string.
-    NonEmpty,
-}
-
-impl Condition {
-    pub fn new(field: &str, test: Test) -> Condition {
-        Condition {
-            field: field.split('.').map(String::from).collect(),
-            test,
-        }
-    }
-
-    fn holds(&self, body: &serde_json::Value) -> bool {
-        let mut cur = body;
-        for seg in &self.field {
-            let next = match cur {
-                serde_json::Value::Object(m) => m.get(seg),
-                serde_json::Value::Array(a) => seg.parse::<usize>().ok().and_then(|i| a.get(i)),
-                _ => None,
-            };
-            match next {
-                Some(v) => cur = v,
-                None => return false,
-            }
-        }
-        let text = |v: &serde_json::Value| match v {
-            serde_json::Value::String(s) => Some(s.clone()),
-            serde_json::Value::Number(n) => Some(n.to_string()),
-            serde_json::Value::Bool(b) => Some(b.to_string()),
-            _ => None,
-        };
-        match &self.test {
-            Test::Equals(values) => text(cur).is_some_and(|t| values.contains(&t)),
-            Test::NotEquals(values) => text(cur).is_some_and(|t| !values.contains(&t)),
-            Test::Prefix(prefixes) => {
-                let starts = |v: &serde_json::Value| {
-                    text(v).is_some_and(|t| prefixes.iter().any(|p| t.starts_with(p.as_str())))
-                };
-                match cur {
-                    serde_json::Value::Array(items) => items.iter().any(starts),
-                    v => starts(v),
-                }
-            }
-            Test::NonEmpty => match cur {
-                serde_json::Value::Array(a) => !a.is_empty(),
-                serde_json::Value::Object(m) => !m.is_empty(),
-                serde_json::Value::String(s) => !s.is_empty(),
-                _ => false,
-            },
-        }
-    }
-}
-
-impl BodyRule {
-    fn matches(&self, status: u16, body: &serde_json::Value) -> bool {
-        self.statuses.as_ref().is_none_or(|s| s.contains(status))
-            && self.conditions.iter().all(|c| c.holds(body))
-    }
 }
 
 /// The outcome of a call under the route's policy.
@@ -214,7 +106,7 @@ pub fn classify<E: CallFailure>(result: Result<&Receipt, &E>, policy: &Policy) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Hold, OnInFlight};
+    use crate::idempotency::policy::{BodyRule, Condition, Hold, OnInFlight, StatusSet, Test};
     use bytes::Bytes;
     use std::time::Duration;
 

@@ -1,9 +1,9 @@
 //! A route's idempotency policy, resolved from config and provider profile.
 
+use std::fmt;
 use std::time::Duration;
 
-use super::outcome::BodyRule;
-use crate::config::{Hold, OnInFlight};
+use serde::{Deserialize, Deserializer};
 
 /// Which statuses become a receipt: `2xx`-style classes or single codes, minus exclusions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +49,156 @@ impl StatusSet {
     pub fn contains(&self, status: u16) -> bool {
         let within = |(lo, hi): &(u16, u16)| (*lo..=*hi).contains(&status);
         self.include.iter().any(within) && !self.exclude.iter().any(within)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnInFlight {
+    /// 409 with Retry-After.
+    #[default]
+    Conflict,
+    /// Wait for the first request to settle, then replay its receipt.
+    Wait,
+}
+
+/// How long an UNKNOWN outcome is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    For(Duration),
+    Forever,
+}
+
+impl<'de> Deserialize<'de> for Hold {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.trim().eq_ignore_ascii_case("forever") {
+            return Ok(Hold::Forever);
+        }
+        humantime::parse_duration(s.trim())
+            .map(Hold::For)
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "`{s}` is neither `forever` nor a duration like 5m: {e}"
+                ))
+            })
+    }
+}
+
+impl fmt::Display for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Hold::For(d) => write!(f, "{}", humantime::format_duration(*d)),
+            Hold::Forever => f.write_str("forever"),
+        }
+    }
+}
+
+/// An outcome read from a response body.
+#[derive(Debug, Clone)]
+pub struct BodyRule {
+    /// `None`: every status.
+    pub statuses: Option<StatusSet>,
+    /// All must hold.
+    pub conditions: Vec<Condition>,
+    pub outcome: RuleOutcome,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleOutcome {
+    Commit,
+    Decline,
+    Release,
+    Unknown,
+    Duplicate,
+}
+
+impl RuleOutcome {
+    pub fn parse(s: &str) -> Option<RuleOutcome> {
+        Some(match s {
+            "commit" => RuleOutcome::Commit,
+            "decline" => RuleOutcome::Decline,
+            "release" => RuleOutcome::Release,
+            "unknown" => RuleOutcome::Unknown,
+            "duplicate" => RuleOutcome::Duplicate,
+            _ => return None,
+        })
+    }
+}
+
+/// A JSON field (`error`, `data.0.sCode`) tested one way.
+#[derive(Debug, Clone)]
+pub struct Condition {
+    pub field: Vec<String>,
+    pub test: Test,
+}
+
+#[derive(Debug, Clone)]
+pub enum Test {
+    /// Its value, as text (numbers as written), is one of these.
+    Equals(Vec<String>),
+    /// It is present, and its value is none of these.
+    NotEquals(Vec<String>),
+    /// It (or any item of it, for an array) is text starting with one of these.
+    Prefix(Vec<String>),
+    /// A non-empty array, object or string.
+    NonEmpty,
+}
+
+impl Condition {
+    pub fn new(field: &str, test: Test) -> Condition {
+        Condition {
+            field: field.split('.').map(String::from).collect(),
+            test,
+        }
+    }
+
+    fn holds(&self, body: &serde_json::Value) -> bool {
+        let mut cur = body;
+        for seg in &self.field {
+            let next = match cur {
+                serde_json::Value::Object(m) => m.get(seg),
+                serde_json::Value::Array(a) => seg.parse::<usize>().ok().and_then(|i| a.get(i)),
+                _ => None,
+            };
+            match next {
+                Some(v) => cur = v,
+                None => return false,
+            }
+        }
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Number(n) => Some(n.to_string()),
+            serde_json::Value::Bool(b) => Some(b.to_string()),
+            _ => None,
+        };
+        match &self.test {
+            Test::Equals(values) => text(cur).is_some_and(|t| values.contains(&t)),
+            Test::NotEquals(values) => text(cur).is_some_and(|t| !values.contains(&t)),
+            Test::Prefix(prefixes) => {
+                let starts = |v: &serde_json::Value| {
+                    text(v).is_some_and(|t| prefixes.iter().any(|p| t.starts_with(p.as_str())))
+                };
+                match cur {
+                    serde_json::Value::Array(items) => items.iter().any(starts),
+                    v => starts(v),
+                }
+            }
+            Test::NonEmpty => match cur {
+                serde_json::Value::Array(a) => !a.is_empty(),
+                serde_json::Value::Object(m) => !m.is_empty(),
+                serde_json::Value::String(s) => !s.is_empty(),
+                _ => false,
+            },
+        }
+    }
+}
+
+impl BodyRule {
+    pub fn matches(&self, status: u16, body: &serde_json::Value) -> bool {
+        self.statuses.as_ref().is_none_or(|s| s.contains(status))
+            && self.conditions.iter().all(|c| c.holds(body))
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use moka::sync::Cache;
 
 use super::record::Receipt;
-use crate::store::now_ms;
+use super::store::now_ms;
 
 pub struct CachedReceipt {
     pub fingerprint: String,

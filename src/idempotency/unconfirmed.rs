@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
-use crate::store::StoreError;
+use super::store::StoreError;
 
 /// How many background attempts may wait on the store at once. A stalled store times out
 /// every request; without a bound, each one's retries would pile up on it and flood it the

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use tokio::sync::watch;
 
-use crate::store::SettleSink;
+use super::store::SettleSink;
 
 #[derive(Default)]
 pub struct Waiters {

@@ -19,14 +19,56 @@ pub mod operations;
 pub mod provider_key;
 
 use http::{HeaderMap, HeaderName, Method};
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use self::account::{AccountError, AccountSpec};
 use self::operations::Operation;
 use self::provider_key::KeyField;
-use crate::config::{KeySource, MissingKey, DEFAULT_TENANT};
 use crate::idempotency::key::{self, KeyError};
 use crate::idempotency::template::{RenderError, Rendered, RequestView, Template};
+
+/// Every caller is this tenant when no tenants are configured.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Where a protected request's identity (the operation it performs) comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeySource {
+    /// The client's key (the `key_header`, or the provider's own key field as the client set
+    /// it); without one, the route's template, then `missing_key`.
+    Client,
+    /// The route's (or the matching operation's) template, even when the client sent a key:
+    /// SDKs mint a fresh key per call, which would make every re-run a new operation.
+    Template,
+    /// The whole request (method, path, query, content type, body) within `dedup_window`,
+    /// whatever key the client sent.
+    Request,
+}
+
+impl KeySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeySource::Client => "client",
+            KeySource::Template => "template",
+            KeySource::Request => "request",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingKey {
+    /// Forward the request unprotected.
+    #[default]
+    Forward,
+    /// Answer 400.
+    Reject,
+    /// Key the request by its whole fingerprint (method, path, content type, body) for
+    /// `dedup_window`. The risky opt-in: two intended identical payments inside the window
+    /// become one.
+    Derive,
+}
 
 /// How a provider signs its requests, which decides what the proxy may change in them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -3,7 +3,7 @@
 
 use http::Method;
 
-use crate::config::MissingKey;
+use super::MissingKey;
 use crate::idempotency::template::Template;
 
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::Metrics;
-use crate::problem::ProxyError;
+use crate::proxy::error::ProxyError;
 
 /// Bodies are counted in KiB: a semaphore holds at most `u32::MAX` permits per acquire.
 const UNIT: u64 = 1024;

@@ -3,29 +3,21 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::{Method, Request, Response, Uri};
+use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
-use super::body::Body;
-use super::{connect, passthrough, pipeline};
-use crate::app::App;
+use super::connection::LocalAddr;
+use super::routed::to_route;
+use super::{connect, passthrough};
+use crate::http::body::Body;
 use crate::metrics::RequestOutcome;
-use crate::problem::ProxyError;
-use crate::routes::Route;
+use crate::proxy::error::ProxyError;
+use crate::proxy::App;
 
 pub use crate::auth::DEFAULT_TENANT;
 
 /// Label for requests no route covers.
 const NO_ROUTE: &str = "-";
-
-/// The proxy's own address on the connection a request came in on.
-#[derive(Debug, Clone, Copy)]
-pub struct LocalAddr(pub std::net::SocketAddr);
-
-/// The client connection's slot under `server.max_connections`. A CONNECT tunnel outlives the
-/// HTTP connection that opened it, so the tunnel takes a clone and holds the slot until it ends.
-#[derive(Debug, Clone)]
-pub struct ConnectionSlot(pub Arc<tokio::sync::OwnedSemaphorePermit>);
 
 /// Whether an absolute-form request names the proxy itself (`GET http://PROXY/stripe/…`):
 /// that is a base-URL request, not one to pass on (which would loop back here).
@@ -120,39 +112,5 @@ async fn base_url(
             let path = path_and_query.split('?').next().unwrap_or("/").to_string();
             ProxyError::NoRoute(path).into_response()
         }
-    }
-}
-
-/// Runs a request that `route` covers: protected if its method is, passed through otherwise.
-/// `path_and_query` is the upstream path (base-URL prefix already removed).
-pub async fn to_route(
-    app: &App,
-    route: &Arc<Route>,
-    req: Request<Incoming>,
-    path_and_query: &str,
-    tenant: &str,
-) -> Response<Body> {
-    let upstream_uri: Uri = match route.upstream_uri(path_and_query) {
-        Ok(uri) => uri,
-        Err(e) => {
-            return ProxyError::BadRequest(format!("the request path cannot be forwarded: {e}"))
-                .into_response()
-        }
-    };
-    if route.protects(req.method()) {
-        // Boxed: the pipeline's state is kilobytes, and every enclosing future (up to the one
-        // hyper keeps per request) would otherwise embed it and be copied whole.
-        Box::pin(pipeline::run(app, route, req, upstream_uri, tenant)).await
-    } else if let Some(protected) = route.protects_other_case(req.method()) {
-        app.metrics.request(&route.name, RequestOutcome::Rejected);
-        ProxyError::MethodCase {
-            given: req.method().to_string(),
-            protected: protected.to_string(),
-        }
-        .into_response()
-    } else {
-        app.metrics
-            .request(&route.name, RequestOutcome::Passthrough);
-        passthrough::forward_for(route, tenant, req, upstream_uri).await
     }
 }

@@ -11,19 +11,7 @@ use std::task::{Context, Poll};
 
 use hyper_util::client::legacy::connect::dns::Name;
 
-use serde::Deserialize;
-
 use crate::config::{Config, ConfigError};
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EgressConfig {
-    /// Hosts (`name`, `name:port`), addresses and CIDR blocks (`10.1.0.0/16`) that may be
-    /// reached even when they are internal.
-    pub allow: Vec<String>,
-    /// Refuse every destination `allow` does not name.
-    pub only_allowed: bool,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Rule {

@@ -17,12 +17,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
-use super::body::Body;
-use super::connect::Target;
-use super::dispatch;
+use super::connect_policy::Target;
 use super::limits::{first_request_within, FirstRequest};
+use super::routed;
 use super::tunnel::{until_idle, Activity};
-use crate::app::App;
+use crate::http::body::Body;
+use crate::proxy::App;
 use crate::routes::Route;
 
 /// What a client that speaks plain HTTP inside the tunnel gets back.
@@ -204,7 +204,7 @@ async fn request(
     if req.method() == http::Method::CONNECT {
         app.metrics
             .request(&route.name, crate::metrics::RequestOutcome::Rejected);
-        return crate::problem::ProxyError::BadRequest(
+        return crate::proxy::error::ProxyError::BadRequest(
             "CONNECT inside an intercepted connection is not supported; send requests to the provider directly in this tunnel".into(),
         )
         .into_response();
@@ -215,7 +215,7 @@ async fn request(
         .map(|p| p.as_str())
         .unwrap_or("/")
         .to_string();
-    dispatch::to_route(app, route, req, &path_and_query, tenant).await
+    routed::to_route(app, route, req, &path_and_query, tenant).await
 }
 
 /// The connection with the byte read to tell TLS from plain HTTP put back in front.

@@ -2,10 +2,14 @@
 //! idempotency pipeline, passthrough and the upstream client.
 
 pub mod admission;
-pub mod body;
+pub mod app;
+
 pub mod connect;
+pub mod connect_policy;
+pub mod connection;
 pub mod dispatch;
 pub mod egress;
+pub mod error;
 pub mod headers;
 pub mod intercept;
 pub mod limits;
@@ -13,6 +17,9 @@ pub mod outgoing;
 pub mod passthrough;
 pub mod pipeline;
 pub mod receipt;
+pub mod routed;
 pub mod server;
 pub mod tunnel;
 pub mod upstream;
+
+pub use self::app::App;

@@ -6,13 +6,13 @@
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, Uri, Version};
 
-use super::body::{full, Body};
 use super::headers::for_upstream;
-use crate::config::DEFAULT_TENANT;
+use crate::http::body::{full, Body};
 use crate::identity::account::sigv4_signed_headers;
 use crate::identity::provider_key::{BodySlot, KeyField};
 use crate::identity::Signing;
-use crate::problem::ProxyError;
+use crate::identity::DEFAULT_TENANT;
+use crate::proxy::error::ProxyError;
 use crate::routes::Route;
 
 pub struct Outgoing {

@@ -3,12 +3,12 @@
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
-use super::body::{stream, Body};
 use super::headers::{for_upstream, strip_hop_by_hop};
 use super::upstream::UpstreamClient;
-use crate::config::DEFAULT_TENANT;
+use crate::http::body::{stream, Body};
 use crate::identity::provider_key::KeyField;
-use crate::problem::ProxyError;
+use crate::identity::DEFAULT_TENANT;
+use crate::proxy::error::ProxyError;
 use crate::routes::Route;
 
 /// Streams a request of a method `route` does not protect. Outside the default tenant, a

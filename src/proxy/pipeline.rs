@@ -11,21 +11,22 @@ use http::{header, HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use super::admission::Admitted;
-use super::body::{read_limited, stream, Body, ReadError};
 use super::headers::strip_hop_by_hop;
 use super::outgoing::Outgoing;
 use super::receipt;
 use super::upstream::{UpstreamClient, UpstreamError};
-use crate::app::App;
-use crate::config::{OnInFlight, DEFAULT_TENANT};
+use crate::http::body::{read_limited, stream, Body, ReadError};
 use crate::idempotency::claims::{Acquired, Claim, ClaimRequest, Executed, Recorded};
 use crate::idempotency::outcome::{CallFailure, Outcome};
+use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
 use crate::idempotency::record::Receipt;
 use crate::idempotency::scope;
+use crate::identity::DEFAULT_TENANT;
 use crate::identity::{self, Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
-use crate::problem::ProxyError;
+use crate::proxy::error::ProxyError;
+use crate::proxy::App;
 use crate::routes::Route;
 
 /// Says on a response that the proxy forwarded it without protection, and why.
@@ -212,7 +213,7 @@ async fn claim(
     scope: &str,
     id: &Identified,
     policy: &Policy,
-) -> Result<Acquired, crate::store::StoreError> {
+) -> Result<Acquired, crate::idempotency::store::StoreError> {
     let req = ClaimRequest {
         scope,
         fingerprint: &id.fingerprint,

@@ -11,9 +11,10 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
+use super::connection::{ConnectionSlot, LocalAddr};
 use super::dispatch;
 use super::limits::{first_request_within, FirstRequest};
-use crate::app::App;
+use crate::proxy::App;
 
 pub struct ServerOptions {
     pub header_read_timeout: Duration,
@@ -62,8 +63,8 @@ pub async fn serve(
             continue;
         };
         let app = app.clone();
-        let local = stream.local_addr().ok().map(dispatch::LocalAddr);
-        let slot = dispatch::ConnectionSlot(Arc::new(permit));
+        let local = stream.local_addr().ok().map(LocalAddr);
+        let slot = ConnectionSlot(Arc::new(permit));
         let first = FirstRequest::default();
         let seen = first.clone();
         let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {

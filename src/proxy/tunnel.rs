@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::connect::{ConnectError, Target};
+use super::connect_policy::{ConnectError, Target};
 use super::egress::{Egress, EgressError};
 
 /// The addresses a tunnel to `target` may use. This is the one place that decides where blind

@@ -15,8 +15,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls_pki_types::{pem::PemObject, CertificateDer};
 
-use super::body::{Body, BoxError};
 use super::egress::{Egress, GuardedResolver};
+use crate::http::body::{Body, BoxError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -58,21 +58,40 @@ pub struct UpstreamClient {
     client: Client<hyper_rustls::HttpsConnector<ConnectTo>, Body>,
 }
 
+/// Why a client for an upstream cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The extra roots (`upstream_ca`) cannot be used.
+    #[error("{0}")]
+    Roots(String),
+    /// `connect_to` is not a `host:port`.
+    #[error("`{0}` is not a host:port")]
+    ConnectTo(String),
+    #[error("TLS set-up failed: {0}")]
+    Tls(String),
+}
+
 impl UpstreamClient {
-    pub fn new(opts: &ClientOptions<'_>) -> Result<UpstreamClient, String> {
+    pub fn new(opts: &ClientOptions<'_>) -> Result<UpstreamClient, ClientError> {
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(path) = opts.extra_roots {
             let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+                .map_err(|e| ClientError::Roots(format!("cannot read {}: {e}", path.display())))?
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("{} is not PEM: {e}", path.display()))?;
+                .map_err(|e| ClientError::Roots(format!("{} is not PEM: {e}", path.display())))?;
             if certs.is_empty() {
-                return Err(format!("{} holds no certificate", path.display()));
+                return Err(ClientError::Roots(format!(
+                    "{} holds no certificate",
+                    path.display()
+                )));
             }
             for cert in certs {
                 roots.add(cert).map_err(|e| {
-                    format!("{} holds a certificate rustls rejects: {e}", path.display())
+                    ClientError::Roots(format!(
+                        "{} holds a certificate rustls rejects: {e}",
+                        path.display()
+                    ))
                 })?;
             }
         }
@@ -80,7 +99,7 @@ impl UpstreamClient {
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(|e| ClientError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
         let mut http = HttpConnector::new_with_resolver(GuardedResolver::new(opts.egress.clone()));
@@ -93,7 +112,7 @@ impl UpstreamClient {
                     .parse::<Uri>()
                     .ok()
                     .and_then(|u| u.authority().cloned())
-                    .ok_or_else(|| format!("`{addr}` is not a host:port"))?,
+                    .ok_or_else(|| ClientError::ConnectTo(addr.to_string()))?,
             ),
             None => None,
         };

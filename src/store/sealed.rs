@@ -6,7 +6,6 @@
 //! header, and `nonce || ciphertext` as its body. The scope and fingerprint are the associated
 //! data, so a sealed receipt copied under another key does not open.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
@@ -14,23 +13,21 @@ use aes_gcm::{Aes256Gcm, Nonce};
 use async_trait::async_trait;
 use base64::Engine as _;
 use bytes::Bytes;
-use serde::Deserialize;
 
 use super::{Expiry, SettleSink, Store, StoreError};
-use crate::config::{Config, ConfigError};
+use crate::config::EncryptionConfig;
 use crate::idempotency::record::{DecodeError, Fence, Receipt, Record, State};
 
 const MARKER: &str = "idemproxy-sealed";
 const ALGORITHM: &str = "aes-256-gcm/v1";
 const NONCE_LEN: usize = 12;
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EncryptionConfig {
-    /// Environment variable holding the 32-byte key as 64 hex digits or base64.
-    pub key_env: Option<String>,
-    /// File holding the key (32 raw bytes, 64 hex digits or base64).
-    pub key_file: Option<PathBuf>,
+/// Why the configured receipt key cannot be used, and which field says so.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct KeyError {
+    pub field: &'static str,
+    pub message: String,
 }
 
 /// The receipt key, when configured.
@@ -39,20 +36,23 @@ pub struct Sealer {
 }
 
 impl Sealer {
-    /// `None` when `[encryption]` names no key.
-    pub fn from_config(config: &Config) -> Result<Option<Sealer>, ConfigError> {
-        let enc = &config.encryption;
+    /// The key `[encryption]` names; `None` when it names none.
+    pub fn load(enc: &EncryptionConfig) -> Result<Option<Sealer>, KeyError> {
+        let bad = |field: &'static str, message: String| KeyError { field, message };
         let (field, raw) = match (&enc.key_env, &enc.key_file) {
             (None, None) => return Ok(None),
             (Some(_), Some(_)) => {
-                return Err(config.invalid("encryption", "set key_env or key_file, not both"))
+                return Err(bad(
+                    "encryption",
+                    "set key_env or key_file, not both".into(),
+                ))
             }
             (Some(var), None) => match std::env::var(var) {
                 Ok(v) if !v.trim().is_empty() => {
                     ("encryption.key_env", v.trim().as_bytes().to_vec())
                 }
                 _ => {
-                    return Err(config.invalid(
+                    return Err(bad(
                         "encryption.key_env",
                         format!("the environment variable `{var}` is not set or empty"),
                     ))
@@ -61,7 +61,7 @@ impl Sealer {
             (None, Some(path)) => match std::fs::read(path) {
                 Ok(bytes) => ("encryption.key_file", bytes),
                 Err(e) => {
-                    return Err(config.invalid(
+                    return Err(bad(
                         "encryption.key_file",
                         format!("cannot read {}: {e}", path.display()),
                     ))
@@ -69,9 +69,9 @@ impl Sealer {
             },
         };
         let key = parse_key(&raw).ok_or_else(|| {
-            config.invalid(
+            bad(
                 field,
-                "the key must be 32 bytes: 64 hex digits, base64, or a 32-byte file (e.g. `openssl rand -hex 32`)",
+                "the key must be 32 bytes: 64 hex digits, base64, or a 32-byte file (e.g. `openssl rand -hex 32`)".into(),
             )
         })?;
         Ok(Some(Sealer::new(&key)))

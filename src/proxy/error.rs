@@ -1,17 +1,17 @@
-//! Every answer the proxy makes itself: one error enum, one mapping to an RFC 9457
-//! `application/problem+json` response that says what happened and what to do.
+//! Why the proxy answers a request itself: one error enum, mapped to status, slug, title and
+//! advice, rendered by the one problem+json renderer (`http::problem`).
 
 use std::time::Duration;
 
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 
+use super::upstream::UpstreamError;
+use crate::http::body::Body;
+use crate::http::problem::Problem;
 use crate::idempotency::claims::Recorded;
 use crate::idempotency::outcome::Outcome;
+use crate::idempotency::store::StoreError;
 use crate::identity::IdentityError;
-use crate::proxy::body::{full, Body};
-use crate::proxy::connect::ConnectError;
-use crate::proxy::upstream::UpstreamError;
-use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -50,8 +50,6 @@ pub enum ProxyError {
         error: UpstreamError,
         claim: Option<(Outcome, Recorded)>,
     },
-    #[error(transparent)]
-    Connect(#[from] ConnectError),
     #[error("egress refused: {0}")]
     EgressRefused(String),
 }
@@ -77,7 +75,6 @@ impl ProxyError {
                 ..
             } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::Connect(e) => e.status(),
             ProxyError::EgressRefused(_) => StatusCode::FORBIDDEN,
         }
     }
@@ -121,7 +118,6 @@ impl ProxyError {
                 ..
             } => "upstream-response-too-large",
             ProxyError::Upstream { .. } => "upstream-failed",
-            ProxyError::Connect(e) => e.slug(),
             ProxyError::EgressRefused(_) => "egress-refused",
         }
     }
@@ -162,7 +158,6 @@ impl ProxyError {
                 ..
             } => "Upstream timed out",
             ProxyError::Upstream { .. } => "Upstream failed",
-            ProxyError::Connect(e) => e.title(),
             ProxyError::EgressRefused(_) => "Destination not allowed",
         }
     }
@@ -199,7 +194,6 @@ impl ProxyError {
                 Some(_) if error.may_have_been_sent() => "The provider deduplicates on the key passed down, so retry with the same key.".into(),
                 Some(_) => "Nothing reached the provider. Retry with the same key.".into(),
             },
-            ProxyError::Connect(e) => e.advice(),
             ProxyError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
         }
     }
@@ -216,29 +210,13 @@ impl ProxyError {
     }
 
     pub fn into_response(self) -> Response<Body> {
-        let status = self.status();
-        let slug = self.slug();
-        let body = serde_json::json!({
-            "type": format!("urn:idemproxy:problem:{slug}"),
-            "title": self.title(),
-            "status": status.as_u16(),
-            "detail": format!("{self}. {}", self.advice()),
-        });
-        let mut resp = Response::new(full(body.to_string()));
-        *resp.status_mut() = status;
-        let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        h.insert("x-idemproxy-error", HeaderValue::from_static(slug));
-        if let Some(d) = self.retry_after() {
-            // Whole seconds, rounded up, never 0: a client retrying at once would only hit it again.
-            let secs = d.as_millis().div_ceil(1000).max(1);
-            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-                h.insert(header::RETRY_AFTER, v);
-            }
+        Problem {
+            status: self.status(),
+            slug: self.slug(),
+            title: self.title(),
+            detail: format!("{self}. {}", self.advice()),
+            retry_after: self.retry_after(),
         }
-        resp
+        .into_response()
     }
 }

@@ -1,0 +1,187 @@
+//! The store the claim state machine needs (its port): atomic insert-if-absent, fenced
+//! replace and remove, expiry, a settle feed for waiters on other proxies, and the clock.
+//! Adapters (SQLite, Redis, sealing, metrics) live in `crate::store` and implement it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::record::{DecodeError, Fence, Record, State};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Corrupt(#[from] DecodeError),
+    #[error("cannot open store `{url}`: {message}")]
+    Open { url: String, message: String },
+}
+
+impl StoreError {
+    /// The store could not be reached or did not answer — as opposed to answering with
+    /// something unreadable. Only this may justify forwarding unprotected (`fail_open`).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Timeout(_))
+    }
+}
+
+/// How long a record lives before the store forgets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    After(Duration),
+    Never,
+}
+
+impl Expiry {
+    pub fn millis(self) -> u64 {
+        match self {
+            Expiry::After(d) => (d.as_millis() as u64).max(1),
+            Expiry::Never => 0,
+        }
+    }
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Atomically stores `record` unless a live record is there. `None` when inserted,
+    /// otherwise the record found (untouched).
+    async fn insert_if_absent(
+        &self,
+        scope: &str,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<Option<Record>, StoreError>;
+
+    async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError>;
+
+    /// Atomically overwrites the record if `fence` admits the one stored. `false` when it does
+    /// not (the claim was taken over, settled or expired): nothing is written then.
+    async fn replace(
+        &self,
+        scope: &str,
+        fence: &Fence,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<bool, StoreError>;
+
+    /// Atomically deletes the record if `fence` admits it.
+    async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError>;
+
+    /// Up to `limit` records in `state`, for operators.
+    async fn list(&self, state: State, limit: usize) -> Result<Vec<(String, Record)>, StoreError>;
+
+    /// Cheap round trip proving the store answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// A warning operators must see at start-up (e.g. a Redis that keeps nothing on disk).
+    async fn durability_warning(&self) -> Option<String> {
+        None
+    }
+
+    /// Tells other proxies sharing this store that the claim under `scope` was settled.
+    /// Best effort: waiters re-read the store on a timer anyway.
+    async fn announce_settled(&self, _scope: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Starts feeding settles announced by other proxies into `sink`. A store only one
+    /// process uses (SQLite) has nothing to feed: local settles wake local waiters directly.
+    fn listen_settled(&self, _sink: Arc<dyn SettleSink>) {}
+}
+
+/// Where settle notifications from other proxies go.
+pub trait SettleSink: Send + Sync + 'static {
+    fn settled(&self, scope: &str);
+    /// The feed was interrupted: notifications may have been lost.
+    fn maybe_missed(&self);
+}
+
+/// Milliseconds since the Unix epoch: the clock every lease, hold and expiry is measured on.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Every operation of `inner` bounded by one deadline (`store.op_timeout`): a store that
+/// stalls answers `Timeout`, and the request that waited on it gets a 503 instead of hanging.
+/// The one place store calls are timed out.
+pub struct Deadline {
+    inner: Arc<dyn Store>,
+    limit: Duration,
+}
+
+impl Deadline {
+    pub fn wrap(inner: Arc<dyn Store>, limit: Duration) -> Arc<dyn Store> {
+        Arc::new(Deadline { inner, limit })
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.limit, op)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.limit)))
+    }
+}
+
+#[async_trait]
+impl Store for Deadline {
+    async fn insert_if_absent(
+        &self,
+        scope: &str,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<Option<Record>, StoreError> {
+        self.bounded(self.inner.insert_if_absent(scope, record, expiry))
+            .await
+    }
+
+    async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
+        self.bounded(self.inner.get(scope)).await
+    }
+
+    async fn replace(
+        &self,
+        scope: &str,
+        fence: &Fence,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<bool, StoreError> {
+        self.bounded(self.inner.replace(scope, fence, record, expiry))
+            .await
+    }
+
+    async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError> {
+        self.bounded(self.inner.remove(scope, fence)).await
+    }
+
+    async fn list(&self, state: State, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
+        self.bounded(self.inner.list(state, limit)).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.bounded(self.inner.ping()).await
+    }
+
+    async fn durability_warning(&self) -> Option<String> {
+        tokio::time::timeout(self.limit, self.inner.durability_warning())
+            .await
+            .unwrap_or(None)
+    }
+
+    async fn announce_settled(&self, scope: &str) -> Result<(), StoreError> {
+        self.bounded(self.inner.announce_settled(scope)).await
+    }
+
+    fn listen_settled(&self, sink: Arc<dyn SettleSink>) {
+        self.inner.listen_settled(sink)
+    }
+}

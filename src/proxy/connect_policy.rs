@@ -1,0 +1,241 @@
+//! What CONNECT may reach and why one is refused: the settings built at start-up (ports,
+//! unknown hosts, the CA that intercepts), the target a CONNECT names, and its refusals.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http::{Response, StatusCode, Uri};
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+
+use crate::config::{Config, ConfigError, UnknownHosts};
+use crate::http::body::Body;
+use crate::http::problem::Problem;
+use crate::tls::ca::CertAuthority;
+use crate::tls::leaf_cache::LeafCache;
+
+/// Everything CONNECT needs, built once at start-up.
+pub struct ConnectPolicy {
+    pub ports: Vec<u16>,
+    pub unknown_hosts: UnknownHosts,
+    /// `None` when no CA is configured: CONNECT to a routed host is then refused.
+    pub leaves: Option<LeafCache>,
+    /// Time a client has to finish its TLS handshake and send each request head.
+    pub handshake_timeout: Duration,
+    pub tunnel_idle_timeout: Duration,
+    /// `server.max_header_bytes`, applied inside intercepted connections too.
+    pub max_header_bytes: usize,
+    /// Intercepted connections outlive the CONNECT request that opened them, so the
+    /// listener's graceful shutdown never sees them; they are watched here instead.
+    /// `None` once shutdown has begun.
+    intercepted: Mutex<Option<GracefulShutdown>>,
+}
+
+impl ConnectPolicy {
+    /// Loads the CA when `[tls]` names one; a missing, malformed or mismatched pair is an
+    /// error naming the field.
+    pub fn build(config: &Config) -> Result<ConnectPolicy, ConfigError> {
+        let leaves = match (&config.tls.ca_cert, &config.tls.ca_key) {
+            (Some(cert), Some(key)) => Some(LeafCache::new(
+                CertAuthority::load(cert, key)
+                    .map_err(|e| config.invalid(e.field(), e.to_string()))?,
+            )),
+            _ => None,
+        };
+        Ok(ConnectPolicy {
+            ports: config.tls.connect_ports.clone(),
+            unknown_hosts: config.tls.unknown_hosts,
+            leaves,
+            handshake_timeout: config.server.header_read_timeout.0,
+            tunnel_idle_timeout: config.tls.tunnel_idle_timeout.0,
+            max_header_bytes: config.server.max_header_bytes,
+            intercepted: Mutex::new(Some(GracefulShutdown::new())),
+        })
+    }
+
+    /// A watcher for a new intercepted connection; `None` when the proxy is shutting down.
+    pub fn watcher(&self) -> Option<Watcher> {
+        self.lock_intercepted()
+            .as_ref()
+            .map(GracefulShutdown::watcher)
+    }
+
+    /// Asks every intercepted connection to finish its in-flight requests and close, and
+    /// waits up to `grace` for them. Returns whether they all finished.
+    pub async fn drain_intercepted(&self, grace: Duration) -> bool {
+        let Some(graceful) = self.lock_intercepted().take() else {
+            return true;
+        };
+        tokio::time::timeout(grace, graceful.shutdown())
+            .await
+            .is_ok()
+    }
+
+    fn lock_intercepted(&self) -> std::sync::MutexGuard<'_, Option<GracefulShutdown>> {
+        self.intercepted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Why a CONNECT was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("`{0}` is not a CONNECT target of the form host:port")]
+    BadTarget(String),
+    #[error("CONNECT to port {0} is not allowed")]
+    PortNotAllowed(u16),
+    #[error("no route covers {0}, and tls.unknown_hosts is \"deny\"")]
+    HostDenied(String),
+    #[error("route `{route}` covers {host}, but no CA is configured to intercept its HTTPS")]
+    NoCa { route: String, host: String },
+    #[error("cannot reach {target}: {reason}")]
+    Unreachable { target: String, reason: String },
+    #[error("egress refused: {0}")]
+    EgressRefused(String),
+    #[error("route `{route}` protects {host} on port {route_port}, not on this port")]
+    RouteOnOtherPort {
+        route: String,
+        host: String,
+        route_port: u16,
+    },
+}
+
+impl ConnectError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ConnectError::BadTarget(_) => StatusCode::BAD_REQUEST,
+            ConnectError::PortNotAllowed(_)
+            | ConnectError::HostDenied(_)
+            | ConnectError::NoCa { .. }
+            | ConnectError::EgressRefused(_)
+            | ConnectError::RouteOnOtherPort { .. } => StatusCode::FORBIDDEN,
+            ConnectError::Unreachable { .. } => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    pub fn slug(&self) -> &'static str {
+        match self {
+            ConnectError::BadTarget(_) => "bad-connect-target",
+            ConnectError::PortNotAllowed(_) | ConnectError::RouteOnOtherPort { .. } => {
+                "connect-port-forbidden"
+            }
+            ConnectError::HostDenied(_) => "connect-host-forbidden",
+            ConnectError::NoCa { .. } => "interception-not-configured",
+            ConnectError::EgressRefused(_) => "egress-refused",
+            ConnectError::Unreachable { .. } => "tunnel-target-unreachable",
+        }
+    }
+
+    pub fn title(&self) -> &'static str {
+        match self {
+            ConnectError::BadTarget(_) => "Bad CONNECT target",
+            ConnectError::PortNotAllowed(_) | ConnectError::RouteOnOtherPort { .. } => {
+                "CONNECT port not allowed"
+            }
+            ConnectError::HostDenied(_) => "CONNECT host not allowed",
+            ConnectError::NoCa { .. } => "HTTPS interception not configured",
+            ConnectError::EgressRefused(_) => "Destination not allowed",
+            ConnectError::Unreachable { .. } => "Tunnel target unreachable",
+        }
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        Problem {
+            status: self.status(),
+            slug: self.slug(),
+            title: self.title(),
+            detail: format!("{self}. {}", self.advice()),
+            retry_after: None,
+        }
+        .into_response()
+    }
+
+    pub fn advice(&self) -> String {
+        match self {
+            ConnectError::BadTarget(_) => "Send `CONNECT host:port`, e.g. `CONNECT api.stripe.com:443`.".into(),
+            ConnectError::PortNotAllowed(_) => "Use an allowed port, or add this one to tls.connect_ports.".into(),
+            ConnectError::HostDenied(_) => "Only hosts a route covers may be reached through this proxy; add a route or set tls.unknown_hosts = \"tunnel\".".into(),
+            ConnectError::NoCa { .. } => "The proxy refuses to tunnel a protected host past its idempotency checks. Run `idemproxy ca init`, set tls.ca_cert and tls.ca_key, and trust the CA on the worker; or use the route's base URL instead of HTTPS_PROXY.".into(),
+            ConnectError::Unreachable { .. } => "Nothing was sent. Check the host name and that it accepts connections, then retry.".into(),
+            ConnectError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
+            ConnectError::RouteOnOtherPort { .. } => "A tunnel to this port would bypass the route's idempotency checks. Use the route's port, or add this one to the route's host.".into(),
+        }
+    }
+}
+
+/// Where a CONNECT goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Lowercase, as `Authority::host` spells it (IPv6 in brackets); what routes match on.
+    pub host: String,
+    pub port: u16,
+}
+
+impl Target {
+    pub fn parse(uri: &Uri) -> Result<Target, ConnectError> {
+        let bad = || ConnectError::BadTarget(uri.to_string());
+        let authority = match (uri.authority(), uri.scheme(), uri.path_and_query()) {
+            (Some(a), None, None) => a,
+            _ => return Err(bad()),
+        };
+        if authority.as_str().contains('@') {
+            return Err(bad());
+        }
+        let host = authority.host().trim_end_matches('.').to_ascii_lowercase();
+        match authority.port_u16() {
+            Some(port) if port != 0 && !host.is_empty() => Ok(Target { host, port }),
+            _ => Err(bad()),
+        }
+    }
+
+    /// The host as a certificate names it and a resolver takes it: IPv6 without brackets.
+    pub fn name(&self) -> &str {
+        self.host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(&self.host)
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Target, ConnectError> {
+        let uri: Uri = s.parse().map_err(|_| ConnectError::BadTarget(s.into()))?;
+        Target::parse(&uri)
+    }
+
+    #[test]
+    fn targets_need_a_host_and_a_nonzero_port() {
+        assert_eq!(
+            parse("API.Stripe.com.:443").expect("test setup"),
+            Target {
+                host: "api.stripe.com".into(),
+                port: 443
+            }
+        );
+        let v6 = parse("[::1]:8443").expect("test setup");
+        assert_eq!(
+            (v6.host.as_str(), v6.name(), v6.port),
+            ("[::1]", "::1", 8443)
+        );
+        for bad in [
+            "api.stripe.com",
+            "api.stripe.com:0",
+            "user@api.stripe.com:443",
+            "/v1/charges",
+            "https://api.stripe.com:443/",
+            ":443",
+        ] {
+            assert!(
+                matches!(parse(bad), Err(ConnectError::BadTarget(_))),
+                "{bad}"
+            );
+        }
+    }
+}
