@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian machine: installs what the tests talk to
-# (redis-server, curl, Python requests/httpx, PyYAML for the compose-file check), then runs every test.
+# (redis-server, curl, Python requests/httpx, boto3 for the SES tests, PyYAML for the compose-file
+# check), then runs every test.
 # Extra arguments go to `cargo test` (e.g. scripts/test.sh --test core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,10 +18,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-if ! python3 -c 'import requests, httpx, yaml' >/dev/null 2>&1; then
-  echo "installing: python requests, httpx, yaml"
-  python3 -m pip install -q requests httpx pyyaml 2>/dev/null \
-    || as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-requests python3-httpx python3-yaml >/dev/null
+if ! python3 -c 'import requests, httpx, yaml, boto3' >/dev/null 2>&1; then
+  echo "installing: python requests, httpx, yaml, boto3"
+  python3 -m pip install -q requests httpx pyyaml boto3 2>/dev/null \
+    || as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-requests python3-httpx python3-yaml python3-boto3 >/dev/null
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo is missing: install Rust >= 1.89 (https://rustup.rs), then run this again" >&2

@@ -276,6 +276,8 @@ impl PassedDown {
 /// client set, which SDKs mint per call.
 fn passed_down(route: &Route, tenant: &str, id: &Identified, attempt: u32) -> PassedDown {
     match (&id.identity, &id.provider_set) {
+        // Nothing of ours reaches the provider (a signed body): it has the client's own key.
+        (_, Some(own)) if route.pass_key.is_none() => PassedDown::Clients(own.clone()),
         (Identity::Client(_), Some(own)) if tenant == DEFAULT_TENANT => {
             PassedDown::Clients(own.clone())
         }
