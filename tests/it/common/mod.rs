@@ -1,6 +1,5 @@
 //! Test harness: real processes and sockets on loopback. A fake provider that counts the side
 //! effects it performs, a redis-server per test, the idemproxy binary, and a plain HTTP client.
-#![allow(dead_code)]
 
 pub mod client;
 pub mod connect;

@@ -1,13 +1,11 @@
 //! One conformance suite for every store backend: the same calls must behave the same on the
 //! embedded SQLite file and on a real Redis.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::proxy::StoreFixture;
-use common::Backend;
+use crate::common::proxy::StoreFixture;
+use crate::common::Backend;
 use idemproxy::idempotency::record::{Fence, Receipt, Record, RecordBody, State, Token};
 use idemproxy::store::{self, Expiry, Store};
 

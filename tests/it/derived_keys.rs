@@ -3,14 +3,12 @@
 //! route's policy; malformed bodies get a 400 that says why and claim nothing; two API keys
 //! never share a receipt.
 
-mod common;
-
 use std::time::Duration;
 
-use common::client::{send, Reply};
-use common::provider::FakeProvider;
-use common::proxy::{config, route, Proxy, StoreFixture};
-use common::Backend;
+use crate::common::client::{send, Reply};
+use crate::common::provider::FakeProvider;
+use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::Backend;
 
 const PAYMENT_KEY: &str = "key = \"payment:{body.metadata.invoice_id}:{body.customer}:{body.amount|decimal:2}:{body.currency|lower}\"";
 

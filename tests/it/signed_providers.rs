@@ -9,21 +9,19 @@
 //! change a signed byte: each fake counts the requests it refused, and every test asserts
 //! there were none (or exactly the ones it provoked).
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use base64::Engine;
-use common::client::{send, Reply};
-use common::fakes::signed::{
+use crate::common::client::{send, Reply};
+use crate::common::fakes::signed::{
     binance_sign, encode_form, kraken_sign, now_ms, parse_amz_date, Binance, Coinbase,
     CoinbaseBehavior, CoinbaseKey, Fake, Kraken, KrakenBehavior, Ses, SES_HOST,
 };
-use common::pki::{self, ProxyCa, TestPki};
-use common::proxy::{config, route, Proxy, StoreFixture};
-use common::Backend;
+use crate::common::pki::{self, ProxyCa, TestPki};
+use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::Backend;
+use base64::Engine;
 use sha2::{Digest, Sha256};
 
 fn assert_problem(r: &Reply, status: u16, slug: &str) {
@@ -111,7 +109,7 @@ impl SesSetup {
         )
         .await;
         let store = StoreFixture::new(backend);
-        let listen = common::loopback(common::free_port());
+        let listen = crate::common::loopback(crate::common::free_port());
         let ca = ProxyCa::init(&format!("http://{listen}"));
         let routes = format!(
             "[[routes]]\nname = \"ses\"\nprovider = \"ses\"\nprefix = \"/ses\"\nupstream = \"https://{SES_HOST}\"\nconnect_to = \"127.0.0.1:{}\"\nupstream_ca = {:?}\n",
@@ -267,7 +265,7 @@ async fn ses_rerun_in_a_new_boto3_process_sends_one_email(backend: Backend) {
     let tcp = tokio::net::TcpStream::connect(s.fake.addr)
         .await
         .expect("connect to the fake");
-    let (tls, _) = common::connect::tls_over(tcp, SES_HOST, client)
+    let (tls, _) = crate::common::connect::tls_over(tcp, SES_HOST, client)
         .await
         .expect("TLS to the fake");
     let headers: Vec<(String, String)> = tampered
@@ -280,7 +278,7 @@ async fn ses_rerun_in_a_new_boto3_process_sends_one_email(backend: Backend) {
         .iter()
         .map(|(n, v)| (n.as_str(), v.as_str()))
         .collect();
-    let r = common::client::exchange(
+    let r = crate::common::client::exchange(
         tls,
         "POST",
         &tampered.path,
@@ -703,6 +701,12 @@ async fn kraken_resigned_order_is_placed_once(backend: Backend) {
         first.text()
     );
     assert_eq!(first.replayed(), Some("false"));
+    assert_eq!(
+        first.json()["result"]["txid"][0].as_str(),
+        fake.with(|k| k.orders.first().map(|o| o.txid.clone()))
+            .as_deref(),
+        "the client got Kraken's own order id"
+    );
     // A re-run: a new nonce and signature, the fields in another order.
     let mut reordered = params.clone();
     reordered.reverse();
@@ -823,7 +827,18 @@ async fn coinbase_new_jwts_for_one_key_are_one_account(backend: Backend) {
         1,
         "the re-run never reached Coinbase"
     );
-    assert_eq!(fake.with(|c| c.orders.len()), 1);
+    assert_eq!(
+        fake.with(|c| c
+            .orders
+            .iter()
+            .map(|o| o.order_id.clone())
+            .collect::<Vec<_>>()),
+        [first.json()["success_response"]["order_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()],
+        "one order, the one the client got"
+    );
 
     // Another key name: another account, its own order.
     let other = coinbase_order(&proxy, &jwt(&k2), "cb-run-1").await;

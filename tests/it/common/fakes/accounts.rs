@@ -235,7 +235,6 @@ pub struct AlpacaOrder {
 struct AlpacaState {
     keys: Vec<AlpacaKeys>,
     /// OAuth access token → account.
-    oauth: HashMap<String, String>,
     orders: Vec<AlpacaOrder>,
     received: Vec<Http>,
 }
@@ -271,14 +270,6 @@ impl Alpaca {
 
     pub fn port(&self) -> u16 {
         self.addr.port()
-    }
-
-    /// Lets `token` act for `account` (`Authorization: Bearer`, Alpaca's OAuth).
-    pub fn grant_oauth(&self, token: &str, account: &str) {
-        self.state
-            .lock()
-            .oauth
-            .insert(token.to_string(), account.to_string());
     }
 
     /// An order placed outside the proxy (an earlier run that the proxy lost track of).
@@ -356,7 +347,6 @@ fn alpaca(state: &Shared<AlpacaState>, req: Http) -> Answer {
             .iter()
             .find(|k| k.key_id == id && k.secret == secret)
             .map(|k| k.account.to_string()),
-        (None, None) => req.bearer().and_then(|t| st.oauth.get(t).cloned()),
         _ => None,
     };
     let Some(account) = account else {
@@ -418,7 +408,6 @@ fn alpaca(state: &Shared<AlpacaState>, req: Http) -> Answer {
 pub struct PostmarkSend {
     pub server: String,
     pub message_id: String,
-    pub request: Value,
 }
 
 #[derive(Default)]
@@ -469,10 +458,6 @@ impl Postmark {
             .cloned()
             .collect()
     }
-
-    pub fn received(&self) -> Vec<Http> {
-        self.state.lock().received.clone()
-    }
 }
 
 fn postmark(state: &Shared<PostmarkState>, req: Http) -> Answer {
@@ -514,7 +499,6 @@ fn postmark(state: &Shared<PostmarkState>, req: Http) -> Answer {
     let send = PostmarkSend {
         server,
         message_id: uuid(),
-        request: Value::Object(body.clone()),
     };
     let resp = json!({
         "To": to,
@@ -567,10 +551,6 @@ impl HeaderToken {
         self.addr.port()
     }
 
-    pub fn effects(&self) -> usize {
-        self.state.lock().effects.len()
-    }
-
     pub fn effects_for(&self, account: &str) -> usize {
         self.state
             .lock()
@@ -608,7 +588,6 @@ pub struct SquarePayment {
     pub merchant: String,
     /// The `idempotency_key` it was created under, as Square received it.
     pub idempotency_key: String,
-    pub json: Value,
 }
 
 #[derive(Default)]
@@ -749,7 +728,6 @@ fn square(state: &Shared<SquareState>, req: Http) -> Answer {
     st.payments.push(SquarePayment {
         merchant,
         idempotency_key: key,
-        json: payment,
     });
     st.by_key.insert(slot, (request, resp.clone()));
     answer(200, resp)
@@ -761,12 +739,9 @@ fn square(state: &Shared<SquareState>, req: Http) -> Answer {
 /// A write PayPal executed: one side effect.
 #[derive(Debug, Clone)]
 pub struct PayPalEffect {
-    pub account: String,
     pub method: String,
-    pub path: String,
     /// The `PayPal-Request-Id` it was executed under, as PayPal received it.
     pub request_id: Option<String>,
-    pub id: String,
 }
 
 #[derive(Default)]
@@ -806,16 +781,8 @@ impl PayPal {
         self.addr.port()
     }
 
-    pub fn effects(&self) -> usize {
-        self.state.lock().effects.len()
-    }
-
     pub fn effect_list(&self) -> Vec<PayPalEffect> {
         self.state.lock().effects.clone()
-    }
-
-    pub fn received(&self) -> Vec<Http> {
-        self.state.lock().received.clone()
     }
 }
 
@@ -843,7 +810,7 @@ fn paypal(state: &Shared<PayPalState>, req: Http) -> Answer {
             json!({"name": "INVALID_REQUEST", "message": "Request is not well-formed, syntactically incorrect, or violates schema."}),
         );
     };
-    let (status, resp, id) = match (req.method.as_str(), req.path.as_str()) {
+    let (status, resp) = match (req.method.as_str(), req.path.as_str()) {
         ("POST", "/v2/checkout/orders") => {
             let id = upper_id(17);
             let resp = json!({
@@ -853,14 +820,14 @@ fn paypal(state: &Shared<PayPalState>, req: Http) -> Answer {
                 "purchase_units": body.get("purchase_units").cloned().unwrap_or(Value::Null),
                 "account": account,
             });
-            (201, resp, id)
+            (201, resp)
         }
         ("PUT" | "PATCH" | "POST", path) if path.starts_with("/v2/") => {
             let id = path.rsplit('/').next().unwrap_or("").to_string();
             let version = st.effects.len() + 1;
             let resp =
                 json!({"id": id, "status": "UPDATED", "version": version, "account": account});
-            (200, resp, id)
+            (200, resp)
         }
         _ => {
             return answer(
@@ -870,11 +837,8 @@ fn paypal(state: &Shared<PayPalState>, req: Http) -> Answer {
         }
     };
     st.effects.push(PayPalEffect {
-        account: account.clone(),
         method: req.method.clone(),
-        path: req.path.clone(),
         request_id: request_id.clone(),
-        id,
     });
     if let Some(rid) = request_id {
         st.by_request_id
@@ -930,10 +894,6 @@ impl OAuthMail {
         st.tokens.retain(|_, a| a != account);
         st.tokens.insert(token.clone(), account.to_string());
         token
-    }
-
-    pub fn effects(&self) -> usize {
-        self.state.lock().sent.len()
     }
 
     pub fn sent(&self, account: &str) -> Vec<SentMail> {

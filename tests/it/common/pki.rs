@@ -37,10 +37,6 @@ impl TestPki {
         self.dir.path().join("ca.pem")
     }
 
-    pub fn ca_der(&self) -> CertificateDer<'static> {
-        self.issuer.der().clone()
-    }
-
     /// A server certificate for `names` (DNS names or IP addresses).
     pub fn leaf(&self, names: &[&str]) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
         let params =
@@ -96,10 +92,10 @@ pub fn client_config(pem: &Path, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
 
 /// The proxy's CA as `idemproxy ca init` made it, with what it printed.
 pub struct ProxyCa {
-    pub dir: tempfile::TempDir,
+    /// Kept for its lifetime: the files live in it.
+    _dir: tempfile::TempDir,
     pub cert: PathBuf,
     pub key: PathBuf,
-    pub bundle: PathBuf,
     pub output: String,
 }
 
@@ -117,9 +113,9 @@ impl ProxyCa {
         ProxyCa {
             cert: dir_path.join("ca.pem"),
             key: dir_path.join("ca.key"),
-            bundle: dir_path.join("ca-bundle.pem"),
+
             output: String::from_utf8_lossy(&out.stdout).into_owned(),
-            dir,
+            _dir: dir,
         }
     }
 

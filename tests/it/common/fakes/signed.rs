@@ -317,8 +317,6 @@ pub const SES_HOST: &str = "email.us-east-1.amazonaws.com";
 #[derive(Debug, Clone)]
 pub struct Email {
     pub access_key_id: String,
-    pub message_id: String,
-    pub request: Value,
 }
 
 pub struct Ses {
@@ -386,8 +384,6 @@ impl Provider for Ses {
         );
         self.emails.push(Email {
             access_key_id: key_id,
-            message_id: message_id.clone(),
-            request,
         });
         Answer::json(200, json!({ "MessageId": message_id }))
             .with_header("x-amzn-requestid", random_hex(16))
@@ -572,8 +568,6 @@ pub struct BinanceOrder {
     pub client_order_id: String,
     pub symbol: String,
     pub status: &'static str,
-    /// Every parameter it was placed with (query and body merged), signature included.
-    pub params: HashMap<String, String>,
     pub response: Value,
 }
 
@@ -644,7 +638,6 @@ impl Binance {
             client_order_id,
             symbol: p("symbol"),
             status,
-            params,
             response: response.clone(),
         });
         response
@@ -827,17 +820,13 @@ pub enum KrakenBehavior {
     Ok,
     /// Places the order, then answers `EService:Busy` (inside HTTP 200).
     BusyAfterEffect,
-    /// Answers `EService:Busy` without placing anything.
-    BusyWithoutEffect,
     /// Answers `EOrder:Insufficient funds` without placing anything.
     InsufficientFunds,
 }
 
 #[derive(Debug, Clone)]
 pub struct KrakenOrder {
-    pub api_key: String,
     pub txid: String,
-    pub params: HashMap<String, String>,
 }
 
 pub struct Kraken {
@@ -921,9 +910,6 @@ impl Provider for Kraken {
         }
         let behavior = self.queue.pop_front().unwrap_or(KrakenBehavior::Ok);
         match behavior {
-            KrakenBehavior::BusyWithoutEffect => {
-                return Answer::json(200, kraken_error(&["EService:Busy"]))
-            }
             KrakenBehavior::InsufficientFunds => {
                 return Answer::json(200, kraken_error(&["EOrder:Insufficient funds"]))
             }
@@ -939,11 +925,7 @@ impl Provider for Kraken {
             params["ordertype"],
             params.get("price").cloned().unwrap_or_default()
         );
-        self.orders.push(KrakenOrder {
-            api_key: api_key.to_string(),
-            txid: txid.clone(),
-            params,
-        });
+        self.orders.push(KrakenOrder { txid: txid.clone() });
         if behavior == KrakenBehavior::BusyAfterEffect {
             return Answer::json(200, kraken_error(&["EService:Busy"]));
         }
@@ -972,10 +954,9 @@ pub fn kraken_sign(secret_b64: &str, path: &str, nonce: &str, postdata: &str) ->
 // ---------------------------------------------------------------------------------------
 // Coinbase Advanced Trade (CDP keys).
 
-/// What the next new order does (in order; then `Ok`).
+/// What the next new orders do, in order; afterwards they succeed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CoinbaseBehavior {
-    Ok,
     /// `{"success": false, "error_response": {"error": "INSUFFICIENT_FUND", …}}`, HTTP 200.
     InsufficientFund,
 }
@@ -984,7 +965,6 @@ pub enum CoinbaseBehavior {
 pub struct CoinbaseOrder {
     pub key_name: String,
     pub order_id: String,
-    pub client_order_id: String,
 }
 
 pub struct Coinbase {
@@ -1130,11 +1110,7 @@ impl Provider for Coinbase {
             "order_configuration": order["order_configuration"],
         });
         self.by_client_id.insert(slot, response.clone());
-        self.orders.push(CoinbaseOrder {
-            key_name,
-            order_id,
-            client_order_id: client_order_id.to_string(),
-        });
+        self.orders.push(CoinbaseOrder { key_name, order_id });
         Answer::json(200, response)
     }
 }

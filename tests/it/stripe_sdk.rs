@@ -7,16 +7,14 @@
 //! at the fake and false refusals (an error the agent reads as failure for an operation that
 //! did execute): zero.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::client::send;
-use common::fakes::stripe::{FakeStripe, Fault};
-use common::pki::TestPki;
-use common::provider::FakeProvider;
-use common::proxy::{config, route, Proxy, StoreFixture};
-use common::Backend;
+use crate::common::client::send;
+use crate::common::fakes::stripe::{FakeStripe, Fault};
+use crate::common::pki::TestPki;
+use crate::common::provider::FakeProvider;
+use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::Backend;
 use serde_json::Value;
 
 const SECRET: &str = "sk_test_agent_51";

@@ -2,24 +2,22 @@
 //! readiness, metrics, the key API and its CLI), proxy authentication with tenants, egress
 //! refusal, listener limits, and what the store and logs keep of secrets.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::client::{post, send, Reply};
-use common::connect;
-use common::pki::{self, ProxyCa, TestPki};
-use common::provider::ProviderOptions;
-use common::provider::{Behavior, FakeProvider};
-use common::proxy::{route, Proxy, StoreFixture};
-use common::Backend;
+use crate::common::client::{post, send, Reply};
+use crate::common::connect;
+use crate::common::pki::{self, ProxyCa, TestPki};
+use crate::common::provider::ProviderOptions;
+use crate::common::provider::{Behavior, FakeProvider};
+use crate::common::proxy::{route, Proxy, StoreFixture};
+use crate::common::Backend;
 
 const ADMIN_TOKEN: &str = "adm-7f3a9c2e-token";
 
-/// Like `common::proxy::config`, plus an admin listener and extra `[server]` lines.
+/// Like `crate::common::proxy::config`, plus an admin listener and extra `[server]` lines.
 fn config(store_url: &str, server_extra: &str, extra: &str) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n{server_extra}\n\n[store]\nurl = \"{store_url}\"\nop_timeout = \"500ms\"\n\n{extra}\n"

@@ -1,13 +1,11 @@
 //! Many proxies, one Redis: the way users scale out. And what happens when Redis goes away.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::client::{post, send};
-use common::provider::FakeProvider;
-use common::proxy::{config, route, Proxy, StoreFixture};
-use common::Backend;
+use crate::common::client::{post, send};
+use crate::common::provider::FakeProvider;
+use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::Backend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxies_sharing_redis_execute_once() {

@@ -2,16 +2,14 @@
 //! drops connections after performing the effect, Redis is killed, restarted and SIGSTOPped.
 //! Every test asserts on the effects the provider performed and the bytes clients got.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::client::{post, send, Reply};
-use common::provider::{Behavior, FakeProvider, ProviderOptions};
-use common::proxy::{route, Proxy, StoreFixture};
-use common::Backend;
+use crate::common::client::{post, send, Reply};
+use crate::common::provider::{Behavior, FakeProvider, ProviderOptions};
+use crate::common::proxy::{route, Proxy, StoreFixture};
+use crate::common::Backend;
 
-/// A config like `common::proxy::config`, with the shutdown grace given.
+/// A config like `crate::common::proxy::config`, with the shutdown grace given.
 fn config(store_url: &str, grace: &str, routes: &str) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"{grace}\"\n\n[store]\nurl = \"{store_url}\"\nop_timeout = \"500ms\"\n\n{routes}\n"
@@ -273,7 +271,7 @@ async fn client_hang_up_does_not_strand_the_claim(backend: Backend) {
 /// that gives up resets its stream and hyper drops the request's handler: the forward and
 /// settle must not be dropped with it.
 async fn h2_client_hang_up_does_not_strand_the_claim(backend: Backend) {
-    use common::pki::{ProxyCa, TestPki};
+    use crate::common::pki::{ProxyCa, TestPki};
     const HOST: &str = "api.fake.test";
     let upstream_pki = TestPki::new("fake provider CA");
     let provider = FakeProvider::start_https(
@@ -282,7 +280,7 @@ async fn h2_client_hang_up_does_not_strand_the_claim(backend: Backend) {
     )
     .await;
     let store = StoreFixture::new(backend);
-    let listen = common::loopback(common::free_port());
+    let listen = crate::common::loopback(crate::common::free_port());
     let ca = ProxyCa::init(&format!("http://{listen}"));
     let routes = format!(
         "{}\n[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\nupstream_ca = {:?}\nhonours_key = false\nhold = \"forever\"\nlease = \"1s\"\n",
@@ -308,7 +306,7 @@ async fn h2_client_hang_up_does_not_strand_the_claim(backend: Backend) {
 /// 409 for the whole lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_dropped_during_its_claim_insert_withdraws_the_claim() {
-    use common::pki::{ProxyCa, TestPki};
+    use crate::common::pki::{ProxyCa, TestPki};
     const HOST: &str = "api.fake.test";
     let upstream_pki = TestPki::new("fake provider CA");
     let provider = FakeProvider::start_https(
@@ -317,7 +315,7 @@ async fn a_request_dropped_during_its_claim_insert_withdraws_the_claim() {
     )
     .await;
     let mut store = StoreFixture::new(Backend::Redis);
-    let listen = common::loopback(common::free_port());
+    let listen = crate::common::loopback(crate::common::free_port());
     let ca = ProxyCa::init(&format!("http://{listen}"));
     let routes = format!(
         "{}\n[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\nupstream_ca = {:?}\nhonours_key = false\nlease = \"30s\"\n",

@@ -1,8 +1,6 @@
 //! HTTPS_PROXY end to end: real curl and Python clients, real TLS on both sides, the real
 //! binary with a CA made by `idemproxy ca init`, a fake HTTPS provider counting effects.
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,11 +8,11 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::connect;
-use common::pki::{self, ProxyCa, TestPki};
-use common::provider::{Behavior, FakeProvider, ProviderOptions};
-use common::proxy::{config, Proxy, StoreFixture};
-use common::Backend;
+use crate::common::connect;
+use crate::common::pki::{self, ProxyCa, TestPki};
+use crate::common::provider::{Behavior, FakeProvider, ProviderOptions};
+use crate::common::proxy::{config, Proxy, StoreFixture};
+use crate::common::Backend;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -40,7 +38,7 @@ impl Setup {
         .await;
         let store = StoreFixture::new(backend);
         // The proxy's address goes into what `ca init` prints, so it is chosen up front.
-        let listen = common::loopback(common::free_port());
+        let listen = crate::common::loopback(crate::common::free_port());
         let ca = ProxyCa::init(&format!("http://{listen}"));
         let routes = format!(
             "[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\nupstream_ca = {:?}\n{route_options}\n",

@@ -11,8 +11,6 @@
 //! `IDEMPROXY_CHAOS_SECS` (default 20) sets the length of the fault phase per backend;
 //! `IDEMPROXY_CHAOS_SEED` replays a run (the seed is printed either way).
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,10 +21,10 @@ use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use common::client::send;
-use common::provider::{Behavior, FakeProvider, ProviderOptions};
-use common::proxy::{route, Proxy, StoreFixture};
-use common::{free_port, Backend};
+use crate::common::client::send;
+use crate::common::provider::{Behavior, FakeProvider, ProviderOptions};
+use crate::common::proxy::{route, Proxy, StoreFixture};
+use crate::common::{free_port, Backend};
 
 const CLIENTS: usize = 6;
 /// After the fault phase: no more faults, and every operation still open must get its answer.

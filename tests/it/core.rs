@@ -1,14 +1,12 @@
 //! The core promise, end to end through the real binary: at most one effect per key, and every
 //! retry gets the provider's real first response. Every behavioural test runs on both stores.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::client::{post, send, Reply};
-use common::provider::{Behavior, FakeProvider, ProviderOptions};
-use common::proxy::{config, route, Proxy, StoreFixture};
-use common::Backend;
+use crate::common::client::{post, send, Reply};
+use crate::common::provider::{Behavior, FakeProvider, ProviderOptions};
+use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::Backend;
 
 fn assert_problem(r: &Reply, status: u16, slug: &str) {
     assert_eq!(r.status, status, "body: {}", r.text());

@@ -14,26 +14,24 @@
 //!    provider; a duplicate's note keeps the passed-down key out of the store; keys written as
 //!    structured-field strings must be canonical.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::client::{send, Reply};
-use common::connect;
-use common::fakes::accounts::{
+use crate::common::client::{send, Reply};
+use crate::common::connect;
+use crate::common::fakes::accounts::{
     Alpaca, AlpacaKeys, HeaderToken, OAuthMail, PayPal, Postmark, Square,
 };
-use common::pki::{self, ProxyCa, TestPki};
-use common::provider::FakeProvider;
-use common::proxy::{route, Proxy, StoreFixture};
-use common::Backend;
+use crate::common::pki::{self, ProxyCa, TestPki};
+use crate::common::provider::FakeProvider;
+use crate::common::proxy::{route, Proxy, StoreFixture};
+use crate::common::Backend;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Like `common::proxy::config`, with an admin listener (metrics) and extra `[server]` lines.
+/// Like `crate::common::proxy::config`, with an admin listener (metrics) and extra `[server]` lines.
 fn config(store_url: &str, server_extra: &str, extra: &str) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n{server_extra}\n\n[store]\nurl = \"{store_url}\"\nop_timeout = \"500ms\"\n\n{extra}\n"

@@ -3,12 +3,10 @@
 //! body-field profile changes nothing but the injected field; Alpaca's duplicate rejection
 //! is held, never kept as a receipt; the shipped example configs load.
 
-mod common;
-
-use common::client::{send, Reply};
-use common::provider::{Behavior, FakeProvider, ProviderOptions};
-use common::proxy::{config, route, Proxy, StoreFixture};
-use common::Backend;
+use crate::common::client::{send, Reply};
+use crate::common::provider::{Behavior, FakeProvider, ProviderOptions};
+use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::Backend;
 use sha2::{Digest, Sha256};
 
 #[derive(Clone, Copy)]

@@ -1,0 +1,20 @@
+//! Every integration test in one binary, so the harness (`common`) compiles once. Each
+//! module is one suite; `scripts/test.sh` runs them all, `cargo test --test it <suite>::`
+//! one of them.
+
+#[macro_use]
+mod common;
+
+mod chaos;
+mod core;
+mod deploy_files;
+mod derived_keys;
+mod faults;
+mod https;
+mod identity;
+mod ops;
+mod providers;
+mod shared_redis;
+mod signed_providers;
+mod store_conformance;
+mod stripe_sdk;
