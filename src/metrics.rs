@@ -81,11 +81,10 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("idemproxy");
-        let requests = Family::<Labels, Counter>::default();
-        registry.register(
+        let requests = counters(
+            &mut registry,
             "requests",
             "Requests on the proxy listener by route and outcome",
-            requests.clone(),
         );
         // 1 ms … ~65 s.
         let upstream_seconds = Family::<Labels, Histogram>::new_with_constructor(|| {
@@ -105,30 +104,14 @@ impl Metrics {
             "Store operation duration by operation",
             store_seconds.clone(),
         );
-        let store_errors = Family::<Labels, Counter>::default();
-        registry.register(
+        let store_errors = counters(
+            &mut registry,
             "store_errors",
             "Store operations that failed or timed out, by operation",
-            store_errors.clone(),
         );
-        let minted_keys = Family::<Labels, Counter>::default();
-        registry.register(
-            "client_minted_keys",
-            "Requests for an operation seen shortly before under another client key: the client mints a key per call, so its key cannot catch a re-run. By route",
-            minted_keys.clone(),
-        );
-        let replays_of_other_requests = Family::<Labels, Counter>::default();
-        registry.register(
-            "replays_of_reworded_requests",
-            "Receipts of a derived operation replayed to a request whose details differ from the first (an agent re-run that reworded the call). By route",
-            replays_of_other_requests.clone(),
-        );
-        let forwards_refused = Family::<Labels, Counter>::default();
-        registry.register(
-            "forwards_refused",
-            "Protected requests refused before anything was claimed because server.max_forwards or server.max_forward_bytes was reached, by limit",
-            forwards_refused.clone(),
-        );
+        let minted_keys = counters(&mut registry, "client_minted_keys", "Requests for an operation seen shortly before under another client key: the client mints a key per call, so its key cannot catch a re-run. By route");
+        let replays_of_other_requests = counters(&mut registry, "replays_of_reworded_requests", "Receipts of a derived operation replayed to a request whose details differ from the first (an agent re-run that reworded the call). By route");
+        let forwards_refused = counters(&mut registry, "forwards_refused", "Protected requests refused before anything was claimed because server.max_forwards or server.max_forward_bytes was reached, by limit");
         let claims_in_flight = Gauge::default();
         registry.register(
             "claims_in_flight",
@@ -213,6 +196,13 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// A counter family by labels, registered.
+fn counters(registry: &mut Registry, name: &str, help: &str) -> Family<Labels, Counter> {
+    let family = Family::<Labels, Counter>::default();
+    registry.register(name, help, family.clone());
+    family
 }
 
 /// Counts a claim as in flight until dropped (also when the request future is cancelled).

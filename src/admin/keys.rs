@@ -5,6 +5,7 @@
 //! claim.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -14,9 +15,10 @@ use serde::Deserialize;
 
 use super::{json, problem, Admin};
 use crate::http::body::{read_limited, Body};
-use crate::idempotency::record::{Receipt, Record, State, Token};
+use crate::idempotency::claims::{Resolution, Resolved};
+use crate::idempotency::record::{Receipt, Record, State};
 use crate::idempotency::scope;
-use crate::idempotency::store::{now_ms, Expiry, StoreError};
+use crate::idempotency::store::StoreError;
 use crate::idempotency::template::RequestView;
 use crate::identity::Identity;
 
@@ -170,84 +172,45 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
         Ok(s) => s,
         Err(resp) => return *resp,
     };
-    let store = admin.app.claims.store();
-    let found = match (store.get(&scope)).await {
-        Ok(Some(found)) => found,
-        Ok(None) => return not_found(&scope),
-        Err(e) => return store_error(e),
+    let (how, action) = match r.action {
+        Action::Release => (Resolution::Release, "released"),
+        Action::Commit => match r.receipt.map(operator_receipt) {
+            Some(Ok(receipt)) => (Resolution::Commit(receipt), "committed"),
+            Some(Err(detail)) => return bad(&detail),
+            None => {
+                return bad("action commit needs a receipt: {status, headers, body | body_base64}")
+            }
+        },
     };
-    if found.token.as_str() != r.token || found.state != State::Unknown {
-        return changed(&scope, &found);
-    }
-    // The fence is the record as the operator saw it: same token, still UNKNOWN.
-    let fence = found.fence();
-    let done = match r.action {
-        Action::Release => (store.remove(&scope, &fence)).await,
-        Action::Commit => {
-            let receipt = match r.receipt.map(operator_receipt) {
-                Some(Ok(receipt)) => receipt,
-                Some(Err(detail)) => return bad(&detail),
-                None => {
-                    return bad(
-                        "action commit needs a receipt: {status, headers, body | body_base64}",
-                    )
-                }
-            };
-            let retention = admin
-                .app
-                .routes
-                .all()
-                .iter()
-                .find(|route| route.name == found.body.route)
-                .map(|route| route.policy.retention)
-                // The route is gone (renamed): keep the receipt as long as any route would.
-                .or_else(|| {
-                    admin
-                        .app
-                        .routes
-                        .all()
-                        .iter()
-                        .map(|r| r.policy.retention)
-                        .max()
-                })
-                .unwrap_or_else(crate::config::default_retention);
-            let mut body = found.body.clone();
-            body.receipt = Some(receipt);
-            body.note = Some(format!(
-                "receipt committed by an operator at {} ms",
-                now_ms()
-            ));
-            let record = Record {
-                state: State::Committed,
-                token: Token::random(),
-                body,
-            };
-            store
-                .replace(&scope, &fence, &record, Expiry::After(retention))
-                .await
-        }
-    };
-    match done {
-        Ok(true) => {
-            let action = match r.action {
-                Action::Release => "released",
-                Action::Commit => "committed",
-            };
+    let claims = &admin.app.claims;
+    let retention = |route: &str| retention_of(admin, route);
+    match claims
+        .resolve(&scope, &r.token, how, "an operator", retention)
+        .await
+    {
+        Ok(Resolved::Done) => {
             tracing::info!(scope, action, "operator resolved an UNKNOWN claim");
-            // Anyone waiting on this scope (here or on another proxy) looks again now.
-            admin.app.claims.announce_settled(&scope);
             json(
                 StatusCode::OK,
                 &serde_json::json!({"scope": scope, "resolved": action}),
             )
         }
-        Ok(false) => match (store.get(&scope)).await {
-            Ok(Some(now)) => changed(&scope, &now),
-            Ok(None) => not_found(&scope),
-            Err(e) => store_error(e),
-        },
+        Ok(Resolved::Changed(now)) => changed(&scope, &now),
+        Ok(Resolved::Gone) => not_found(&scope),
         Err(e) => store_error(e),
     }
+}
+
+/// How long a receipt committed for `route` is kept: the route's retention; for a route
+/// that is gone (renamed), as long as any route would keep it.
+fn retention_of(admin: &Admin, route: &str) -> Duration {
+    let routes = admin.app.routes.all();
+    routes
+        .iter()
+        .find(|r| r.name == route)
+        .map(|r| r.policy.retention)
+        .or_else(|| routes.iter().map(|r| r.policy.retention).max())
+        .unwrap_or_else(crate::config::default_retention)
 }
 
 fn changed(scope: &str, now: &Record) -> Response<Body> {

@@ -80,6 +80,27 @@ pub struct Claim {
 }
 
 impl Claim {
+    /// A new PENDING claim on `req.scope` under `token`.
+    fn new(req: &ClaimRequest<'_>, policy: &Policy, token: Token) -> Claim {
+        let now = now_ms();
+        Claim {
+            scope: req.scope.to_string(),
+            token,
+            body: RecordBody {
+                fingerprint: req.fingerprint.to_string(),
+                route: req.route.to_string(),
+                created_ms: now,
+                lease_until_ms: now + policy.lease.as_millis() as u64,
+                unknown_since_ms: 0,
+                note: None,
+                receipt: None,
+                declined: false,
+                attempt: 0,
+            },
+            restore: None,
+        }
+    }
+
     fn record(&self, state: State, body: RecordBody) -> Record {
         Record {
             state,
@@ -92,6 +113,25 @@ impl Claim {
     pub fn attempt(&self) -> u32 {
         self.body.attempt
     }
+}
+
+/// How an UNKNOWN claim is resolved by someone who looked (an operator, a lookup at the
+/// provider).
+#[derive(Debug, Clone)]
+pub enum Resolution {
+    /// It did not happen: the next retry executes.
+    Release,
+    /// It happened, and this is its response.
+    Commit(Receipt),
+}
+
+/// What a resolution found.
+#[derive(Debug)]
+pub enum Resolved {
+    Done,
+    /// The claim is no longer the UNKNOWN one that was looked at; nothing was changed.
+    Changed(Record),
+    Gone,
 }
 
 /// Whether the store took a claim's outcome.
@@ -206,107 +246,23 @@ impl Claims {
         policy: &Policy,
         token: Token,
     ) -> Result<Acquired, StoreError> {
-        let scope = req.scope;
-        // A COMMITTED record never changes, so a receipt seen here answers as the store would.
-        // (Declined receipts are never cached: a corrected request must reach the store.)
-        if let Some(hit) = self.receipts.as_ref().and_then(|c| c.get(scope)) {
-            let same = hit.fingerprint == req.fingerprint;
-            return Ok(if same || !req.strict {
-                Acquired::Replay {
-                    receipt: hit.receipt.clone(),
-                    differs: !same,
-                }
-            } else {
-                Acquired::Mismatch
-            });
+        if let Some(cached) = self.cached_answer(req) {
+            return Ok(cached);
         }
-        let now = now_ms();
-        let claim = Claim {
-            scope: scope.to_string(),
-            token,
-            body: RecordBody {
-                fingerprint: req.fingerprint.to_string(),
-                route: req.route.to_string(),
-                created_ms: now,
-                lease_until_ms: now + policy.lease.as_millis() as u64,
-                unknown_since_ms: 0,
-                note: None,
-                receipt: None,
-                declined: false,
-                attempt: 0,
-            },
-            restore: None,
-        };
-        let pending = claim.record(State::Pending, claim.body.clone());
-        let mut found = match (self
-            .store
-            .insert_if_absent(scope, &pending, pending_expiry(policy)))
-        .await
-        {
+        let claim = Claim::new(req, policy, token);
+        let mut found = match self.insert(&claim, policy).await {
             Ok(None) => return Ok(Acquired::Execute(claim)),
             Ok(Some(found)) => found,
             Err(e) => return self.confirm_unanswered_claim(claim, req, policy, e).await,
         };
         for _ in 0..MAX_ATTEMPTS {
-            match decide(&found, req.ask(), now_ms(), policy) {
-                Decision::Replay { receipt, differs } => {
-                    if !found.body.declined {
-                        self.remember(scope, &found.body, &receipt, policy);
-                    }
-                    return Ok(Acquired::Replay { receipt, differs });
-                }
-                Decision::Mismatch => return Ok(Acquired::Mismatch),
-                Decision::InFlight { retry_after } => {
-                    return Ok(Acquired::InFlight { retry_after })
-                }
-                Decision::Held { retry_after } => {
-                    if found.state == State::Pending {
-                        self.mark_abandoned(scope, &found, policy).await;
-                    }
-                    return Ok(Acquired::Held { retry_after });
-                }
-                Decision::TakeOver { attempt, restore } => {
-                    let mut pending = pending.clone();
-                    let now = now_ms();
-                    pending.body.lease_until_ms = now + policy.lease.as_millis() as u64;
-                    pending.body.attempt = attempt;
-                    let ours = Claim {
-                        body: pending.body.clone(),
-                        restore: restore.then(|| Box::new(found.clone())),
-                        ..claim.clone()
-                    };
-                    match (self.store.replace(
-                        scope,
-                        &found.fence(),
-                        &pending,
-                        pending_expiry(policy),
-                    ))
-                    .await
-                    {
-                        Ok(true) => {
-                            tracing::info!(
-                                scope,
-                                previous = found.state.as_str(),
-                                attempt,
-                                "took over an unsettled or declined claim"
-                            );
-                            return Ok(Acquired::Execute(ours));
-                        }
-                        Ok(false) => {}
-                        // It may still land: withdrawing it then only does what the take-over
-                        // would have done, let the next retry execute.
-                        Err(e) => return self.confirm_unanswered_claim(ours, req, policy, e).await,
-                    }
-                }
+            if let Some(answer) = self.answer_found(&found, &claim, req, policy).await? {
+                return Ok(answer);
             }
             // Someone else moved the record between our read and our write: look again.
-            found = match (self.store.get(scope)).await? {
+            found = match self.store.get(req.scope).await? {
                 Some(r) => r,
-                None => match (self
-                    .store
-                    .insert_if_absent(scope, &pending, pending_expiry(policy)))
-                .await
-                {
+                None => match self.insert(&claim, policy).await {
                     Ok(None) => return Ok(Acquired::Execute(claim)),
                     Ok(Some(r)) => r,
                     Err(e) => return self.confirm_unanswered_claim(claim, req, policy, e).await,
@@ -314,8 +270,89 @@ impl Claims {
             };
         }
         Err(StoreError::Unavailable(format!(
-            "claim for {scope} kept changing under us"
+            "claim for {} kept changing under us",
+            req.scope
         )))
+    }
+
+    /// A COMMITTED record never changes, so a receipt seen here answers as the store would.
+    /// (Declined receipts are never cached: a corrected request must reach the store.)
+    fn cached_answer(&self, req: &ClaimRequest<'_>) -> Option<Acquired> {
+        let hit = self.receipts.as_ref()?.get(req.scope)?;
+        let same = hit.fingerprint == req.fingerprint;
+        Some(if same || !req.strict {
+            Acquired::Replay {
+                receipt: hit.receipt.clone(),
+                differs: !same,
+            }
+        } else {
+            Acquired::Mismatch
+        })
+    }
+
+    async fn insert(&self, claim: &Claim, policy: &Policy) -> Result<Option<Record>, StoreError> {
+        let pending = claim.record(State::Pending, claim.body.clone());
+        self.store
+            .insert_if_absent(&claim.scope, &pending, pending_expiry(policy))
+            .await
+    }
+
+    /// What the record found answers: `None` when it moved under us (look again).
+    async fn answer_found(
+        &self,
+        found: &Record,
+        claim: &Claim,
+        req: &ClaimRequest<'_>,
+        policy: &Policy,
+    ) -> Result<Option<Acquired>, StoreError> {
+        let scope = req.scope;
+        Ok(Some(match decide(found, req.ask(), now_ms(), policy) {
+            Decision::Replay { receipt, differs } => {
+                if !found.body.declined {
+                    self.remember(scope, &found.body, &receipt, policy);
+                }
+                Acquired::Replay { receipt, differs }
+            }
+            Decision::Mismatch => Acquired::Mismatch,
+            Decision::InFlight { retry_after } => Acquired::InFlight { retry_after },
+            Decision::Held { retry_after } => {
+                if found.state == State::Pending {
+                    self.mark_abandoned(scope, found, policy).await;
+                }
+                Acquired::Held { retry_after }
+            }
+            Decision::TakeOver { attempt, restore } => {
+                let mut ours = claim.clone();
+                ours.body.lease_until_ms = now_ms() + policy.lease.as_millis() as u64;
+                ours.body.attempt = attempt;
+                ours.restore = restore.then(|| Box::new(found.clone()));
+                let pending = ours.record(State::Pending, ours.body.clone());
+                match self
+                    .store
+                    .replace(scope, &found.fence(), &pending, pending_expiry(policy))
+                    .await
+                {
+                    Ok(true) => {
+                        tracing::info!(
+                            scope,
+                            previous = found.state.as_str(),
+                            attempt,
+                            "took over an unsettled or declined claim"
+                        );
+                        Acquired::Execute(ours)
+                    }
+                    Ok(false) => return Ok(None),
+                    // It may still land: withdrawing it then only does what the take-over
+                    // would have done, let the next retry execute.
+                    Err(e) => {
+                        return self
+                            .confirm_unanswered_claim(ours, req, policy, e)
+                            .await
+                            .map(Some)
+                    }
+                }
+            }
+        }))
     }
 
     /// As `acquire`, but a duplicate in flight is waited for, up to `bound`: woken when the
@@ -370,7 +407,7 @@ impl Claims {
         let failure = error.to_string();
         let read_back = match error {
             StoreError::Timeout(_) => Err(error),
-            _ => (self.store.get(&claim.scope)).await.map_err(|_| error),
+            _ => self.store.get(&claim.scope).await.map_err(|_| error),
         };
         match read_back {
             Ok(Some(r)) if r.token == claim.token && r.state == State::Pending => {
@@ -417,10 +454,9 @@ impl Claims {
         unknown.state = State::Unknown;
         unknown.body.unknown_since_ms = super::decide::abandoned_since(found, policy);
         unknown.body.note = Some("the proxy holding this claim stopped renewing its lease (crashed or cut off) while the request may have been at the provider".into());
-        if let Err(e) =
-            (self
-                .store
-                .replace(scope, &found.fence(), &unknown, unknown_expiry(policy)))
+        if let Err(e) = self
+            .store
+            .replace(scope, &found.fence(), &unknown, unknown_expiry(policy))
             .await
         {
             tracing::warn!(scope, error = %e, "could not record an abandoned claim as UNKNOWN");
@@ -500,13 +536,14 @@ impl Claims {
         let mut body = claim.body.clone();
         body.lease_until_ms = now_ms() + policy.lease.as_millis() as u64;
         let record = claim.record(State::Pending, body);
-        (self.store.replace(
-            &claim.scope,
-            &pending_fence(claim),
-            &record,
-            pending_expiry(policy),
-        ))
-        .await
+        self.store
+            .replace(
+                &claim.scope,
+                &pending_fence(claim),
+                &record,
+                pending_expiry(policy),
+            )
+            .await
     }
 
     /// Records the outcome, once, and wakes whoever waits on the scope. On a store error the
@@ -578,8 +615,53 @@ impl Claims {
         }
     }
 
+    /// Resolves the UNKNOWN claim under `scope` that `by` looked at (fenced on the token it
+    /// saw), and wakes whoever waits on it. `retention(route)`: how long a committed receipt
+    /// of that route is kept.
+    pub async fn resolve(
+        &self,
+        scope: &str,
+        seen_token: &str,
+        how: Resolution,
+        by: &str,
+        retention: impl Fn(&str) -> Duration,
+    ) -> Result<Resolved, StoreError> {
+        let Some(found) = self.store.get(scope).await? else {
+            return Ok(Resolved::Gone);
+        };
+        if found.token.as_str() != seen_token || found.state != State::Unknown {
+            return Ok(Resolved::Changed(found));
+        }
+        // The fence is the record as it was seen: same token, still UNKNOWN.
+        let fence = found.fence();
+        let done = match how {
+            Resolution::Release => self.store.remove(scope, &fence).await?,
+            Resolution::Commit(receipt) => {
+                let mut body = found.body.clone();
+                body.receipt = Some(receipt);
+                body.note = Some(format!("receipt committed by {by} at {} ms", now_ms()));
+                let record = Record {
+                    state: State::Committed,
+                    token: Token::random(),
+                    body,
+                };
+                let keep = Expiry::After(retention(&found.body.route));
+                self.store.replace(scope, &fence, &record, keep).await?
+            }
+        };
+        if !done {
+            return Ok(match self.store.get(scope).await? {
+                Some(now) => Resolved::Changed(now),
+                None => Resolved::Gone,
+            });
+        }
+        // Anyone waiting on this scope (here or on another proxy) looks again now.
+        self.announce_settled(scope);
+        Ok(Resolved::Done)
+    }
+
     /// Wakes local waiters now and tells other proxies, without delaying the caller.
-    pub fn announce_settled(&self, scope: &str) {
+    fn announce_settled(&self, scope: &str) {
         self.waiters.wake(scope);
         let (store, scope) = (self.store.clone(), scope.to_string());
         tokio::spawn(async move {
@@ -606,13 +688,14 @@ impl Claims {
         let record = claim.record(State::Committed, body);
         // Not cached here: most keys are never retried, and caching every commit cost
         // throughput and memory in the benchmark. The first replay caches it.
-        (self.store.replace(
-            &claim.scope,
-            &ours_unsettled(claim),
-            &record,
-            Expiry::After(policy.retention),
-        ))
-        .await
+        self.store
+            .replace(
+                &claim.scope,
+                &ours_unsettled(claim),
+                &record,
+                Expiry::After(policy.retention),
+            )
+            .await
     }
 
     /// Caches a committed receipt until its record expires at the earliest: the record lives
@@ -631,15 +714,20 @@ impl Claims {
     /// deduplicates it).
     async fn release(&self, claim: &Claim, policy: &Policy) -> Result<bool, StoreError> {
         match &claim.restore {
-            None => (self.store.remove(&claim.scope, &ours_unsettled(claim))).await,
+            None => {
+                self.store
+                    .remove(&claim.scope, &ours_unsettled(claim))
+                    .await
+            }
             Some(declined) => {
-                (self.store.replace(
-                    &claim.scope,
-                    &ours_unsettled(claim),
-                    declined,
-                    Expiry::After(policy.retention),
-                ))
-                .await
+                self.store
+                    .replace(
+                        &claim.scope,
+                        &ours_unsettled(claim),
+                        declined,
+                        Expiry::After(policy.retention),
+                    )
+                    .await
             }
         }
     }
@@ -655,13 +743,14 @@ impl Claims {
         body.unknown_since_ms = now_ms();
         body.note = Some(note);
         let record = claim.record(State::Unknown, body);
-        (self.store.replace(
-            &claim.scope,
-            &pending_fence(claim),
-            &record,
-            unknown_expiry(policy),
-        ))
-        .await
+        self.store
+            .replace(
+                &claim.scope,
+                &pending_fence(claim),
+                &record,
+                unknown_expiry(policy),
+            )
+            .await
     }
 }
 

@@ -254,94 +254,33 @@ impl RouteIdentity {
         req: &Request<'_>,
     ) -> Result<Identification, IdentityError> {
         let view = req.view();
-        let header_key = key::from_headers(req.headers, &self.key_header)?;
-        // The provider's own field, when it is not the header the client keys the proxy with.
-        let provider_set = self
-            .provider_key
-            .as_ref()
-            .filter(|f| **f != KeyField::Header(self.key_header.clone()))
-            .and_then(|f| f.client_set(req.headers, req.query(), req.body));
-        let client_key = header_key.clone().or_else(|| provider_set.clone());
-
-        let operation = self
-            .operations
-            .iter()
-            .find(|o| o.matches(req.method, req.path));
-        let source = match operation {
-            Some(_) => KeySource::Template,
-            None => self.key_source,
-        };
-        let template = operation.map(|o| &o.key).or(self.template.as_ref());
-        let missing = operation
-            .and_then(|o| o.missing_key)
-            .unwrap_or(self.missing_key);
-        let endpoint = format!("{} /{}", req.method, req.path.trim_matches('/'));
-        let derive = |template: Option<&Template>| -> Result<Option<Identity>, IdentityError> {
-            let Some(t) = template else {
-                return Ok(None);
-            };
-            match t.render(&view) {
-                Ok(Rendered::Key(key)) => Ok(Some(Identity::Derived {
-                    endpoint: endpoint.clone(),
-                    key,
-                })),
-                Ok(Rendered::Missing(_)) => Ok(None),
-                Err(e) => Err(malformed(route, &e)),
-            }
-        };
-
-        let identity = match source {
+        let keys = self.client_keys(req)?;
+        let rules = self.rules_for(req);
+        let chosen = match rules.source {
             KeySource::Request => Some(Identity::Request),
-            KeySource::Client => match &client_key {
+            KeySource::Client => match &keys.client {
                 Some(k) => {
                     // A provider field the client set must be a key the proxy can hold.
-                    key::validate(k.as_bytes(), &self.key_source_name(header_key.is_some()))?;
+                    key::validate(k.as_bytes(), &self.key_source_name(keys.header.is_some()))?;
                     Some(Identity::Client(k.clone()))
                 }
-                None => derive(template)?,
+                None => rules.derive(route, &view)?,
             },
-            KeySource::Template => derive(template)?,
+            KeySource::Template => rules.derive(route, &view)?,
         };
-        let identity = match identity {
-            Some(i) => i,
-            None => match missing {
-                MissingKey::Derive => Identity::Request,
-                MissingKey::Forward => {
-                    let why = match template {
-                        Some(t) => format!(
-                            "no key: the key template needs {}, which the request does not carry",
-                            missing_field(t, &view)
-                        ),
-                        None => {
-                            format!("no key: the request carries no {} header", self.key_header)
-                        }
-                    };
-                    return Ok(Identification::Unprotected { why, client_key });
-                }
-                MissingKey::Reject => {
-                    let header = self.key_header.to_string();
-                    return Err(match template {
-                        Some(t) => IdentityError::MissingKeyField {
-                            header,
-                            field: missing_field(t, &view),
-                        },
-                        None => IdentityError::MissingKey { header },
-                    });
+        let identity = match chosen {
+            Some(identity) => identity,
+            None => match self.without_key(&rules, &view)? {
+                Some(identity) => identity,
+                None => {
+                    return Ok(Identification::Unprotected {
+                        why: self.unprotected_because(&rules, &view),
+                        client_key: keys.client,
+                    })
                 }
             },
         };
-
-        let content_type = req
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .map(http::HeaderValue::as_bytes);
-        let fingerprint = canonical::fingerprint(
-            req.method.as_str(),
-            req.path_and_query,
-            content_type,
-            req.body,
-            &self.volatile,
-        );
+        let fingerprint = self.fingerprint(req);
         let mut ignore = vec![&self.key_header];
         if let Some(KeyField::Header(h)) = &self.provider_key {
             ignore.push(h);
@@ -350,7 +289,7 @@ impl RouteIdentity {
         // What the operation is whatever key the client sent: its template key where the
         // route has one, else the request itself.
         let same_operation = match &identity {
-            Identity::Client(_) => match derive(template) {
+            Identity::Client(_) => match rules.derive(route, &view) {
                 Ok(Some(derived)) => derived.scope_key(&fingerprint),
                 _ => Identity::Request.scope_key(&fingerprint),
             },
@@ -360,17 +299,134 @@ impl RouteIdentity {
             identity,
             account,
             fingerprint,
-            client_key,
-            provider_set,
+            client_key: keys.client,
+            provider_set: keys.provider_set,
             same_operation,
-            operation: operation.map(|o| o.name.clone()),
+            operation: rules.operation.map(|o| o.name.clone()),
         })))
+    }
+
+    /// The keys the client sent: its `key_header`, and what it set in the provider's own
+    /// field (when that is not the same header).
+    fn client_keys(&self, req: &Request<'_>) -> Result<ClientKeys, IdentityError> {
+        let header = key::from_headers(req.headers, &self.key_header)?;
+        let provider_set = self
+            .provider_key
+            .as_ref()
+            .filter(|f| **f != KeyField::Header(self.key_header.clone()))
+            .and_then(|f| f.client_set(req.headers, req.query(), req.body));
+        Ok(ClientKeys {
+            client: header.clone().or_else(|| provider_set.clone()),
+            header,
+            provider_set,
+        })
+    }
+
+    /// The rules for this request: the first operation that matches it, else the route's.
+    fn rules_for<'r>(&'r self, req: &Request<'_>) -> KeyRules<'r> {
+        let operation = self
+            .operations
+            .iter()
+            .find(|o| o.matches(req.method, req.path));
+        KeyRules {
+            source: match operation {
+                Some(_) => KeySource::Template,
+                None => self.key_source,
+            },
+            template: operation.map(|o| &o.key).or(self.template.as_ref()),
+            missing: operation
+                .and_then(|o| o.missing_key)
+                .unwrap_or(self.missing_key),
+            endpoint: format!("{} /{}", req.method, req.path.trim_matches('/')),
+            operation,
+        }
+    }
+
+    /// A request without a key: derived from the whole request, refused, or (`None`)
+    /// forwarded unprotected.
+    fn without_key(
+        &self,
+        rules: &KeyRules<'_>,
+        view: &RequestView<'_>,
+    ) -> Result<Option<Identity>, IdentityError> {
+        let header = self.key_header.to_string();
+        match (rules.missing, rules.template) {
+            (MissingKey::Derive, _) => Ok(Some(Identity::Request)),
+            (MissingKey::Forward, _) => Ok(None),
+            (MissingKey::Reject, Some(t)) => Err(IdentityError::MissingKeyField {
+                header,
+                field: missing_field(t, view),
+            }),
+            (MissingKey::Reject, None) => Err(IdentityError::MissingKey { header }),
+        }
+    }
+
+    fn unprotected_because(&self, rules: &KeyRules<'_>, view: &RequestView<'_>) -> String {
+        match rules.template {
+            Some(t) => format!(
+                "no key: the key template needs {}, which the request does not carry",
+                missing_field(t, view)
+            ),
+            None => format!("no key: the request carries no {} header", self.key_header),
+        }
+    }
+
+    fn fingerprint(&self, req: &Request<'_>) -> String {
+        let content_type = req
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .map(http::HeaderValue::as_bytes);
+        canonical::fingerprint(
+            req.method.as_str(),
+            req.path_and_query,
+            content_type,
+            req.body,
+            &self.volatile,
+        )
     }
 
     fn key_source_name(&self, from_header: bool) -> String {
         match (&self.provider_key, from_header) {
             (Some(f), false) => f.describe(),
             _ => self.key_header.to_string(),
+        }
+    }
+}
+
+struct ClientKeys {
+    header: Option<String>,
+    provider_set: Option<String>,
+    /// The header's, else the provider field's.
+    client: Option<String>,
+}
+
+/// Where one request's identity comes from.
+struct KeyRules<'r> {
+    source: KeySource,
+    template: Option<&'r Template>,
+    missing: MissingKey,
+    /// `POST /v1/refunds`: derived keys are per endpoint.
+    endpoint: String,
+    operation: Option<&'r Operation>,
+}
+
+impl KeyRules<'_> {
+    /// The template's key for this request; `None` without a template or a field it needs.
+    fn derive(
+        &self,
+        route: &str,
+        view: &RequestView<'_>,
+    ) -> Result<Option<Identity>, IdentityError> {
+        let Some(t) = self.template else {
+            return Ok(None);
+        };
+        match t.render(view) {
+            Ok(Rendered::Key(key)) => Ok(Some(Identity::Derived {
+                endpoint: self.endpoint.clone(),
+                key,
+            })),
+            Ok(Rendered::Missing(_)) => Ok(None),
+            Err(e) => Err(malformed(route, &e)),
         }
     }
 }

@@ -114,7 +114,7 @@ async fn handshake<IO>(
     app: &App,
     route: Arc<Route>,
     target: &Target,
-    mut io: IO,
+    io: IO,
 ) -> Option<(TlsStream<Prefixed<IO>>, Arc<Route>)>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
@@ -122,26 +122,7 @@ where
     let leaves = app.connect.leaves.as_ref()?;
     let timeout = app.connect.handshake_timeout;
 
-    // A TLS record starts with 0x16 (handshake). Anything else is most likely plain HTTP
-    // sent by mistake: answer it in plain HTTP, before rustls answers with an alert.
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(timeout, io.read(&mut first)).await {
-        Ok(Ok(1)) if first[0] == 0x16 => {}
-        Ok(Ok(1)) => {
-            tracing::debug!(%target, "plain bytes inside an intercepted tunnel");
-            let _ = io.write_all(NOT_TLS).await;
-            let _ = io.shutdown().await;
-            return None;
-        }
-        _ => {
-            tracing::debug!(%target, "no TLS client hello within {timeout:?}");
-            return None;
-        }
-    }
-    let io = Prefixed {
-        first: Some(first[0]),
-        io,
-    };
+    let io = sniff_tls(io, target, timeout).await?;
 
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
     let start = match tokio::time::timeout(timeout, acceptor).await {
@@ -188,6 +169,36 @@ where
         }
         Err(_) => {
             tracing::debug!(%target, "TLS handshake not finished within {timeout:?}");
+            None
+        }
+    }
+}
+
+/// The connection, once its first byte says TLS (0x16, a handshake record), with that byte
+/// put back. Anything else is most likely plain HTTP sent by mistake: it is answered in plain
+/// HTTP, before rustls would answer with an alert, and `None` closes the tunnel.
+async fn sniff_tls<IO>(
+    mut io: IO,
+    target: &Target,
+    timeout: std::time::Duration,
+) -> Option<Prefixed<IO>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, io.read(&mut first)).await {
+        Ok(Ok(1)) if first[0] == 0x16 => Some(Prefixed {
+            first: Some(first[0]),
+            io,
+        }),
+        Ok(Ok(1)) => {
+            tracing::debug!(%target, "plain bytes inside an intercepted tunnel");
+            let _ = io.write_all(NOT_TLS).await;
+            let _ = io.shutdown().await;
+            None
+        }
+        _ => {
+            tracing::debug!(%target, "no TLS client hello within {timeout:?}");
             None
         }
     }

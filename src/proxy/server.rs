@@ -93,11 +93,16 @@ pub async fn serve(
         });
     }
     drop(listener);
+    drain(&app, graceful, opts.shutdown_grace).await;
+}
+
+/// Lets in-flight requests finish and settle within `grace`: waiters answer first, then open
+/// connections end their requests, then forwards and settles that outlive their clients.
+async fn drain(app: &App, graceful: GracefulShutdown, grace: Duration) {
     tracing::info!("shutting down: waiting for in-flight requests");
-    let deadline = tokio::time::Instant::now() + opts.shutdown_grace;
+    let deadline = tokio::time::Instant::now() + grace;
     // Waiters answer with a quarter of the grace left to write their answer.
-    app.claims
-        .stop_waiting((deadline - opts.shutdown_grace / 4).into_std());
+    app.claims.stop_waiting((deadline - grace / 4).into_std());
     let drained = tokio::time::timeout_at(deadline, graceful.shutdown())
         .await
         .is_ok()

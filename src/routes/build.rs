@@ -1,0 +1,476 @@
+//! A route from its config block and its provider profile: each part of a route is built by
+//! one function below, and every error names the field that caused it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme};
+use http::{HeaderName, Method, Uri};
+
+use super::{Route, Upstream};
+use crate::config::{self, Config, ConfigError, Hold, KeySource, OutcomeRuleConfig, RouteConfig};
+use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, StatusSet, Test};
+use crate::idempotency::template::Template;
+use crate::identity::account::{AccountPart, AccountSpec};
+use crate::identity::operations::Operation;
+use crate::identity::provider_key::KeyField;
+use crate::identity::{RouteIdentity, Signing};
+use crate::providers::{self, KeyLimits, LimitsError, Profile};
+use crate::proxy::upstream::{ClientError, ClientOptions, UpstreamClient};
+
+/// The `i`-th `[[routes]]` block, built.
+pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
+    let b = Builder::new(config, i, r)?;
+    let upstream = b.upstream()?;
+    let (host, port) = match &r.host {
+        Some(h) => split_host_port(h)
+            .ok_or_else(|| b.invalid("host", format!("`{h}` is not a host or host:port")))?,
+        None => (upstream.host.clone(), None),
+    };
+    let (key_field, pass_key, forward_key_limits) = b.key_passing()?;
+    let identity = b.identity(key_field)?;
+    let policy = b.policy()?;
+    let dedup_window = b.dedup_window();
+    b.check_durations(&policy, dedup_window)?;
+    Ok(Route {
+        name: r.name.clone(),
+        host,
+        port,
+        prefix: b.prefix()?,
+        upstream,
+        policy: Arc::new(policy),
+        identity,
+        pass_key,
+        forward_key_limits,
+        methods: b.methods()?,
+        dedup_window,
+        timeout: r.timeout.0,
+        wait_timeout: r.wait_timeout.0,
+        client: b.client()?,
+    })
+}
+
+struct Builder<'a> {
+    config: &'a Config,
+    i: usize,
+    r: &'a RouteConfig,
+    profile: Option<Profile>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(config: &'a Config, i: usize, r: &'a RouteConfig) -> Result<Builder<'a>, ConfigError> {
+        let valid_name = !r.name.is_empty()
+            && r.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !valid_name {
+            return Err(config.invalid(
+                format!("routes[{i}].name"),
+                "must be non-empty letters, digits, - or _",
+            ));
+        }
+        let mut b = Builder {
+            config,
+            i,
+            r,
+            profile: None,
+        };
+        b.profile = match &r.provider {
+            Some(name) => Some(providers::lookup(name).ok_or_else(|| {
+                b.invalid(
+                    "provider",
+                    format!(
+                        "`{name}` is not a built-in profile; known: {}",
+                        providers::names().join(", ")
+                    ),
+                )
+            })?),
+            None => None,
+        };
+        Ok(b)
+    }
+
+    fn invalid(&self, field: &str, message: String) -> ConfigError {
+        self.config.invalid(
+            format!("routes[{}] ({}).{field}", self.i, self.r.name),
+            message,
+        )
+    }
+
+    fn upstream(&self) -> Result<Upstream, ConfigError> {
+        let raw = &self.r.upstream;
+        let uri: Uri = raw
+            .parse()
+            .map_err(|e| self.invalid("upstream", format!("`{raw}` is not a URL: {e}")))?;
+        let scheme = match uri.scheme_str() {
+            Some("https") => Scheme::HTTPS,
+            Some("http") => Scheme::HTTP,
+            _ => {
+                return Err(self.invalid(
+                    "upstream",
+                    format!("`{raw}` must start with http:// or https://"),
+                ))
+            }
+        };
+        let authority: Authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| self.invalid("upstream", format!("`{raw}` has no host")))?;
+        if uri.query().is_some() {
+            return Err(self.invalid("upstream", "must not carry a query".into()));
+        }
+        Ok(Upstream {
+            scheme,
+            host: authority.host().to_ascii_lowercase(),
+            authority,
+            base_path: uri.path().trim_end_matches('/').to_string(),
+        })
+    }
+
+    fn prefix(&self) -> Result<Option<String>, ConfigError> {
+        match &self.r.prefix {
+            Some(p) if !p.starts_with('/') || p.len() < 2 => Err(self.invalid(
+                "prefix",
+                format!("`{p}` must start with / and name a path, e.g. /stripe"),
+            )),
+            Some(p) => Ok(Some(p.trim_end_matches('/').to_string())),
+            None => Ok(None),
+        }
+    }
+
+    fn methods(&self) -> Result<Vec<Method>, ConfigError> {
+        self.r
+            .methods
+            .iter()
+            .map(|m| {
+                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| self.invalid("methods", format!("`{m}` is not a method")))
+            })
+            .collect()
+    }
+
+    fn signing(&self) -> Signing {
+        self.profile.as_ref().map(|p| p.signing).unwrap_or_default()
+    }
+
+    /// Where the provider takes its key, where the proxy may pass its own down (never into
+    /// what a signature covers), and the provider's key limits.
+    fn key_passing(&self) -> Result<(Option<KeyField>, Option<KeyField>, KeyLimits), ConfigError> {
+        let r = self.r;
+        let key_field = match (&r.forward_key_header, &r.forward_key_field) {
+            (Some(h), Some(f)) if !h.is_empty() && !f.is_empty() => {
+                return Err(self.invalid(
+                    "forward_key_field",
+                    "set either forward_key_header or forward_key_field, not both".into(),
+                ))
+            }
+            (Some(h), _) if !h.is_empty() => {
+                Some(KeyField::Header(self.header_name("forward_key_header", h)?))
+            }
+            (_, Some(f)) if !f.is_empty() => Some(KeyField::Body(f.clone())),
+            (Some(_), _) | (_, Some(_)) => None,
+            (None, None) => match &self.profile {
+                Some(p) => p.key_field.clone(),
+                None => Some(KeyField::Header(HeaderName::from_static("idempotency-key"))),
+            },
+        };
+        let pass_key = match (&key_field, self.signing()) {
+            (Some(KeyField::Header(_)), Signing::None | Signing::Body) => key_field.clone(),
+            (Some(KeyField::Body(_)), Signing::None) => key_field.clone(),
+            _ => None,
+        };
+        let base = self
+            .profile
+            .as_ref()
+            .map(|p| p.limits.clone())
+            .unwrap_or_else(providers::default_limits);
+        let limits = KeyLimits::new(
+            r.forward_key_min_len.unwrap_or(base.min_len),
+            r.forward_key_max_len.unwrap_or(base.max_len),
+            r.forward_key_charset
+                .as_deref()
+                .unwrap_or(base.charset.spec()),
+        )
+        .map_err(|e| match e {
+            LimitsError::Charset(m) => self.invalid("forward_key_charset", format!("charset {m}")),
+            LimitsError::Length(m) => self.invalid("forward_key_max_len", m),
+        })?;
+        Ok((key_field, pass_key, limits))
+    }
+
+    fn header_name(&self, field: &str, name: &str) -> Result<HeaderName, ConfigError> {
+        HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| self.invalid(field, format!("`{name}` is not a header name")))
+    }
+
+    /// How accounts and operations are told apart on this route.
+    fn identity(&self, provider_key: Option<KeyField>) -> Result<RouteIdentity, ConfigError> {
+        let r = self.r;
+        let template = r
+            .key
+            .as_deref()
+            .map(Template::parse)
+            .transpose()
+            .map_err(|m| self.invalid("key", format!("the key template cannot be used: {m}")))?;
+        let operations = r
+            .operations
+            .iter()
+            .enumerate()
+            .map(|(j, o)| {
+                Operation::parse(o.name.as_deref(), &o.matches, &o.key, o.missing_key)
+                    .map_err(|(f, m)| self.invalid(&format!("operations[{j}].{f}"), m))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let key_source = match (r.key_source, &template) {
+            (Some(KeySource::Template), None) => return Err(self.invalid(
+                "key_source",
+                "\"template\" needs a key template: set `key` (or use operations, which always derive)".into(),
+            )),
+            (Some(source), _) => source,
+            (None, Some(_)) => KeySource::Template,
+            (None, None) => self
+                .profile
+                .as_ref()
+                .and_then(|p| p.key_source)
+                .unwrap_or(KeySource::Client),
+        };
+        Ok(RouteIdentity {
+            key_header: self.header_name("key_header", &r.key_header)?,
+            key_source,
+            template,
+            operations,
+            missing_key: r.missing_key,
+            account: self.account()?,
+            volatile: self
+                .profile
+                .as_ref()
+                .map(|p| p.volatile.iter().map(|v| v.to_string()).collect())
+                .unwrap_or_default(),
+            provider_key,
+            signing: self.signing(),
+        })
+    }
+
+    /// The route's `account` template, else its `credential_headers`, else the profile's
+    /// account parts, else every credential-looking header.
+    fn account(&self) -> Result<AccountSpec, ConfigError> {
+        match (&self.r.account, &self.r.credential_headers) {
+            (Some(_), Some(_)) => Err(self.invalid(
+                "account",
+                "set either account or credential_headers, not both".into(),
+            )),
+            (Some(t), None) => Ok(AccountSpec::Template(Template::parse(t).map_err(|m| {
+                self.invalid(
+                    "account",
+                    format!("the account template cannot be used: {m}"),
+                )
+            })?)),
+            (None, Some(names)) => Ok(AccountSpec::Parts(vec![AccountPart::Headers(
+                names
+                    .iter()
+                    .map(|h| self.header_name("credential_headers", h))
+                    .collect::<Result<Vec<_>, _>>()?,
+            )])),
+            (None, None) => Ok(AccountSpec::Parts(match &self.profile {
+                Some(p) => p.account.clone(),
+                None => vec![AccountPart::CredentialLike],
+            })),
+        }
+    }
+
+    /// What becomes of a claim: statuses and rules, hold, lease and retention.
+    fn policy(&self) -> Result<Policy, ConfigError> {
+        let (r, profile) = (self.r, self.profile.as_ref());
+        let commit = r.commit_statuses.clone().unwrap_or_else(|| {
+            match profile.and_then(|p| p.commit_statuses) {
+                Some(set) => set.iter().map(|s| s.to_string()).collect(),
+                None => config::default_commit_statuses(),
+            }
+        });
+        let declined = r
+            .declined_statuses
+            .clone()
+            .unwrap_or_else(config::default_declined_statuses);
+        let unknown_statuses = r.unknown_statuses.clone().unwrap_or_else(|| {
+            match profile.and_then(|p| p.unknown_statuses) {
+                Some(set) => set.to_vec(),
+                None => config::default_unknown_statuses(),
+            }
+        });
+        if let Some(bad) = unknown_statuses.iter().find(|s| !(100..=599).contains(*s)) {
+            return Err(self.invalid("unknown_statuses", format!("{bad} is not a status code")));
+        }
+        Ok(Policy {
+            honours_key: r
+                .honours_key
+                .or(profile.map(|p| p.honours_key))
+                .unwrap_or(false),
+            commit_statuses: StatusSet::parse(&commit)
+                .map_err(|m| self.invalid("commit_statuses", m))?,
+            declined_statuses: StatusSet::parse(&declined)
+                .map_err(|m| self.invalid("declined_statuses", m))?,
+            unknown_statuses,
+            rules: Arc::from(self.rules()?),
+            hold: r.hold.unwrap_or(match profile {
+                Some(p) if p.hold_forever => Hold::Forever,
+                _ => config::default_hold(),
+            }),
+            lease: r.lease.0,
+            retention: r
+                .retention
+                .map(|d| d.0)
+                .or(profile.and_then(|p| p.retention))
+                .unwrap_or_else(config::default_retention),
+            upstream_timeout: r.timeout.0,
+            on_in_flight: r.on_in_flight,
+            fail_open: r.fail_open,
+        })
+    }
+
+    /// The route's own body rules, its `duplicate` answer, then the profile's rules.
+    fn rules(&self) -> Result<Vec<BodyRule>, ConfigError> {
+        let mut rules = self
+            .r
+            .outcome_rules
+            .iter()
+            .enumerate()
+            .map(|(j, rule)| {
+                outcome_rule(rule).map_err(|m| self.invalid(&format!("outcome_rules[{j}]"), m))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(d) = &self.r.duplicate {
+            let hint = if d.lookup_hint.is_empty() {
+                String::new()
+            } else {
+                format!(". Look it up with {}", d.lookup_hint)
+            };
+            rules.push(BodyRule {
+                statuses: Some(
+                    StatusSet::parse(&[d.status.to_string()])
+                        .map_err(|m| self.invalid("duplicate.status", m))?,
+                ),
+                conditions: vec![Condition::new("code", Test::Equals(vec![d.code.clone()]))],
+                outcome: RuleOutcome::Duplicate,
+                note: format!(
+                    "it already has an operation with the key passed down (code {}){hint}",
+                    d.code
+                ),
+            });
+        }
+        if let Some(p) = &self.profile {
+            rules.extend(p.rules.iter().cloned());
+        }
+        Ok(rules)
+    }
+
+    fn dedup_window(&self) -> Duration {
+        self.r
+            .dedup_window
+            .map(|d| d.0)
+            .or(self.profile.as_ref().and_then(|p| p.dedup_window))
+            .unwrap_or_else(config::default_dedup_window)
+    }
+
+    fn check_durations(&self, policy: &Policy, dedup_window: Duration) -> Result<(), ConfigError> {
+        let r = self.r;
+        for (f, d) in [
+            ("lease", r.lease.0),
+            ("retention", policy.retention),
+            ("connect_timeout", r.connect_timeout.0),
+            ("timeout", r.timeout.0),
+            ("dedup_window", dedup_window),
+            ("wait_timeout", r.wait_timeout.0),
+        ] {
+            if d.is_zero() {
+                return Err(self.invalid(f, "must be greater than 0".into()));
+            }
+        }
+        if r.lease.0 < Duration::from_secs(1) {
+            return Err(self.invalid(
+                "lease",
+                "must be at least 1s: it is renewed every third of it".into(),
+            ));
+        }
+        // A renewal lands at most a third of the lease plus one store timeout after the last;
+        // any shorter lease lapses under a live holder whenever the store is merely slow.
+        let op_timeout = self.config.store.op_timeout.0;
+        if r.lease.0.as_secs_f64() <= 1.5 * op_timeout.as_secs_f64() {
+            return Err(self.invalid(
+                "lease",
+                format!(
+                    "must be longer than 1.5 × store.op_timeout ({}), or a slow store lets a live claim lapse",
+                    humantime::format_duration(op_timeout)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The route's own pooled client: its `connect_to` and extra roots.
+    fn client(&self) -> Result<UpstreamClient, ConfigError> {
+        let r = self.r;
+        if let Some(path) = &r.upstream_ca {
+            if !path.is_file() {
+                return Err(
+                    self.invalid("upstream_ca", format!("{} does not exist", path.display()))
+                );
+            }
+        }
+        UpstreamClient::new(&ClientOptions {
+            extra_roots: r.upstream_ca.as_deref(),
+            connect_to: r.connect_to.as_deref(),
+            connect_timeout: r.connect_timeout.0,
+            pool_idle_timeout: self.config.server.pool_idle_timeout.0,
+            egress: None,
+        })
+        .map_err(|e| match e {
+            ClientError::ConnectTo(_) => self.invalid("connect_to", e.to_string()),
+            ClientError::Roots(_) | ClientError::Tls(_) => {
+                self.invalid("upstream_ca", e.to_string())
+            }
+        })
+    }
+}
+
+/// A configured body rule: one condition (`equals`, `not_equals`, `prefix` or `non_empty`).
+fn outcome_rule(r: &OutcomeRuleConfig) -> Result<BodyRule, String> {
+    let outcome = RuleOutcome::parse(&r.outcome).ok_or_else(|| {
+        format!(
+            "outcome `{}` is not one of commit, decline, release, unknown, duplicate",
+            r.outcome
+        )
+    })?;
+    let tests: Vec<Test> = [
+        (!r.equals.is_empty()).then(|| Test::Equals(r.equals.clone())),
+        (!r.not_equals.is_empty()).then(|| Test::NotEquals(r.not_equals.clone())),
+        (!r.prefix.is_empty()).then(|| Test::Prefix(r.prefix.clone())),
+        r.non_empty.then_some(Test::NonEmpty),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let [test] = <[Test; 1]>::try_from(tests).map_err(|_| {
+        "give exactly one test: equals, not_equals, prefix or non_empty = true".to_string()
+    })?;
+    if r.field.is_empty() || r.field.split('.').any(str::is_empty) {
+        return Err(format!(
+            "field `{}` must be a path like `error` or `data.0.sCode`",
+            r.field
+        ));
+    }
+    let statuses = r.status.as_ref().map(|s| StatusSet::parse(s)).transpose()?;
+    Ok(BodyRule {
+        statuses,
+        conditions: vec![Condition::new(&r.field, test)],
+        outcome,
+        note: r.note.clone(),
+    })
+}
+
+fn split_host_port(s: &str) -> Option<(String, Option<u16>)> {
+    let authority: Authority = s.parse().ok()?;
+    if authority.as_str().contains('@') {
+        return None;
+    }
+    Some((authority.host().to_ascii_lowercase(), authority.port_u16()))
+}

@@ -1,0 +1,147 @@
+//! Routes resolved from config: which requests a route covers, where they go, and the
+//! idempotency policy that applies to them.
+
+use std::sync::Arc;
+
+use http::uri::{Authority, Scheme};
+use http::{Method, Uri};
+
+use crate::config::{Config, ConfigError};
+use crate::idempotency::policy::Policy;
+use crate::identity::provider_key::KeyField;
+use crate::identity::{Identity, RouteIdentity};
+use crate::providers::KeyLimits;
+use crate::proxy::upstream::UpstreamClient;
+
+mod build;
+
+pub struct Upstream {
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// Host name, lowercase, without port.
+    pub host: String,
+    /// Path the upstream URL carries, without a trailing slash (`""` for none).
+    pub base_path: String,
+}
+
+pub struct Route {
+    pub name: String,
+    /// Host matched by the forward proxy and HTTPS interception (lowercase).
+    pub host: String,
+    /// Port the host must be addressed on, when the route's `host` names one.
+    pub port: Option<u16>,
+    pub prefix: Option<String>,
+    pub upstream: Upstream,
+    pub policy: Arc<Policy>,
+    /// How accounts and operations are told apart.
+    pub identity: RouteIdentity,
+    /// Where the proxy passes its key down; `None` when the provider takes none, or signs
+    /// what would carry it.
+    pub pass_key: Option<KeyField>,
+    /// The provider's key limits; keys outside them are passed down in a derived form.
+    pub forward_key_limits: KeyLimits,
+    pub methods: Vec<Method>,
+    /// How long a request-derived identity (`key_source = "request"`, `missing_key =
+    /// "derive"`) lasts.
+    pub dedup_window: std::time::Duration,
+    /// Total deadline for one upstream call.
+    pub timeout: std::time::Duration,
+    /// `on_in_flight = "wait"`: how long a duplicate waits for the first request to settle.
+    pub wait_timeout: std::time::Duration,
+    pub client: UpstreamClient,
+}
+
+impl Route {
+    pub fn protects(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+
+    /// A method that differs from a protected one only in case (`post`): methods are
+    /// case-sensitive, so it would pass unprotected while a lenient provider executes it.
+    pub fn protects_other_case(&self, method: &Method) -> Option<&Method> {
+        let m = method.as_str();
+        self.methods
+            .iter()
+            .find(|p| p.as_str() != m && p.as_str().eq_ignore_ascii_case(m))
+    }
+
+    /// The policy for one request: a request-derived identity lasts the dedup window, and a
+    /// provider deduplicates only on keys it actually gets (a signed body keeps the client's
+    /// own key, which need not be the same across two requests of one derived operation).
+    pub fn policy_for(&self, identity: &Identity) -> Arc<Policy> {
+        let reaches_provider =
+            self.pass_key.is_some() || !matches!(identity, Identity::Derived { .. });
+        let honours_key = self.policy.honours_key && reaches_provider;
+        let request = matches!(identity, Identity::Request);
+        if honours_key == self.policy.honours_key && !request {
+            return self.policy.clone();
+        }
+        let mut p = (*self.policy).clone();
+        p.honours_key = honours_key;
+        if request {
+            p.retention = self.dedup_window;
+        }
+        Arc::new(p)
+    }
+
+    /// The upstream URI for a request path (already stripped of the route prefix).
+    pub fn upstream_uri(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        let pq = if path_and_query.starts_with('/') {
+            format!("{}{}", self.upstream.base_path, path_and_query)
+        } else {
+            format!("{}/{}", self.upstream.base_path, path_and_query)
+        };
+        Uri::builder()
+            .scheme(self.upstream.scheme.clone())
+            .authority(self.upstream.authority.clone())
+            .path_and_query(pq)
+            .build()
+    }
+}
+
+pub struct Routes {
+    routes: Vec<Arc<Route>>,
+}
+
+impl Routes {
+    pub fn build(config: &Config) -> Result<Routes, ConfigError> {
+        let routes = config
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| build::route(config, i, r).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Routes { routes })
+    }
+
+    pub fn all(&self) -> &[Arc<Route>] {
+        &self.routes
+    }
+
+    /// Base-URL mode: the first route whose prefix is a whole-segment prefix of `path`.
+    /// Returns the route and the path after the prefix.
+    pub fn by_prefix<'p>(&self, path: &'p str) -> Option<(&Arc<Route>, &'p str)> {
+        self.routes.iter().find_map(|r| {
+            let prefix = r.prefix.as_deref()?;
+            let rest = path.strip_prefix(prefix)?;
+            (rest.is_empty() || rest.starts_with('/') || rest.starts_with('?')).then_some((r, rest))
+        })
+    }
+
+    /// Forward-proxy and interception mode: the first route for this host (and port).
+    pub fn by_host(&self, host: &str, port: u16) -> Option<&Arc<Route>> {
+        let host = host.trim_end_matches('.');
+        self.routes
+            .iter()
+            .find(|r| r.host.eq_ignore_ascii_case(host) && r.port.is_none_or(|p| p == port))
+    }
+
+    /// A route that covers `host` on another port than `port`: a request there must be
+    /// refused, never passed through past the route's idempotency checks.
+    pub fn on_other_port(&self, host: &str, port: u16) -> Option<&Arc<Route>> {
+        let host = host.trim_end_matches('.');
+        self.routes
+            .iter()
+            .find(|r| r.host.eq_ignore_ascii_case(host) && r.port.is_some_and(|p| p != port))
+    }
+}
