@@ -14,7 +14,7 @@ use super::policy::Policy;
 use super::policy::{Hold, OnInFlight};
 use super::receipt_cache::ReceiptCache;
 use super::record::{Fence, Receipt, Record, RecordBody, State, Token};
-use super::store::{now_ms, Deadline, Expiry, Store, StoreError};
+use super::store::{Clock, Deadline, Expiry, Store, StoreError};
 use super::unconfirmed::Retrier;
 use super::waiters::Waiters;
 
@@ -80,9 +80,8 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// A new PENDING claim on `req.scope` under `token`.
-    fn new(req: &ClaimRequest<'_>, policy: &Policy, token: Token) -> Claim {
-        let now = now_ms();
+    /// A new PENDING claim on `req.scope` under `token`, made at `now`.
+    fn new(req: &ClaimRequest<'_>, policy: &Policy, token: Token, now: u64) -> Claim {
         Claim {
             scope: req.scope.to_string(),
             token,
@@ -166,6 +165,7 @@ pub struct Claims {
     stopping: CancellationToken,
     stop_by: std::sync::Mutex<Option<Instant>>,
     receipts: Option<ReceiptCache>,
+    clock: Clock,
 }
 
 impl Claims {
@@ -182,7 +182,14 @@ impl Claims {
             stopping: CancellationToken::new(),
             stop_by: std::sync::Mutex::new(None),
             receipts: None,
+            clock: Clock::System,
         }
+    }
+
+    /// Reads the time from `clock` (tests: tokio's, which they can pause and move).
+    pub fn with_clock(mut self, clock: Clock) -> Claims {
+        self.clock = clock;
+        self
     }
 
     /// Keeps up to `bytes` of committed receipts in memory, so replays skip the store.
@@ -249,7 +256,7 @@ impl Claims {
         if let Some(cached) = self.cached_answer(req) {
             return Ok(cached);
         }
-        let claim = Claim::new(req, policy, token);
+        let claim = Claim::new(req, policy, token, self.clock.now_ms());
         let mut found = match self.insert(&claim, policy).await {
             Ok(None) => return Ok(Acquired::Execute(claim)),
             Ok(Some(found)) => found,
@@ -306,53 +313,56 @@ impl Claims {
         policy: &Policy,
     ) -> Result<Option<Acquired>, StoreError> {
         let scope = req.scope;
-        Ok(Some(match decide(found, req.ask(), now_ms(), policy) {
-            Decision::Replay { receipt, differs } => {
-                if !found.body.declined {
-                    self.remember(scope, &found.body, &receipt, policy);
-                }
-                Acquired::Replay { receipt, differs }
-            }
-            Decision::Mismatch => Acquired::Mismatch,
-            Decision::InFlight { retry_after } => Acquired::InFlight { retry_after },
-            Decision::Held { retry_after } => {
-                if found.state == State::Pending {
-                    self.mark_abandoned(scope, found, policy).await;
-                }
-                Acquired::Held { retry_after }
-            }
-            Decision::TakeOver { attempt, restore } => {
-                let mut ours = claim.clone();
-                ours.body.lease_until_ms = now_ms() + policy.lease.as_millis() as u64;
-                ours.body.attempt = attempt;
-                ours.restore = restore.then(|| Box::new(found.clone()));
-                let pending = ours.record(State::Pending, ours.body.clone());
-                match self
-                    .store
-                    .replace(scope, &found.fence(), &pending, pending_expiry(policy))
-                    .await
-                {
-                    Ok(true) => {
-                        tracing::info!(
-                            scope,
-                            previous = found.state.as_str(),
-                            attempt,
-                            "took over an unsettled or declined claim"
-                        );
-                        Acquired::Execute(ours)
+        Ok(Some(
+            match decide(found, req.ask(), self.clock.now_ms(), policy) {
+                Decision::Replay { receipt, differs } => {
+                    if !found.body.declined {
+                        self.remember(scope, &found.body, &receipt, policy);
                     }
-                    Ok(false) => return Ok(None),
-                    // It may still land: withdrawing it then only does what the take-over
-                    // would have done, let the next retry execute.
-                    Err(e) => {
-                        return self
-                            .confirm_unanswered_claim(ours, req, policy, e)
-                            .await
-                            .map(Some)
+                    Acquired::Replay { receipt, differs }
+                }
+                Decision::Mismatch => Acquired::Mismatch,
+                Decision::InFlight { retry_after } => Acquired::InFlight { retry_after },
+                Decision::Held { retry_after } => {
+                    if found.state == State::Pending {
+                        self.mark_abandoned(scope, found, policy).await;
+                    }
+                    Acquired::Held { retry_after }
+                }
+                Decision::TakeOver { attempt, restore } => {
+                    let mut ours = claim.clone();
+                    ours.body.lease_until_ms =
+                        self.clock.now_ms() + policy.lease.as_millis() as u64;
+                    ours.body.attempt = attempt;
+                    ours.restore = restore.then(|| Box::new(found.clone()));
+                    let pending = ours.record(State::Pending, ours.body.clone());
+                    match self
+                        .store
+                        .replace(scope, &found.fence(), &pending, pending_expiry(policy))
+                        .await
+                    {
+                        Ok(true) => {
+                            tracing::info!(
+                                scope,
+                                previous = found.state.as_str(),
+                                attempt,
+                                "took over an unsettled or declined claim"
+                            );
+                            Acquired::Execute(ours)
+                        }
+                        Ok(false) => return Ok(None),
+                        // It may still land: withdrawing it then only does what the take-over
+                        // would have done, let the next retry execute.
+                        Err(e) => {
+                            return self
+                                .confirm_unanswered_claim(ours, req, policy, e)
+                                .await
+                                .map(Some)
+                        }
                     }
                 }
-            }
-        }))
+            },
+        ))
     }
 
     /// As `acquire`, but a duplicate in flight is waited for, up to `bound`: woken when the
@@ -415,7 +425,7 @@ impl Claims {
             }
             // Not ours: the insert did not land (and, on a connection that failed, cannot
             // land later). What is there answers this request as it would any retry.
-            Ok(Some(found)) => match decide(&found, req.ask(), now_ms(), policy) {
+            Ok(Some(found)) => match decide(&found, req.ask(), self.clock.now_ms(), policy) {
                 Decision::Replay { receipt, differs } => Ok(Acquired::Replay { receipt, differs }),
                 Decision::Mismatch => Ok(Acquired::Mismatch),
                 Decision::InFlight { retry_after } => Ok(Acquired::InFlight { retry_after }),
@@ -534,7 +544,7 @@ impl Claims {
     /// Extends the lease. `Ok(false)`: the claim is no longer ours.
     async fn renew(&self, claim: &Claim, policy: &Policy) -> Result<bool, StoreError> {
         let mut body = claim.body.clone();
-        body.lease_until_ms = now_ms() + policy.lease.as_millis() as u64;
+        body.lease_until_ms = self.clock.now_ms() + policy.lease.as_millis() as u64;
         let record = claim.record(State::Pending, body);
         self.store
             .replace(
@@ -639,7 +649,10 @@ impl Claims {
             Resolution::Commit(receipt) => {
                 let mut body = found.body.clone();
                 body.receipt = Some(receipt);
-                body.note = Some(format!("receipt committed by {by} at {} ms", now_ms()));
+                body.note = Some(format!(
+                    "receipt committed by {by} at {} ms",
+                    self.clock.now_ms()
+                ));
                 let record = Record {
                     state: State::Committed,
                     token: Token::random(),
@@ -740,7 +753,7 @@ impl Claims {
         policy: &Policy,
     ) -> Result<bool, StoreError> {
         let mut body = claim.body.clone();
-        body.unknown_since_ms = now_ms();
+        body.unknown_since_ms = self.clock.now_ms();
         body.note = Some(note);
         let record = claim.record(State::Unknown, body);
         self.store

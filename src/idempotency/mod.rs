@@ -2,6 +2,8 @@
 //! the claim state machine, and how an upstream outcome settles a claim.
 
 pub mod claims;
+#[cfg(test)]
+mod claims_tests;
 pub mod decide;
 pub mod fingerprint;
 pub mod hex;
@@ -13,5 +15,7 @@ pub mod record;
 pub mod scope;
 pub mod store;
 pub mod template;
+#[cfg(any(test, feature = "test-store"))]
+pub mod testing;
 pub mod unconfirmed;
 pub mod waiters;

@@ -109,6 +109,35 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Where the claim state machine reads the time. Stores shared by several proxies compare
+/// leases across hosts, so production reads the wall clock; tests read tokio's clock, which
+/// `tokio::time::pause` lets them move at will.
+#[derive(Debug, Clone, Copy)]
+pub enum Clock {
+    System,
+    /// The wall clock at `at_ms` when tokio's clock read `anchor`, moving with tokio's clock.
+    Tokio {
+        anchor: tokio::time::Instant,
+        at_ms: u64,
+    },
+}
+
+impl Clock {
+    pub fn tokio() -> Clock {
+        Clock::Tokio {
+            anchor: tokio::time::Instant::now(),
+            at_ms: now_ms(),
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        match self {
+            Clock::System => now_ms(),
+            Clock::Tokio { anchor, at_ms } => at_ms + anchor.elapsed().as_millis() as u64,
+        }
+    }
+}
+
 /// Every operation of `inner` bounded by one deadline (`store.op_timeout`): a store that
 /// stalls answers `Timeout`, and the request that waited on it gets a 503 instead of hanging.
 /// The one place store calls are timed out.

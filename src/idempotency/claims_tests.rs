@@ -1,0 +1,283 @@
+//! The claim state machine under paused time, over the in-memory store and injected faults:
+//! leases, holds, take-overs, lost store answers, settles retried, declines put back, waiters
+//! woken. Each test runs in milliseconds of real time; the real-store suites (tests/it) cover
+//! the same behaviour through the binary.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::claims::{Acquired, ClaimRequest, Claims, Recorded};
+use super::outcome::{CallFailure, Outcome};
+use super::policy::{Hold, OnInFlight, Policy, StatusSet};
+use super::record::Receipt;
+use super::store::{Clock, Store};
+use super::testing::{Fault, Faulty, MemoryStore, Op};
+
+const OP_TIMEOUT: Duration = Duration::from_millis(500);
+
+#[derive(Debug)]
+struct Reset;
+
+impl std::fmt::Display for Reset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection reset")
+    }
+}
+
+impl CallFailure for Reset {
+    fn may_have_been_sent(&self) -> bool {
+        true
+    }
+}
+
+fn set(entries: &[&str]) -> StatusSet {
+    StatusSet::parse(&entries.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .expect("status set")
+}
+
+fn policy(honours_key: bool) -> Policy {
+    Policy {
+        honours_key,
+        commit_statuses: set(&["2xx", "4xx", "!408", "!409", "!425", "!429"]),
+        declined_statuses: set(&["4xx", "!408", "!409", "!425", "!429"]),
+        unknown_statuses: vec![500, 502, 504],
+        rules: Arc::from(Vec::new()),
+        hold: Hold::For(Duration::from_secs(30)),
+        lease: Duration::from_secs(3),
+        retention: Duration::from_secs(3600),
+        upstream_timeout: Duration::from_secs(10),
+        on_in_flight: OnInFlight::Conflict,
+        fail_open: false,
+    }
+}
+
+fn receipt(status: u16) -> Receipt {
+    Receipt {
+        status,
+        headers: vec![],
+        body: Bytes::from(format!("{{\"status\":{status}}}")),
+    }
+}
+
+fn request<'a>(scope: &'a str, fingerprint: &'a str, strict: bool) -> ClaimRequest<'a> {
+    ClaimRequest {
+        scope,
+        fingerprint,
+        strict,
+        route: "r",
+    }
+}
+
+fn claims(store: Arc<dyn Store>) -> Arc<Claims> {
+    Arc::new(Claims::new(store, OP_TIMEOUT).with_clock(Clock::tokio()))
+}
+
+fn memory() -> Arc<dyn Store> {
+    MemoryStore::new(Clock::tokio())
+}
+
+async fn acquire(c: &Claims, req: &ClaimRequest<'_>, p: &Policy) -> Acquired {
+    c.acquire(req, p).await.expect("the store answers")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_call_keeps_its_claim_past_the_lease() {
+    let c = claims(memory());
+    let p = Arc::new(policy(false));
+    let req = request("s", "fp", true);
+    let Acquired::Execute(claim) = acquire(&c, &req, &p).await else {
+        panic!("first claim executes");
+    };
+    let running = {
+        let (c, p) = (c.clone(), p.clone());
+        tokio::spawn(async move {
+            c.execute(claim, p, async {
+                tokio::time::sleep(Duration::from_secs(9)).await;
+                Ok::<_, Reset>(receipt(200))
+            })
+            .await
+        })
+    };
+    // Three leases later the holder is still renewing: a duplicate is in flight, not held.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(matches!(
+        acquire(&c, &req, &p).await,
+        Acquired::InFlight { .. }
+    ));
+    let done = running.await.expect("task").expect("executed");
+    assert_eq!(
+        (done.outcome, done.recorded),
+        (Outcome::Committed, Recorded::Done)
+    );
+    assert!(matches!(
+        acquire(&c, &req, &p).await,
+        Acquired::Replay { differs: false, .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_that_died_is_held_until_its_call_deadline_plus_the_hold() {
+    let c = claims(memory());
+    let p = policy(false);
+    let req = request("s", "fp", true);
+    assert!(matches!(acquire(&c, &req, &p).await, Acquired::Execute(_)));
+    // The holder dies: no renewal, no settle. Past its lease the outcome is unknown, held
+    // from its call deadline (10 s) for the hold (30 s).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let Acquired::Held {
+        retry_after: Some(after),
+    } = acquire(&c, &req, &p).await
+    else {
+        panic!("held");
+    };
+    assert_eq!(after.as_secs(), 35);
+    tokio::time::sleep(Duration::from_secs(34)).await;
+    assert!(matches!(acquire(&c, &req, &p).await, Acquired::Held { .. }));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(matches!(acquire(&c, &req, &p).await, Acquired::Execute(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_insert_whose_answer_was_lost_is_read_back_and_executes_once() {
+    let store = Faulty::new(memory());
+    store.then(Op::Insert, Fault::LoseAnswer);
+    let c = claims(store.clone());
+    let p = policy(false);
+    let req = request("s", "fp", true);
+    assert!(matches!(acquire(&c, &req, &p).await, Acquired::Execute(_)));
+    assert!(matches!(
+        acquire(&c, &req, &p).await,
+        Acquired::InFlight { .. }
+    ));
+    assert_eq!(store.calls()[..2], [Op::Insert, Op::Get]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_nobody_could_confirm_is_withdrawn_so_the_retry_executes() {
+    let store = Faulty::new(memory());
+    // The insert lands but its answer is lost, and reading it back fails too: the client
+    // gets a 503, and the claim it may have left behind is withdrawn in the background.
+    store.then(Op::Insert, Fault::LoseAnswer);
+    store.then(Op::Get, Fault::Fail);
+    let c = claims(store.clone());
+    let p = policy(false);
+    let req = request("s", "fp", true);
+    assert!(c.acquire(&req, &p).await.is_err());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(store.calls().contains(&Op::Remove));
+    assert!(matches!(acquire(&c, &req, &p).await, Acquired::Execute(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_store_answers_within_the_deadline() {
+    let store = Faulty::new(memory());
+    store.then(Op::Insert, Fault::Hang);
+    let c = claims(store);
+    let started = tokio::time::Instant::now();
+    let e = c
+        .acquire(&request("s", "fp", true), &policy(false))
+        .await
+        .expect_err("a hung store is an error");
+    assert!(e.is_unreachable(), "{e}");
+    assert_eq!(started.elapsed(), OP_TIMEOUT);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_settle_the_store_missed_is_retried_until_it_lands() {
+    let store = Faulty::new(memory());
+    let c = claims(store.clone());
+    let p = Arc::new(policy(false));
+    let req = request("s", "fp", true);
+    let Acquired::Execute(claim) = acquire(&c, &req, &p).await else {
+        panic!("executes");
+    };
+    store.then(Op::Replace, Fault::Fail);
+    store.then(Op::Replace, Fault::Fail);
+    let done = c
+        .execute(claim, p.clone(), async { Ok::<_, Reset>(receipt(201)) })
+        .await
+        .expect("executed");
+    assert_eq!(done.recorded, Recorded::Unconfirmed);
+    // Meanwhile the claim is still PENDING: a retry is in flight, never executed again.
+    assert!(matches!(
+        acquire(&c, &req, &p).await,
+        Acquired::InFlight { .. }
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let Acquired::Replay { receipt: r, .. } = acquire(&c, &req, &p).await else {
+        panic!("the retried settle landed");
+    };
+    assert_eq!(r.status, 201);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_decline_is_put_back_when_the_corrected_attempt_is_released() {
+    let c = claims(memory());
+    let p = Arc::new(policy(true));
+    // A derived operation: the template names it, the details may differ.
+    let first = request("s", "card-1", false);
+    let Acquired::Execute(claim) = acquire(&c, &first, &p).await else {
+        panic!("executes");
+    };
+    assert_eq!(claim.attempt(), 0);
+    let done = c
+        .execute(claim, p.clone(), async { Ok::<_, Reset>(receipt(402)) })
+        .await
+        .expect("executed");
+    assert_eq!(done.outcome, Outcome::Declined);
+    // The same card again: the decline. Another card: a new attempt.
+    assert!(matches!(
+        acquire(&c, &first, &p).await,
+        Acquired::Replay { differs: false, .. }
+    ));
+    let corrected = request("s", "card-2", false);
+    let Acquired::Execute(claim) = acquire(&c, &corrected, &p).await else {
+        panic!("a corrected request executes");
+    };
+    assert_eq!(claim.attempt(), 1);
+    // It meets a 503: released, and the decline (with its attempt count) is put back.
+    let done = c
+        .execute(claim, p.clone(), async { Ok::<_, Reset>(receipt(503)) })
+        .await
+        .expect("executed");
+    assert_eq!(done.outcome, Outcome::Released);
+    let Acquired::Replay { receipt: r, .. } = acquire(&c, &first, &p).await else {
+        panic!("the decline is back");
+    };
+    assert_eq!(r.status, 402);
+    let Acquired::Execute(claim) = acquire(&c, &corrected, &p).await else {
+        panic!("the corrected request executes again");
+    };
+    assert_eq!(
+        claim.attempt(),
+        1,
+        "the same attempt: the provider key is the same"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_duplicate_is_answered_by_the_first_ones_receipt() {
+    let c = claims(memory());
+    let mut waiting = policy(false);
+    waiting.on_in_flight = OnInFlight::Wait;
+    let p = Arc::new(waiting);
+    let req = request("s", "fp", true);
+    let Acquired::Execute(claim) = acquire(&c, &req, &p).await else {
+        panic!("executes");
+    };
+    let waiter = {
+        let (c, p) = (c.clone(), p.clone());
+        tokio::spawn(async move {
+            c.acquire_waiting(&request("s", "fp", true), &p, Duration::from_secs(30))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    c.execute(claim, p.clone(), async { Ok::<_, Reset>(receipt(200)) })
+        .await
+        .expect("executed");
+    let answer = waiter.await.expect("task").expect("store");
+    assert!(matches!(answer, Acquired::Replay { .. }), "{answer:?}");
+}

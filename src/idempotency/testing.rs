@@ -1,0 +1,250 @@
+//! Test doubles of the store port, for testing the claim state machine in milliseconds next
+//! to the real-store suites: an in-memory store with the stores' semantics (expiry on the
+//! clock it is given, fenced writes), and a wrapper that injects faults into chosen calls.
+//! Compiled for the crate's own tests and behind the `test-store` feature.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::record::{Fence, Record, State};
+use super::store::{Clock, Expiry, Store, StoreError};
+
+/// The store port in memory. Records are kept encoded, as the real stores keep them.
+pub struct MemoryStore {
+    records: Mutex<HashMap<String, (Vec<u8>, Option<u64>)>>,
+    clock: Clock,
+}
+
+impl MemoryStore {
+    pub fn new(clock: Clock) -> Arc<MemoryStore> {
+        Arc::new(MemoryStore {
+            records: Mutex::new(HashMap::new()),
+            clock,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Vec<u8>, Option<u64>)>> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn live(&self, scope: &str) -> Option<Vec<u8>> {
+        let now = self.clock.now_ms();
+        let mut records = self.lock();
+        match records.get(scope) {
+            Some((_, Some(until))) if *until <= now => {
+                records.remove(scope);
+                None
+            }
+            Some((raw, _)) => Some(raw.clone()),
+            None => None,
+        }
+    }
+
+    fn until(&self, expiry: Expiry) -> Option<u64> {
+        match expiry {
+            Expiry::After(_) => Some(self.clock.now_ms() + expiry.millis()),
+            Expiry::Never => None,
+        }
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn insert_if_absent(
+        &self,
+        scope: &str,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<Option<Record>, StoreError> {
+        if let Some(raw) = self.live(scope) {
+            return Ok(Some(Record::decode(&raw)?));
+        }
+        let until = self.until(expiry);
+        self.lock().insert(scope.into(), (record.encode(), until));
+        Ok(None)
+    }
+
+    async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
+        self.live(scope)
+            .map(|raw| Record::decode(&raw))
+            .transpose()
+            .map_err(Into::into)
+    }
+
+    async fn replace(
+        &self,
+        scope: &str,
+        fence: &Fence,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<bool, StoreError> {
+        match self.live(scope) {
+            Some(raw) if fence.admits_encoded(&raw) => {
+                let until = self.until(expiry);
+                self.lock().insert(scope.into(), (record.encode(), until));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError> {
+        match self.live(scope) {
+            Some(raw) if fence.admits_encoded(&raw) => {
+                self.lock().remove(scope);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn list(&self, state: State, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
+        let scopes: Vec<String> = self.lock().keys().cloned().collect();
+        let mut out = Vec::new();
+        for scope in scopes {
+            if let Some(r) = self.get(&scope).await? {
+                if r.state == state && out.len() < limit {
+                    out.push((scope, r));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// Which store call a fault applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Insert,
+    Get,
+    Replace,
+    Remove,
+}
+
+/// What happens to that call.
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// It fails before reaching the store.
+    Fail,
+    /// It never answers (the caller's deadline decides).
+    Hang,
+    /// It takes effect, but its answer is lost.
+    LoseAnswer,
+    /// It is delayed, then runs.
+    Delay(Duration),
+}
+
+/// A store whose next calls of each kind fail as planned (in order), then behave.
+pub struct Faulty {
+    inner: Arc<dyn Store>,
+    plan: Mutex<VecDeque<(Op, Fault)>>,
+    calls: Mutex<Vec<Op>>,
+}
+
+impl Faulty {
+    pub fn new(inner: Arc<dyn Store>) -> Arc<Faulty> {
+        Arc::new(Faulty {
+            inner,
+            plan: Mutex::new(VecDeque::new()),
+            calls: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The next call of kind `op` meets `fault`.
+    pub fn then(&self, op: Op, fault: Fault) {
+        self.plan
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back((op, fault));
+    }
+
+    /// Every call made so far.
+    pub fn calls(&self) -> Vec<Op> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn next(&self, op: Op) -> Option<Fault> {
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(op);
+        let mut plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
+        let i = plan.iter().position(|(o, _)| *o == op)?;
+        plan.remove(i).map(|(_, f)| f)
+    }
+
+    async fn run<T>(
+        &self,
+        op: Op,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match self.next(op) {
+            None => call.await,
+            Some(Fault::Fail) => Err(StoreError::Unavailable(format!("injected: {op:?} failed"))),
+            Some(Fault::Hang) => std::future::pending().await,
+            Some(Fault::LoseAnswer) => {
+                let _ = call.await;
+                Err(StoreError::Unavailable(format!(
+                    "injected: the answer to {op:?} was lost"
+                )))
+            }
+            Some(Fault::Delay(d)) => {
+                tokio::time::sleep(d).await;
+                call.await
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Store for Faulty {
+    async fn insert_if_absent(
+        &self,
+        scope: &str,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<Option<Record>, StoreError> {
+        self.run(
+            Op::Insert,
+            self.inner.insert_if_absent(scope, record, expiry),
+        )
+        .await
+    }
+
+    async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
+        self.run(Op::Get, self.inner.get(scope)).await
+    }
+
+    async fn replace(
+        &self,
+        scope: &str,
+        fence: &Fence,
+        record: &Record,
+        expiry: Expiry,
+    ) -> Result<bool, StoreError> {
+        self.run(
+            Op::Replace,
+            self.inner.replace(scope, fence, record, expiry),
+        )
+        .await
+    }
+
+    async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError> {
+        self.run(Op::Remove, self.inner.remove(scope, fence)).await
+    }
+
+    async fn list(&self, state: State, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
+        self.inner.list(state, limit).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
