@@ -12,9 +12,12 @@ use async_trait::async_trait;
 use super::record::{Fence, Record, State};
 use super::store::{Clock, Expiry, Store, StoreError};
 
+/// Scope → the encoded record and when it expires (ms; `None`: never).
+type Records = HashMap<String, (Vec<u8>, Option<u64>)>;
+
 /// The store port in memory. Records are kept encoded, as the real stores keep them.
 pub struct MemoryStore {
-    records: Mutex<HashMap<String, (Vec<u8>, Option<u64>)>>,
+    records: Mutex<Records>,
     clock: Clock,
 }
 
@@ -26,7 +29,7 @@ impl MemoryStore {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Vec<u8>, Option<u64>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Records> {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
