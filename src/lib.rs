@@ -5,6 +5,7 @@ pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod config;
+pub mod demo;
 pub mod http;
 pub mod idempotency;
 pub mod identity;

@@ -32,6 +32,12 @@ enum Command {
         #[arg(long, default_value = "config/idemproxy.toml")]
         config: PathBuf,
     },
+    /// Try it locally: a stand-in provider that counts what it does, and the proxy in front
+    /// of it (config/examples/local.toml); prints the commands to run.
+    Demo {
+        #[arg(long, default_value = "config/examples/local.toml")]
+        config: PathBuf,
+    },
     /// Load and validate a config file, then exit.
     CheckConfig {
         #[arg(long, default_value = "config/idemproxy.toml")]
@@ -78,7 +84,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let _log_guard = init_logging();
     let result = match cli.command {
-        Command::Serve { config } => run_serve(config),
+        Command::Serve { config } => run_serve(config, None),
+        Command::Demo { config } => run_demo(config),
         Command::CheckConfig { config } => check_config(config),
         Command::Keys(args) => run_client(async move {
             println!("{}", idemproxy::admin::cli::run(*args).await?);
@@ -176,7 +183,62 @@ fn runtime_for(config: &Config) -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn run_serve(path: PathBuf) -> anyhow::Result<()> {
+/// The stand-in provider on the first route's upstream, the CA if the config names one that
+/// does not exist yet, then the proxy, as `serve` runs it.
+fn run_demo(path: PathBuf) -> anyhow::Result<()> {
+    let config = Config::load(&path)?;
+    let route = config
+        .routes
+        .first()
+        .with_context(|| format!("{}: the demo needs a route to the stand-in", path.display()))?;
+    let upstream: http::Uri = route.upstream.parse().with_context(|| {
+        format!("{}: routes[0].upstream is not a URL", path.display())
+    })?;
+    let provider = upstream
+        .authority()
+        .filter(|_| upstream.scheme_str() == Some("http"))
+        .and_then(|a| format!("{}:{}", a.host(), a.port_u16().unwrap_or(80)).parse().ok())
+        .with_context(|| {
+            format!(
+                "{}: routes[0].upstream must be http://127.0.0.1:PORT, where the stand-in listens",
+                path.display()
+            )
+        })?;
+    if let (Some(cert), Some(_)) = (&config.tls.ca_cert, &config.tls.ca_key) {
+        if !cert.exists() {
+            let dir = cert.parent().map(PathBuf::from).unwrap_or_default();
+            ca_init(InitOptions {
+                dir,
+                force: false,
+                proxy_url: format!("http://{}", config.server.listen),
+                worker_dir: None,
+                system_bundle: None,
+            })?;
+        }
+    }
+    let https_host = route.host.clone();
+    run_serve(
+        path,
+        Some(Box::new(move |proxy| {
+            let listener = std::net::TcpListener::bind(provider)
+                .with_context(|| format!("the stand-in provider cannot listen on {provider}"))?;
+            listener.set_nonblocking(true)?;
+            tokio::spawn(idemproxy::demo::stand_in(tokio::net::TcpListener::from_std(
+                listener,
+            )?));
+            print!(
+                "{}",
+                idemproxy::demo::instructions(proxy, provider, https_host.as_deref())
+            );
+            Ok(())
+        })),
+    )
+}
+
+/// Runs once the proxy listens (the demo starts its stand-in there).
+type OnListening = Box<dyn FnOnce(std::net::SocketAddr) -> anyhow::Result<()> + Send>;
+
+fn run_serve(path: PathBuf, on_listening: Option<OnListening>) -> anyhow::Result<()> {
     let config = Config::load(&path)?;
     let runtime = runtime_for(&config)?;
     runtime.block_on(async move {
@@ -216,6 +278,9 @@ fn run_serve(path: PathBuf) -> anyhow::Result<()> {
             None => println!("idemproxy listening proxy={local}"),
         }
         tracing::info!(%local, store = %config.store.url, routes = config.routes.len(), "idemproxy started");
+        if let Some(hook) = on_listening {
+            hook(local)?;
+        }
         let opts = ServerOptions {
             header_read_timeout: config.server.header_read_timeout.0,
             shutdown_grace: config.server.shutdown_grace.0,

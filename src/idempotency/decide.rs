@@ -1,4 +1,4 @@
-//! The claim table of DESIGN.md as one pure function: given what the claim found in the store,
+//! The claim table (docs/claims.md) as one pure function: given what the claim found in the store,
 //! what happens to this request.
 
 use std::time::Duration;

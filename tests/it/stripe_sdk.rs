@@ -1,4 +1,4 @@
-//! The seed's failure with the official Stripe SDK, as tools really make it: the `stripe`
+//! The failure this project exists for, with the official Stripe SDK as tools really use it: the `stripe`
 //! Python SDK with its default settings (its own network retries on, a random
 //! `Idempotency-Key` minted per call), a tool re-run as a new process, arguments an LLM
 //! rewrote, a card declined then retried with another card, and Stripe's create → confirm →
