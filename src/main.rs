@@ -191,13 +191,18 @@ fn run_demo(path: PathBuf) -> anyhow::Result<()> {
         .routes
         .first()
         .with_context(|| format!("{}: the demo needs a route to the stand-in", path.display()))?;
-    let upstream: http::Uri = route.upstream.parse().with_context(|| {
-        format!("{}: routes[0].upstream is not a URL", path.display())
-    })?;
+    let upstream: http::Uri = route
+        .upstream
+        .parse()
+        .with_context(|| format!("{}: routes[0].upstream is not a URL", path.display()))?;
     let provider = upstream
         .authority()
         .filter(|_| upstream.scheme_str() == Some("http"))
-        .and_then(|a| format!("{}:{}", a.host(), a.port_u16().unwrap_or(80)).parse().ok())
+        .and_then(|a| {
+            format!("{}:{}", a.host(), a.port_u16().unwrap_or(80))
+                .parse()
+                .ok()
+        })
         .with_context(|| {
             format!(
                 "{}: routes[0].upstream must be http://127.0.0.1:PORT, where the stand-in listens",
@@ -223,9 +228,9 @@ fn run_demo(path: PathBuf) -> anyhow::Result<()> {
             let listener = std::net::TcpListener::bind(provider)
                 .with_context(|| format!("the stand-in provider cannot listen on {provider}"))?;
             listener.set_nonblocking(true)?;
-            tokio::spawn(idemproxy::demo::stand_in(tokio::net::TcpListener::from_std(
-                listener,
-            )?));
+            tokio::spawn(idemproxy::demo::stand_in(
+                tokio::net::TcpListener::from_std(listener)?,
+            ));
             print!(
                 "{}",
                 idemproxy::demo::instructions(proxy, provider, https_host.as_deref())

@@ -73,8 +73,10 @@ impl Egress {
         })
     }
 
-    /// Resolves `host` and returns the addresses it may be dialled at, or why not. Callers
-    /// dial exactly these addresses, so a second DNS answer cannot swap in an internal one.
+    /// Resolves `host` and returns the addresses it may be dialled at, or why not. Blind
+    /// tunnels dial exactly these addresses; the passthrough client resolves again, through a
+    /// resolver that vets its own answers (`GuardedResolver`). Either way a second DNS answer
+    /// cannot swap in an internal address.
     pub async fn check(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, EgressError> {
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let named = self.names(bare, port);

@@ -1016,7 +1016,7 @@ async fn routed_host_on_another_port_is_not_passed_through() {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(Backend::Sqlite);
     let routes = format!(
-        "[[routes]]\nname = \"pay\"\nhost = \"localhost:1\"\nupstream = \"http://localhost:1\"\nconnect_to = \"127.0.0.1:{}\"\n\n[egress]\nallow = [\"localhost\"]\n",
+        "[[routes]]\nname = \"pay\"\nhost = \"localhost:1\"\nupstream = \"http://localhost:1\"\nconnect_to = \"127.0.0.1:{}\"\n\n[egress]\nallow = [\"localhost\", \"127.0.0.0/8\"]\n",
         provider.port()
     );
     let proxy = start(&config(&store.url(), "", &routes), &[]);
@@ -1029,6 +1029,14 @@ async fn routed_host_on_another_port_is_not_passed_through() {
         .await
         .expect("an answer");
     assert_eq!(r.status, 403, "{}", r.text());
+    assert!(provider.received().is_empty());
+    // The same host written with a trailing dot (an absolute DNS name) is the same host.
+    let dotted = format!("http://localhost.:{}/v1/charges", provider.port());
+    let r = send(proxy.addr, "POST", &dotted, &headers, "{}")
+        .await
+        .expect("an answer");
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.text().contains("another port"), "{}", r.text());
     assert!(provider.received().is_empty());
 }
 

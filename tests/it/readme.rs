@@ -36,7 +36,11 @@ fn run(line: &str, dir: &Path, path: &str) -> String {
 #[test]
 fn the_readme_walkthrough_works_as_written() {
     let blocks = walkthrough();
-    assert_eq!(blocks.len(), 3, "install + demo, base URL, HTTPS_PROXY: {blocks:?}");
+    assert_eq!(
+        blocks.len(),
+        3,
+        "install + demo, base URL, HTTPS_PROXY: {blocks:?}"
+    );
     assert_eq!(blocks[0], ["cargo install --path .", "idemproxy demo"]);
     // `cargo install` is what puts the binary on PATH; the test puts the one it built there.
     let bin = Path::new(env!("CARGO_BIN_EXE_idemproxy"));
@@ -67,7 +71,10 @@ fn the_readme_walkthrough_works_as_written() {
     while !printed.contains("Stop with Ctrl-C") {
         let mut buf = [0u8; 4096];
         let n = std::io::Read::read(&mut stdout, &mut buf).expect("read the demo's output");
-        assert!(n > 0 && started.elapsed() < Duration::from_secs(20), "{printed}");
+        assert!(
+            n > 0 && started.elapsed() < Duration::from_secs(20),
+            "{printed}"
+        );
         printed.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
 
@@ -86,8 +93,14 @@ fn the_readme_walkthrough_works_as_written() {
     assert_eq!(body(&first), body(&again), "the replay is the first answer");
     assert!(body(&first).contains("\"id\":\"ch_0001\""), "{first}");
     assert_eq!(effects.trim(), "{\"effects\":1}");
-    assert!(tls_first.contains("idempotent-replayed: false"), "{tls_first}");
-    assert!(tls_again.contains("idempotent-replayed: true"), "{tls_again}");
+    assert!(
+        tls_first.contains("idempotent-replayed: false"),
+        "{tls_first}"
+    );
+    assert!(
+        tls_again.contains("idempotent-replayed: true"),
+        "{tls_again}"
+    );
     assert_eq!(body(&tls_first), body(&tls_again));
     assert_eq!(all_effects.trim(), "{\"effects\":2}");
 }
