@@ -356,9 +356,15 @@ both_backends!(
 );
 
 fn check_config(path: &std::path::Path) -> std::process::Output {
+    check_config_in(path, std::path::Path::new("."))
+}
+
+/// `check-config` run from `dir` (relative paths in the file are relative to it).
+fn check_config_in(path: &std::path::Path, dir: &std::path::Path) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
         .args(["check-config", "--config"])
         .arg(path)
+        .current_dir(dir)
         .output()
         .expect("run idemproxy check-config")
 }
@@ -366,11 +372,19 @@ fn check_config(path: &std::path::Path) -> std::process::Output {
 #[test]
 fn every_example_config_loads() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples");
+    // The examples that intercept HTTPS name a CA in certs/, made by `idemproxy ca init`.
+    let work = tempfile::tempdir().expect("tempdir");
+    let init = crate::common::pki::run_ca_init(&work.path().join("certs"), &[]);
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).expect("config/examples") {
         let path = entry.expect("entry").path();
         if path.extension().is_some_and(|e| e == "toml") {
-            let out = check_config(&path);
+            let out = check_config_in(&path, work.path());
             assert!(
                 out.status.success(),
                 "{}: {}",
