@@ -294,6 +294,8 @@ pub struct RouteConfig {
     /// answer failures with HTTP 200). The profile's rules come after these.
     #[serde(default)]
     pub outcome_rules: Vec<OutcomeRuleConfig>,
+    /// How to ask the provider whether a held operation happened. Default: the profile's.
+    pub lookup: Option<LookupConfig>,
     /// How long an UNKNOWN claim is held before the next retry executes; `forever` to hold
     /// until an operator resolves it. Default: the profile's, else 5 minutes.
     pub hold: Option<Hold>,
@@ -340,6 +342,39 @@ pub struct OperationConfig {
     pub key: String,
     /// Default: the route's.
     pub missing_key: Option<MissingKey>,
+}
+
+/// How a route asks its provider whether an operation happened, by the key passed down.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LookupConfig {
+    /// `GET /v2/orders:by_client_order_id?client_order_id={key}`: `{key}` is the key the held
+    /// attempt passed down; other fields as in key templates, read from the retry's request.
+    pub request: String,
+    /// Statuses meaning the operation happened (its answer becomes the receipt).
+    #[serde(default = "default_lookup_found")]
+    pub found: Vec<String>,
+    /// Statuses meaning it did not happen.
+    #[serde(default = "default_lookup_not_found")]
+    pub not_found: Vec<String>,
+    /// A found answer must carry this JSON field, non-empty (else the lookup is unclear).
+    pub found_field: Option<String>,
+    /// A found-status answer whose field (a JSON path) is empty means not found (search APIs).
+    pub empty_means_not_found: Option<String>,
+    /// How old an unknown outcome must be before a lookup may say "not found": an operation
+    /// may still be on its way into the provider's records.
+    #[serde(default = "default_lookup_after")]
+    pub after: Dur,
+}
+
+pub fn default_lookup_found() -> Vec<String> {
+    vec!["2xx".into()]
+}
+pub fn default_lookup_not_found() -> Vec<String> {
+    vec!["404".into()]
+}
+pub fn default_lookup_after() -> Dur {
+    Dur(Duration::from_secs(5))
 }
 
 /// An outcome read from the response body: `field` (a JSON path such as `error` or

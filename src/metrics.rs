@@ -64,6 +64,8 @@ pub struct Metrics {
     minted_keys: Family<Labels, Counter>,
     replays_of_other_requests: Family<Labels, Counter>,
     forwards_refused: Family<Labels, Counter>,
+    lookups: Family<Labels, Counter>,
+    unknown_resolved: Family<Labels, Counter>,
     /// Claims this process holds while their upstream call runs.
     pub claims_in_flight: Gauge,
     /// Set at scrape time from the store (shared by every replica).
@@ -112,6 +114,16 @@ impl Metrics {
         let minted_keys = counters(&mut registry, "client_minted_keys", "Requests for an operation seen shortly before under another client key: the client mints a key per call, so its key cannot catch a re-run. By route");
         let replays_of_other_requests = counters(&mut registry, "replays_of_reworded_requests", "Receipts of a derived operation replayed to a request whose details differ from the first (an agent re-run that reworded the call). By route");
         let forwards_refused = counters(&mut registry, "forwards_refused", "Protected requests refused before anything was claimed because server.max_forwards or server.max_forward_bytes was reached, by limit");
+        let lookups = counters(
+            &mut registry,
+            "lookups",
+            "Lookups at the provider for held operations, by route and verdict (found, not_found, unclear)",
+        );
+        let unknown_resolved = counters(
+            &mut registry,
+            "unknown_resolved",
+            "Held (UNKNOWN) operations resolved, by route and by whom: lookup (the provider was asked), operator (the admin API), expired (the hold ended and a retry executed)",
+        );
         let claims_in_flight = Gauge::default();
         registry.register(
             "claims_in_flight",
@@ -139,6 +151,8 @@ impl Metrics {
             minted_keys,
             replays_of_other_requests,
             forwards_refused,
+            lookups,
+            unknown_resolved,
             claims_in_flight,
             unknown_claims,
             cert_cache_entries,
@@ -169,6 +183,24 @@ impl Metrics {
     pub fn forward_refused(&self, limit: &'static str) {
         self.forwards_refused
             .get_or_create(&vec![("limit".into(), limit.into())])
+            .inc();
+    }
+
+    pub fn lookup(&self, route: &str, verdict: &'static str) {
+        self.lookups
+            .get_or_create(&vec![
+                ("route".into(), route.into()),
+                ("verdict".into(), verdict.into()),
+            ])
+            .inc();
+    }
+
+    pub fn unknown_resolved(&self, route: &str, by: &'static str) {
+        self.unknown_resolved
+            .get_or_create(&vec![
+                ("route".into(), route.into()),
+                ("by".into(), by.into()),
+            ])
             .inc();
     }
 

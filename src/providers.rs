@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::HeaderName;
 use sha2::{Digest, Sha256};
 
+use crate::config::LookupConfig;
 use crate::idempotency::policy::{BodyRule, Condition, RuleOutcome, StatusSet, Test};
 use crate::identity::account::AccountPart;
 use crate::identity::provider_key::KeyField;
@@ -177,6 +178,8 @@ pub struct Profile {
     pub key_source: Option<KeySource>,
     pub retention: Option<Duration>,
     pub dedup_window: Option<Duration>,
+    /// How to ask the provider whether a held operation happened.
+    pub lookup: Option<LookupConfig>,
 }
 
 /// A rule as written in a profile: statuses, `(field, test)` conditions, outcome, note.
@@ -221,6 +224,8 @@ struct Spec {
     key_source: Option<KeySource>,
     retention: Option<Duration>,
     dedup_window: Option<Duration>,
+    /// `(request, found statuses, not found statuses, field a found answer carries)`.
+    lookup: Option<(&'static str, &'static str, &'static str, &'static str)>,
 }
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -246,6 +251,7 @@ const HEADER: Spec = Spec {
     key_source: None,
     retention: Some(WEEK),
     dedup_window: None,
+    lookup: None,
 };
 
 /// No provider-side deduplication: the proxy's claim is the only protection, and ambiguous
@@ -374,6 +380,13 @@ const SPECS: &[Spec] = &[
             outcome: RuleOutcome::Duplicate,
             note: "Alpaca already has an order with this client_order_id (code 40010001). Look it up with GET /v2/orders:by_client_order_id?client_order_id={key}",
         }],
+        // Orders by client order id: 200 with the order, 404 `{"code":40410000}` [ALP-PY].
+        lookup: Some((
+            "GET /v2/orders:by_client_order_id?client_order_id={key}",
+            "200",
+            "404",
+            "id",
+        )),
         hold_forever: true,
         account: &[
             Part::Headers(&["apca-api-key-id", "apca-api-secret-key", "authorization"]),
@@ -659,6 +672,16 @@ fn build(spec: &Spec) -> Profile {
         key_source: spec.key_source,
         retention: spec.retention,
         dedup_window: spec.dedup_window,
+        lookup: spec
+            .lookup
+            .map(|(request, found, not_found, field)| LookupConfig {
+                request: request.into(),
+                found: vec![found.into()],
+                not_found: vec![not_found.into()],
+                found_field: Some(field.into()),
+                empty_means_not_found: None,
+                after: crate::config::default_lookup_after(),
+            }),
     }
 }
 

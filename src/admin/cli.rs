@@ -1,4 +1,4 @@
-//! `idemproxy keys list|show|resolve`: the key API from a shell.
+//! `idemproxy keys list|show|resolve|reconcile`: the key API from a shell.
 
 use clap::{Args, Subcommand};
 use http::Method;
@@ -76,6 +76,18 @@ pub enum KeysCommand {
         /// Receipt body read from a file (any bytes).
         #[arg(long, requires = "commit_status")]
         commit_body_file: Option<std::path::PathBuf>,
+    },
+    /// Ask the provider whether a held operation happened (the route's lookup, with the
+    /// credentials given by --credential), and resolve the claim by its answer.
+    Reconcile {
+        #[command(flatten)]
+        lookup: LookupArgs,
+        /// The token `show` printed.
+        #[arg(long)]
+        token: String,
+        /// The key the provider got, when it is not --key (e.g. a client_order_id the tool set).
+        #[arg(long)]
+        passed_down: Option<String>,
     },
 }
 
@@ -182,6 +194,22 @@ pub async fn run(args: KeysArgs) -> Result<String, CliError> {
             (
                 Method::POST,
                 "/v1/keys/resolve".to_string(),
+                Some(serde_json::Value::Object(m)),
+            )
+        }
+        KeysCommand::Reconcile {
+            lookup,
+            token: claim_token,
+            passed_down,
+        } => {
+            let mut m = lookup_json(lookup)?;
+            m.insert("token".into(), claim_token.clone().into());
+            if let Some(k) = passed_down {
+                m.insert("passed_down".into(), k.clone().into());
+            }
+            (
+                Method::POST,
+                "/v1/keys/reconcile".to_string(),
                 Some(serde_json::Value::Object(m)),
             )
         }

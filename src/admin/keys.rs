@@ -15,12 +15,13 @@ use serde::Deserialize;
 
 use super::{json, problem, Admin};
 use crate::http::body::{read_limited, Body};
-use crate::idempotency::claims::{Resolution, Resolved};
+use crate::idempotency::claims::{Resolution, Resolved, Verdict};
 use crate::idempotency::record::{Receipt, Record, State};
 use crate::idempotency::scope;
 use crate::idempotency::store::StoreError;
 use crate::idempotency::template::RequestView;
 use crate::identity::Identity;
+use crate::proxy::lookup::Asking;
 
 fn default_tenant() -> String {
     crate::auth::DEFAULT_TENANT.to_string()
@@ -48,6 +49,16 @@ struct LookupFields {
     key: Option<String>,
     #[serde(default)]
     credentials: BTreeMap<String, String>,
+}
+
+/// Ask the provider about a held claim, with credentials the operator gives.
+#[derive(Debug, Deserialize)]
+struct Reconcile {
+    #[serde(flatten)]
+    lookup: LookupFields,
+    token: String,
+    /// The key the held attempt passed down, when it is not the client key (`key`).
+    passed_down: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -85,10 +96,14 @@ pub(super) async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Bo
             Ok(r) => resolve(admin, r).await,
             Err(resp) => resp,
         },
+        (Method::POST, "/v1/keys/reconcile") => match body::<Reconcile>(req).await {
+            Ok(r) => reconcile(admin, r).await,
+            Err(resp) => resp,
+        },
         _ => problem(
             StatusCode::NOT_FOUND,
             "not-found",
-            "Key API: GET /v1/keys?state=unknown, POST /v1/keys/show, POST /v1/keys/resolve.",
+            "Key API: GET /v1/keys?state=unknown, POST /v1/keys/show, POST /v1/keys/resolve, POST /v1/keys/reconcile.",
         ),
     }
 }
@@ -189,6 +204,9 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
         .await
     {
         Ok(Resolved::Done) => {
+            if let Some(route) = scope_route(admin, &scope).await {
+                admin.app.metrics.unknown_resolved(&route, "operator");
+            }
             tracing::info!(scope, action, "operator resolved an UNKNOWN claim");
             json(
                 StatusCode::OK,
@@ -198,6 +216,115 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
         Ok(Resolved::Changed(now)) => changed(&scope, &now),
         Ok(Resolved::Gone) => not_found(&scope),
         Err(e) => store_error(e),
+    }
+}
+
+/// Asks the provider about a held claim, with the credentials the operator gave (the
+/// route's lookup, as a retry would), and applies the verdict: found → committed (marked
+/// reconciled), not found → released (the next retry executes), unclear → nothing changes.
+async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
+    let client_key = r.lookup.key.clone();
+    let (tenant, credentials) = (r.lookup.tenant.clone(), r.lookup.credentials.clone());
+    let scope = match scope_of(admin, r.lookup) {
+        Ok(s) => s,
+        Err(resp) => return *resp,
+    };
+    let store = admin.app.claims.store();
+    let found = match store.get(&scope).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return not_found(&scope),
+        Err(e) => return store_error(e),
+    };
+    if found.token.as_str() != r.token || found.state != State::Unknown {
+        return changed(&scope, &found);
+    }
+    let routes = admin.app.routes.all();
+    let Some(route) = routes.iter().find(|x| x.name == found.body.route) else {
+        return bad(&format!(
+            "route `{}` is not configured any more",
+            found.body.route
+        ));
+    };
+    let Some(lookup) = &route.lookup else {
+        return bad(&format!(
+            "route `{}` has no lookup: check the provider and resolve the claim instead",
+            route.name
+        ));
+    };
+    let Some(passed_down) = r.passed_down.or_else(|| {
+        client_key.map(|k| {
+            route
+                .forward_key_limits
+                .fit(&Identity::Client(k).provider_key(&tenant, "", found.body.attempt))
+        })
+    }) else {
+        return bad("give key (the client's key) or passed_down (the key the provider got)");
+    };
+    let mut headers = HeaderMap::new();
+    for (name, value) in &credentials {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            headers.append(n, v);
+        }
+    }
+    let asking = Asking {
+        view: RequestView {
+            method: "GET",
+            path: "",
+            headers: &headers,
+            body: b"",
+            tenant: &tenant,
+        },
+        key: &passed_down,
+    };
+    let verdict = lookup
+        .ask(
+            &route.client,
+            |target| route.upstream_uri(target).ok(),
+            &asking,
+            &[],
+            route.timeout,
+            admin.app.max_receipt_bytes,
+        )
+        .await;
+    let (how, said) = match verdict {
+        Verdict::Found(receipt) => (Resolution::Reconciled(receipt), "found"),
+        Verdict::NotFound => (Resolution::Release, "not found"),
+        Verdict::Unclear(why) => {
+            return problem(
+                StatusCode::CONFLICT,
+                "lookup-unclear",
+                &format!("Nothing was changed: the provider could not say whether the operation happened ({why})."),
+            )
+        }
+    };
+    let retention = |route: &str| retention_of(admin, route);
+    match admin
+        .app
+        .claims
+        .resolve(&scope, &r.token, how, "a lookup", retention)
+        .await
+    {
+        Ok(Resolved::Done) => {
+            admin.app.metrics.unknown_resolved(&route.name, "lookup");
+            json(
+                StatusCode::OK,
+                &serde_json::json!({"scope": scope, "lookup": said, "resolved": if said == "found" { "committed" } else { "released" }}),
+            )
+        }
+        Ok(Resolved::Changed(now)) => changed(&scope, &now),
+        Ok(Resolved::Gone) => not_found(&scope),
+        Err(e) => store_error(e),
+    }
+}
+
+/// The route a scope's record belongs to, for metrics.
+async fn scope_route(admin: &Admin, scope: &str) -> Option<String> {
+    match admin.app.claims.store().get(scope).await {
+        Ok(Some(r)) => Some(r.body.route),
+        _ => None,
     }
 }
 

@@ -65,7 +65,47 @@ pub enum Acquired {
     },
     Held {
         retry_after: Option<Duration>,
+        /// Present when the route can ask the provider, and the outcome is old enough and
+        /// over (no call can still be running): the lookup's verdict goes to `reconcile`.
+        reconcilable: Option<HeldClaim>,
     },
+}
+
+/// A held claim as a retry found it: what a lookup's verdict is applied to, fenced on the
+/// token that was seen.
+#[derive(Debug, Clone)]
+pub struct HeldClaim {
+    scope: String,
+    record: Record,
+}
+
+impl HeldClaim {
+    /// The attempt it held: the key that attempt passed down is the one to look up.
+    pub fn attempt(&self) -> u32 {
+        self.record.body.attempt
+    }
+}
+
+/// What asking the provider found.
+#[derive(Debug, Clone)]
+pub enum Verdict {
+    /// The operation happened; this is its answer.
+    Found(Receipt),
+    /// It did not happen.
+    NotFound,
+    /// The provider could not say (the lookup failed, or answered something else).
+    Unclear(String),
+}
+
+/// What a verdict made of a held claim.
+#[derive(Debug)]
+pub enum Reconciled {
+    /// Committed as the receipt (marked reconciled): answer with it.
+    Replay(Receipt),
+    /// Released and claimed for this request: forward it (as the same attempt).
+    Execute(Claim),
+    /// Still held: the verdict was unclear, or the claim changed meanwhile.
+    Held { retry_after: Option<Duration> },
 }
 
 /// A claim this proxy holds.
@@ -77,6 +117,8 @@ pub struct Claim {
     /// A declined record this claim replaced: put back if the claim is released, so the
     /// count of attempts (and the provider key of the next one) is never reused.
     restore: Option<Box<Record>>,
+    /// It took over an operation held as unknown whose hold ended.
+    after_hold: bool,
 }
 
 impl Claim {
@@ -95,8 +137,10 @@ impl Claim {
                 receipt: None,
                 declined: false,
                 attempt: 0,
+                reconciled: false,
             },
             restore: None,
+            after_hold: false,
         }
     }
 
@@ -112,6 +156,12 @@ impl Claim {
     pub fn attempt(&self) -> u32 {
         self.body.attempt
     }
+
+    /// Whether it took over an operation held as unknown whose hold ended (a provider
+    /// without keys): the held outcome was resolved by expiry.
+    pub fn after_hold(&self) -> bool {
+        self.after_hold
+    }
 }
 
 /// How an UNKNOWN claim is resolved by someone who looked (an operator, a lookup at the
@@ -122,6 +172,8 @@ pub enum Resolution {
     Release,
     /// It happened, and this is its response.
     Commit(Receipt),
+    /// It happened, and the provider, asked, gave this answer (marked reconciled).
+    Reconciled(Receipt),
 }
 
 /// What a resolution found.
@@ -324,10 +376,16 @@ impl Claims {
                 Decision::Mismatch => Acquired::Mismatch,
                 Decision::InFlight { retry_after } => Acquired::InFlight { retry_after },
                 Decision::Held { retry_after } => {
+                    let mut held = found.clone();
                     if found.state == State::Pending {
-                        self.mark_abandoned(scope, found, policy).await;
+                        if let Some(unknown) = self.mark_abandoned(scope, found, policy).await {
+                            held = unknown;
+                        }
                     }
-                    Acquired::Held { retry_after }
+                    Acquired::Held {
+                        retry_after,
+                        reconcilable: self.reconcilable(scope, held, policy),
+                    }
                 }
                 Decision::TakeOver { attempt, restore } => {
                     let mut ours = claim.clone();
@@ -335,6 +393,7 @@ impl Claims {
                         self.clock.now_ms() + policy.lease.as_millis() as u64;
                     ours.body.attempt = attempt;
                     ours.restore = restore.then(|| Box::new(found.clone()));
+                    ours.after_hold = !restore && !policy.honours_key;
                     let pending = ours.record(State::Pending, ours.body.clone());
                     match self
                         .store
@@ -429,7 +488,10 @@ impl Claims {
                 Decision::Replay { receipt, differs } => Ok(Acquired::Replay { receipt, differs }),
                 Decision::Mismatch => Ok(Acquired::Mismatch),
                 Decision::InFlight { retry_after } => Ok(Acquired::InFlight { retry_after }),
-                Decision::Held { retry_after } => Ok(Acquired::Held { retry_after }),
+                Decision::Held { retry_after } => Ok(Acquired::Held {
+                    retry_after,
+                    reconcilable: None,
+                }),
                 Decision::TakeOver { .. } => Err(StoreError::Unavailable(format!(
                     "the claim's insert failed ({failure}); retry to take over the unsettled claim"
                 ))),
@@ -459,17 +521,105 @@ impl Claims {
 
     /// A PENDING claim whose holder stopped renewing it is UNKNOWN; record that so operators
     /// see it. Best effort: the decision to hold does not depend on it.
-    async fn mark_abandoned(&self, scope: &str, found: &Record, policy: &Policy) {
+    async fn mark_abandoned(&self, scope: &str, found: &Record, policy: &Policy) -> Option<Record> {
         let mut unknown = found.clone();
         unknown.state = State::Unknown;
         unknown.body.unknown_since_ms = super::decide::abandoned_since(found, policy);
         unknown.body.note = Some("the proxy holding this claim stopped renewing its lease (crashed or cut off) while the request may have been at the provider".into());
-        if let Err(e) = self
+        match self
             .store
             .replace(scope, &found.fence(), &unknown, unknown_expiry(policy))
             .await
         {
-            tracing::warn!(scope, error = %e, "could not record an abandoned claim as UNKNOWN");
+            Ok(true) => Some(unknown),
+            Ok(false) => None,
+            Err(e) => {
+                tracing::warn!(scope, error = %e, "could not record an abandoned claim as UNKNOWN");
+                None
+            }
+        }
+    }
+
+    /// A held claim a lookup may resolve: only an UNKNOWN whose call is over (its holder
+    /// settled it, or its call deadline passed) and old enough that the operation, had it
+    /// happened, would show at the provider.
+    fn reconcilable(&self, scope: &str, held: Record, policy: &Policy) -> Option<HeldClaim> {
+        let after = policy.reconcile_after?;
+        let since = held.body.unknown_since_ms;
+        let over = held.state == State::Unknown && since > 0;
+        (over && self.clock.now_ms() >= since.saturating_add(after.as_millis() as u64)).then(|| {
+            HeldClaim {
+                scope: scope.to_string(),
+                record: held,
+            }
+        })
+    }
+
+    /// Applies what asking the provider found to a held claim, fenced on the token the retry
+    /// saw: found → committed (marked reconciled) and replayed; not found → claimed for this
+    /// request, which executes as the same attempt; unclear → still held.
+    pub async fn reconcile(
+        &self,
+        held: HeldClaim,
+        verdict: Verdict,
+        req: &ClaimRequest<'_>,
+        policy: &Policy,
+    ) -> Result<Reconciled, StoreError> {
+        let fence = held.record.fence();
+        let now = self.clock.now_ms();
+        let still_held = || Reconciled::Held {
+            retry_after: match policy.hold {
+                Hold::Forever => None,
+                Hold::For(h) => Some(h),
+            },
+        };
+        match verdict {
+            Verdict::Found(receipt) => {
+                let mut body = held.record.body.clone();
+                body.receipt = Some(receipt.clone());
+                body.reconciled = true;
+                body.note = Some(format!(
+                    "reconciled at {now} ms: the provider has the operation"
+                ));
+                let record = Record {
+                    state: State::Committed,
+                    token: Token::random(),
+                    body,
+                };
+                let keep = Expiry::After(policy.retention);
+                Ok(
+                    if self
+                        .store
+                        .replace(&held.scope, &fence, &record, keep)
+                        .await?
+                    {
+                        self.announce_settled(&held.scope);
+                        Reconciled::Replay(receipt)
+                    } else {
+                        still_held()
+                    },
+                )
+            }
+            Verdict::NotFound => {
+                let mut claim = Claim::new(req, policy, Token::random(), now);
+                claim.body.attempt = held.record.body.attempt;
+                let pending = claim.record(State::Pending, claim.body.clone());
+                Ok(
+                    if self
+                        .store
+                        .replace(&held.scope, &fence, &pending, pending_expiry(policy))
+                        .await?
+                    {
+                        Reconciled::Execute(claim)
+                    } else {
+                        still_held()
+                    },
+                )
+            }
+            Verdict::Unclear(why) => {
+                tracing::info!(scope = %held.scope, why, "the lookup could not tell whether the held operation happened");
+                Ok(still_held())
+            }
         }
     }
 
@@ -644,10 +794,12 @@ impl Claims {
         }
         // The fence is the record as it was seen: same token, still UNKNOWN.
         let fence = found.fence();
+        let reconciled = matches!(how, Resolution::Reconciled(_));
         let done = match how {
             Resolution::Release => self.store.remove(scope, &fence).await?,
-            Resolution::Commit(receipt) => {
+            Resolution::Commit(receipt) | Resolution::Reconciled(receipt) => {
                 let mut body = found.body.clone();
+                body.reconciled = reconciled;
                 body.receipt = Some(receipt);
                 body.note = Some(format!(
                     "receipt committed by {by} at {} ms",
@@ -874,6 +1026,7 @@ mod lifetime_tests {
             retention: Duration::from_secs(60),
             on_in_flight: OnInFlight::Conflict,
             fail_open: false,
+            reconcile_after: None,
             upstream_timeout: Duration::from_secs(120),
         }
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::claims::{Acquired, ClaimRequest, Claims, Recorded};
+use super::claims::{Acquired, ClaimRequest, Claims, Reconciled, Recorded, Verdict};
 use super::outcome::{CallFailure, Outcome};
 use super::policy::{Hold, OnInFlight, Policy, StatusSet};
 use super::record::Receipt;
@@ -50,6 +50,7 @@ fn policy(honours_key: bool) -> Policy {
         upstream_timeout: Duration::from_secs(10),
         on_in_flight: OnInFlight::Conflict,
         fail_open: false,
+        reconcile_after: None,
     }
 }
 
@@ -128,6 +129,7 @@ async fn a_holder_that_died_is_held_until_its_call_deadline_plus_the_hold() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let Acquired::Held {
         retry_after: Some(after),
+        ..
     } = acquire(&c, &req, &p).await
     else {
         panic!("held");
@@ -280,4 +282,160 @@ async fn a_waiting_duplicate_is_answered_by_the_first_ones_receipt() {
         .expect("executed");
     let answer = waiter.await.expect("task").expect("store");
     assert!(matches!(answer, Acquired::Replay { .. }), "{answer:?}");
+}
+
+/// A policy whose UNKNOWN outcomes may be looked up 5 s after they became unknown.
+fn reconciling() -> Arc<Policy> {
+    // A provider that refuses a repeated key rather than replaying it (Alpaca's
+    // client_order_id): a call cut off mid-flight stays unknown until someone looks.
+    let mut p = policy(false);
+    p.reconcile_after = Some(Duration::from_secs(5));
+    Arc::new(p)
+}
+
+/// Runs one call that fails after it may have been sent: the outcome is UNKNOWN.
+async fn unknown(c: &Arc<Claims>, req: &ClaimRequest<'_>, p: &Arc<Policy>) {
+    let Acquired::Execute(claim) = acquire(c, req, p).await else {
+        panic!("the first call executes");
+    };
+    let done = c
+        .execute(claim, p.clone(), async { Err::<Receipt, _>(Reset) })
+        .await
+        .expect("executed");
+    assert!(
+        matches!(done.outcome, Outcome::Unknown(_)),
+        "{:?}",
+        done.outcome
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_may_be_looked_up_only_once_it_is_old_enough() {
+    let c = claims(memory());
+    let p = reconciling();
+    let req = request("s", "fp", true);
+    unknown(&c, &req, &p).await;
+    // Too young: an order placed a moment ago may not show at the provider yet.
+    assert!(matches!(
+        acquire(&c, &req, &p).await,
+        Acquired::Held {
+            reconcilable: None,
+            ..
+        }
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(matches!(
+        acquire(&c, &req, &p).await,
+        Acquired::Held {
+            reconcilable: Some(_),
+            ..
+        }
+    ));
+    // Without a lookup on the route it is never offered.
+    assert!(matches!(
+        acquire(&c, &req, &policy(false)).await,
+        Acquired::Held {
+            reconcilable: None,
+            ..
+        }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_found_operation_becomes_the_receipt_every_retry_replays() {
+    let c = claims(memory());
+    let p = reconciling();
+    let req = request("s", "fp", true);
+    unknown(&c, &req, &p).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let Acquired::Held {
+        reconcilable: Some(held),
+        ..
+    } = acquire(&c, &req, &p).await
+    else {
+        panic!("reconcilable");
+    };
+    let found = c
+        .reconcile(held, Verdict::Found(receipt(200)), &req, &p)
+        .await
+        .expect("store");
+    assert!(matches!(found, Reconciled::Replay(ref r) if r.status == 200));
+    let Acquired::Replay { receipt: r, .. } = acquire(&c, &req, &p).await else {
+        panic!("committed");
+    };
+    assert_eq!(r.body, receipt(200).body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_retries_that_both_found_nothing_execute_once() {
+    let c = claims(memory());
+    let p = reconciling();
+    let req = request("s", "fp", true);
+    unknown(&c, &req, &p).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Both retries saw the same UNKNOWN and both lookups found nothing: the claim is
+    // fenced on the token they saw, so only the first takes it.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let Acquired::Held {
+            reconcilable: Some(h),
+            ..
+        } = acquire(&c, &req, &p).await
+        else {
+            panic!("reconcilable");
+        };
+        held.push(h);
+    }
+    let mut executing = 0;
+    for h in held {
+        match c
+            .reconcile(h, Verdict::NotFound, &req, &p)
+            .await
+            .expect("store")
+        {
+            Reconciled::Execute(claim) => {
+                assert_eq!(
+                    claim.attempt(),
+                    0,
+                    "the same attempt: the same provider key"
+                );
+                executing += 1;
+            }
+            Reconciled::Held { .. } => {}
+            Reconciled::Replay(_) => panic!("nothing was found"),
+        }
+    }
+    assert_eq!(executing, 1);
+    assert!(matches!(
+        acquire(&c, &req, &p).await,
+        Acquired::InFlight { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unclear_lookup_leaves_the_operation_held() {
+    let c = claims(memory());
+    let p = reconciling();
+    let req = request("s", "fp", true);
+    unknown(&c, &req, &p).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let Acquired::Held {
+        reconcilable: Some(held),
+        ..
+    } = acquire(&c, &req, &p).await
+    else {
+        panic!("reconcilable");
+    };
+    let answer = c
+        .reconcile(held, Verdict::Unclear("503".into()), &req, &p)
+        .await
+        .expect("store");
+    assert!(matches!(answer, Reconciled::Held { .. }));
+    assert!(matches!(
+        acquire(&c, &req, &p).await,
+        Acquired::Held {
+            reconcilable: Some(_),
+            ..
+        }
+    ));
 }

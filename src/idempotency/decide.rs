@@ -118,6 +118,7 @@ mod tests {
             upstream_timeout: Duration::from_millis(500),
             on_in_flight: OnInFlight::Conflict,
             fail_open: false,
+            reconcile_after: None,
         }
     }
 

@@ -140,6 +140,7 @@ mod tests {
             upstream_timeout: Duration::from_secs(60),
             on_in_flight: OnInFlight::Conflict,
             fail_open: false,
+            reconcile_after: None,
         }
     }
 

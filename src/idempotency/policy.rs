@@ -154,7 +154,7 @@ impl Condition {
         }
     }
 
-    fn holds(&self, body: &serde_json::Value) -> bool {
+    pub fn holds(&self, body: &serde_json::Value) -> bool {
         let mut cur = body;
         for seg in &self.field {
             let next = match cur {
@@ -220,6 +220,10 @@ pub struct Policy {
     pub upstream_timeout: Duration,
     pub on_in_flight: OnInFlight,
     pub fail_open: bool,
+    /// The route can ask the provider whether a held operation happened: how old an unknown
+    /// outcome must be before a "not found" counts (an operation may still be arriving).
+    /// `None`: no lookup; held outcomes wait for their hold or an operator.
+    pub reconcile_after: Option<Duration>,
 }
 
 #[cfg(test)]

@@ -149,6 +149,9 @@ pub struct RecordBody {
     /// answer a corrected attempt with the decline it keeps.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempt: u32,
+    /// COMMITTED by asking the provider (a lookup), not by the call's own answer.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reconciled: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -243,6 +246,7 @@ impl Record {
                 }),
                 declined: false,
                 attempt: 0,
+                reconciled: false,
             },
         }
     }
@@ -293,6 +297,7 @@ mod tests {
                 }),
                 declined: true,
                 attempt: 3,
+                reconciled: true,
             },
         };
         let enc = r.encode();

@@ -210,6 +210,28 @@ impl Template {
         Ok(Rendered::Key(out))
     }
 
+    /// The value (filters applied, not escaped) of the template's first field: for callers
+    /// that encode it their own way (a lookup's URL). `None` when it is missing.
+    pub fn first_value(&self, req: &RequestView<'_>) -> Result<Option<String>, RenderError> {
+        let Some(field) = self.parts.iter().find_map(|p| match p {
+            Part::Field(f) => Some(f),
+            Part::Literal(_) => None,
+        }) else {
+            return Ok(None);
+        };
+        let body = if self.uses_body {
+            Some(ParsedBody::parse(req.headers, req.body)?)
+        } else {
+            None
+        };
+        match field.value(req, body.as_ref())? {
+            Some(v) => field
+                .apply_filters(v)
+                .map(|v| Some(v).filter(|v| !v.is_empty())),
+            None => Ok(None),
+        }
+    }
+
     fn escape_into(&self, value: &str, out: &mut String) {
         for b in value.bytes() {
             if (0x21..=0x7e).contains(&b) && !self.escaped[b as usize] {

@@ -13,6 +13,7 @@ pub mod error;
 pub mod headers;
 pub mod intercept;
 pub mod limits;
+pub mod lookup;
 pub mod outgoing;
 pub mod passthrough;
 pub mod pipeline;

@@ -12,16 +12,20 @@ use hyper::body::Incoming;
 
 use super::admission::Admitted;
 use super::headers::strip_hop_by_hop;
+use super::lookup::Asking;
 use super::outgoing::Outgoing;
 use super::receipt;
 use super::upstream::{UpstreamClient, UpstreamError};
 use crate::http::body::{read_limited, stream, Body, ReadError};
-use crate::idempotency::claims::{Acquired, Claim, ClaimRequest, Executed, Recorded};
+use crate::idempotency::claims::{
+    Acquired, Claim, ClaimRequest, Executed, HeldClaim, Reconciled, Recorded, Verdict,
+};
 use crate::idempotency::outcome::{CallFailure, Outcome};
 use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
 use crate::idempotency::record::Receipt;
 use crate::idempotency::scope;
+use crate::identity::provider_key::KeyField;
 use crate::identity::DEFAULT_TENANT;
 use crate::identity::{self, Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
@@ -90,7 +94,7 @@ async fn protect(
         route,
         &parts,
         upstream_uri,
-        body,
+        body.clone(),
         tenant,
         identified.provider_set.as_deref(),
     )?;
@@ -98,6 +102,24 @@ async fn protect(
 
     let claim = match claim(app, route, &scope, &identified, &policy).await {
         Ok(Acquired::Execute(claim)) => claim,
+        Ok(Acquired::Held {
+            reconcilable: Some(held),
+            ..
+        }) => {
+            let asking = Retry {
+                parts: &parts,
+                body: &body,
+                tenant,
+                identified: &identified,
+            };
+            match reconcile(app, route, &scope, held, &asking, &policy, trace).await? {
+                Reconciled::Execute(claim) => claim,
+                Reconciled::Replay(receipt) => return Ok(receipt::respond(&receipt, true)),
+                Reconciled::Held { retry_after } => {
+                    return Err(ProxyError::OutcomeUnknown { retry_after })
+                }
+            }
+        }
         Ok(answered) => return answer(app, route, answered, trace),
         Err(e) if policy.fail_open && e.is_unreachable() => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
@@ -112,6 +134,9 @@ async fn protect(
         Err(e) => return Err(ProxyError::StoreUnavailable(e)),
     };
 
+    if claim.after_hold() {
+        app.metrics.unknown_resolved(&route.name, "expired");
+    }
     let key = passed_down(route, tenant, &identified, claim.attempt());
     let request = match &key {
         PassedDown::Ours(k) => outgoing.request(Some(k)),
@@ -248,11 +273,96 @@ fn answer(
         }
         Acquired::Mismatch => Err(ProxyError::KeyReused),
         Acquired::InFlight { retry_after } => Err(ProxyError::InFlight { retry_after }),
-        Acquired::Held { retry_after } => Err(ProxyError::OutcomeUnknown { retry_after }),
+        Acquired::Held { retry_after, .. } => Err(ProxyError::OutcomeUnknown { retry_after }),
         Acquired::Execute(_) => Err(ProxyError::BadRequest(
             "internal: a claim reached the answer stage".into(),
         )),
     }
+}
+
+/// The retry that asks about a held operation: its request, as it came.
+struct Retry<'a> {
+    parts: &'a http::request::Parts,
+    body: &'a Bytes,
+    tenant: &'a str,
+    identified: &'a Identified,
+}
+
+/// A held operation, asked about at the provider with this retry's credentials before the
+/// retry is held: found → its answer is the receipt; not found → this retry executes it.
+async fn reconcile(
+    app: &App,
+    route: &Route,
+    scope: &str,
+    held: HeldClaim,
+    retry: &Retry<'_>,
+    policy: &Policy,
+    trace: &mut Trace,
+) -> Result<Reconciled, ProxyError> {
+    let Some(lookup) = &route.lookup else {
+        return Ok(Reconciled::Held { retry_after: None });
+    };
+    let key = passed_down(route, retry.tenant, retry.identified, held.attempt());
+    let path = retry
+        .parts
+        .uri
+        .path()
+        .strip_prefix(route.upstream.base_path.as_str())
+        .unwrap_or(retry.parts.uri.path());
+    let asking = Asking {
+        view: crate::idempotency::template::RequestView {
+            method: retry.parts.method.as_str(),
+            path,
+            headers: &retry.parts.headers,
+            body: retry.body,
+            tenant: retry.tenant,
+        },
+        key: key.as_str(),
+    };
+    let mut key_headers = vec![&route.identity.key_header];
+    if let Some(KeyField::Header(h)) = &route.pass_key {
+        key_headers.push(h);
+    }
+    let verdict = lookup
+        .ask(
+            &route.client,
+            |target| route.upstream_uri(target).ok(),
+            &asking,
+            &key_headers,
+            route.timeout,
+            app.max_receipt_bytes,
+        )
+        .await;
+    let seen = match &verdict {
+        Verdict::Found(_) => "found",
+        Verdict::NotFound => "not_found",
+        Verdict::Unclear(_) => "unclear",
+    };
+    app.metrics.lookup(&route.name, seen);
+    let req = ClaimRequest {
+        scope,
+        fingerprint: &retry.identified.fingerprint,
+        strict: retry.identified.identity.strict(),
+        route: &route.name,
+    };
+    let reconciled = app
+        .claims
+        .reconcile(held, verdict, &req, policy)
+        .await
+        .map_err(ProxyError::StoreUnavailable)?;
+    match &reconciled {
+        Reconciled::Replay(_) => {
+            trace.outcome = Some(RequestOutcome::Replayed);
+            app.metrics.unknown_resolved(&route.name, "lookup");
+            tracing::info!(route = %route.name, %scope, "a lookup found the held operation at the provider: its answer is the receipt");
+        }
+        Reconciled::Execute(_) => {
+            app.metrics.unknown_resolved(&route.name, "lookup");
+            tracing::info!(route = %route.name, %scope, "a lookup found no trace of the held operation: this retry executes it");
+        }
+        Reconciled::Held { .. } => {}
+    }
+    Ok(reconciled)
 }
 
 /// The key the provider gets.

@@ -16,6 +16,7 @@ use crate::identity::operations::Operation;
 use crate::identity::provider_key::KeyField;
 use crate::identity::{RouteIdentity, Signing};
 use crate::providers::{self, KeyLimits, LimitsError, Profile};
+use crate::proxy::lookup::Lookup;
 use crate::proxy::upstream::{ClientError, ClientOptions, UpstreamClient};
 
 /// The `i`-th `[[routes]]` block, built.
@@ -29,7 +30,9 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
     };
     let (key_field, pass_key, forward_key_limits) = b.key_passing()?;
     let identity = b.identity(key_field)?;
-    let policy = b.policy()?;
+    let lookup = b.lookup()?;
+    let mut policy = b.policy()?;
+    policy.reconcile_after = lookup.as_ref().map(|l| l.after);
     let dedup_window = b.dedup_window();
     b.check_durations(&policy, dedup_window)?;
     Ok(Route {
@@ -47,6 +50,7 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
         timeout: r.timeout.0,
         wait_timeout: r.wait_timeout.0,
         client: b.client()?,
+        lookup,
     })
 }
 
@@ -324,7 +328,29 @@ impl<'a> Builder<'a> {
             upstream_timeout: r.timeout.0,
             on_in_flight: r.on_in_flight,
             fail_open: r.fail_open,
+            reconcile_after: None,
         })
+    }
+
+    /// The route's own lookup, else the profile's.
+    fn lookup(&self) -> Result<Option<Lookup>, ConfigError> {
+        let config = self
+            .r
+            .lookup
+            .clone()
+            .or_else(|| self.profile.as_ref().and_then(|p| p.lookup.clone()));
+        config
+            .map(|c| {
+                if self.signing().body_signed() {
+                    return Err(self.invalid(
+                        "lookup",
+                        "this provider signs its requests: the proxy cannot sign a lookup of its own"
+                            .into(),
+                    ));
+                }
+                Lookup::parse(&c).map_err(|(f, m)| self.invalid(&format!("lookup.{f}"), m))
+            })
+            .transpose()
     }
 
     /// The route's own body rules, its `duplicate` answer, then the profile's rules.

@@ -11,6 +11,7 @@ use crate::idempotency::policy::Policy;
 use crate::identity::provider_key::KeyField;
 use crate::identity::{Identity, RouteIdentity};
 use crate::providers::KeyLimits;
+use crate::proxy::lookup::Lookup;
 use crate::proxy::upstream::UpstreamClient;
 
 mod build;
@@ -49,6 +50,8 @@ pub struct Route {
     /// `on_in_flight = "wait"`: how long a duplicate waits for the first request to settle.
     pub wait_timeout: std::time::Duration,
     pub client: UpstreamClient,
+    /// How to ask the provider whether a held operation happened.
+    pub lookup: Option<Lookup>,
 }
 
 impl Route {

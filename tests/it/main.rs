@@ -15,6 +15,7 @@ mod identity;
 mod ops;
 mod providers;
 mod readme;
+mod reconcile;
 mod shared_redis;
 mod signed_providers;
 mod store_conformance;

@@ -33,6 +33,7 @@ fn record(state: State) -> Record {
             }),
             declined: false,
             attempt: 0,
+            reconciled: false,
         },
     }
 }

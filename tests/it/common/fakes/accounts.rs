@@ -97,6 +97,8 @@ pub struct Answer {
     pub status: u16,
     pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
+    /// Close the connection instead of answering (the answer is lost).
+    pub lost: bool,
 }
 
 fn answer(status: u16, body: Value) -> Answer {
@@ -104,6 +106,7 @@ fn answer(status: u16, body: Value) -> Answer {
         status,
         headers: vec![("content-type", "application/json".into())],
         body: body.to_string().into_bytes(),
+        lost: false,
     }
 }
 
@@ -133,7 +136,11 @@ where
                     let handler = handler.clone();
                     async move {
                         let (parts, body) = req.into_parts();
-                        let body = body.collect().await?.to_bytes();
+                        let body = body
+                            .collect()
+                            .await
+                            .map_err(std::io::Error::other)?
+                            .to_bytes();
                         let http = Http {
                             method: parts.method.to_string(),
                             path: parts.uri.path().to_string(),
@@ -142,6 +149,10 @@ where
                             body,
                         };
                         let a = handler(http);
+                        if a.lost {
+                            // An error makes hyper close the connection without an answer.
+                            return Err(std::io::Error::other("the fake drops its answer"));
+                        }
                         let mut resp = Response::new(Full::new(Bytes::from(a.body)));
                         *resp.status_mut() = StatusCode::from_u16(a.status)
                             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -150,7 +161,7 @@ where
                                 resp.headers_mut().append(k, v);
                             }
                         }
-                        Ok::<_, hyper::Error>(resp)
+                        Ok::<_, std::io::Error>(resp)
                     }
                 });
                 let builder = auto::Builder::new(TokioExecutor::new());
@@ -231,12 +242,23 @@ pub struct AlpacaOrder {
     pub cookie: String,
 }
 
+/// What Alpaca's next order request meets (in order; afterwards they behave).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlpacaFault {
+    /// The order is placed, then the connection drops before the answer.
+    LostAfterOrder,
+    /// A 500 before anything is placed.
+    FailBeforeOrder,
+    /// The next lookup answers 503 (the lookup itself fails).
+    LookupFails,
+}
+
 #[derive(Default)]
 struct AlpacaState {
     keys: Vec<AlpacaKeys>,
-    /// OAuth access token → account.
     orders: Vec<AlpacaOrder>,
     received: Vec<Http>,
+    faults: std::collections::VecDeque<AlpacaFault>,
 }
 
 /// Alpaca's Trading API v2: `POST /v2/orders` and `GET /v2/orders:by_client_order_id`.
@@ -272,6 +294,11 @@ impl Alpaca {
         self.addr.port()
     }
 
+    /// The next requests of the kind meet these faults, in order.
+    pub fn then(&self, faults: impl IntoIterator<Item = AlpacaFault>) {
+        self.state.lock().faults.extend(faults);
+    }
+
     /// An order placed outside the proxy (an earlier run that the proxy lost track of).
     pub fn place_directly(&self, account: &str, client_order_id: &str) {
         let order = new_order(account, client_order_id, &serde_json::Map::new());
@@ -297,6 +324,12 @@ impl Alpaca {
     pub fn received(&self) -> Vec<Http> {
         self.state.lock().received.clone()
     }
+}
+
+/// The first queued fault `wanted` accepts, taken off the queue.
+fn take_fault(st: &mut AlpacaState, wanted: impl Fn(AlpacaFault) -> bool) -> Option<AlpacaFault> {
+    let i = st.faults.iter().position(|f| wanted(*f))?;
+    st.faults.remove(i)
 }
 
 fn alpaca_error(status: u16, code: u64, message: &str) -> Answer {
@@ -381,11 +414,20 @@ fn alpaca(state: &Shared<AlpacaState>, req: Http) -> Answer {
             {
                 return alpaca_error(422, 40010001, "client_order_id must be unique");
             }
+            let fault = take_fault(&mut st, |f| f != AlpacaFault::LookupFails);
+            if fault == Some(AlpacaFault::FailBeforeOrder) {
+                return alpaca_error(500, 50010000, "internal server error");
+            }
             let order = new_order(&account, &client_order_id, &body);
             st.orders.push(order.clone());
-            answer(200, order.json).with("set-cookie", order.cookie)
+            let mut a = answer(200, order.json).with("set-cookie", order.cookie);
+            a.lost = fault == Some(AlpacaFault::LostAfterOrder);
+            a
         }
         ("GET", "/v2/orders:by_client_order_id") => {
+            if take_fault(&mut st, |f| f == AlpacaFault::LookupFails).is_some() {
+                return alpaca_error(503, 50300000, "service unavailable");
+            }
             let wanted = req.query_param("client_order_id").unwrap_or_default();
             match st
                 .orders

@@ -1,0 +1,297 @@
+//! Held outcomes that resolve themselves: before a retry of an UNKNOWN operation is held, the
+//! proxy asks the provider (Alpaca's orders by client order id) with that retry's own
+//! credentials. Found → the order the provider has is the receipt; not found → the retry
+//! executes once; a failing lookup → still held. Against an Alpaca-like fake with real
+//! faults: a response lost after the order, a 500 before it.
+
+use std::time::Duration;
+
+use crate::common::client::{send, Reply};
+use crate::common::fakes::accounts::{Alpaca, AlpacaFault, AlpacaKeys};
+use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::Backend;
+
+const ADMIN_TOKEN: &str = "adm-reconcile-token";
+const A: AlpacaKeys = AlpacaKeys {
+    account: "acct-a",
+    key_id: "PKAAAA",
+    secret: "secret-a",
+};
+const B: AlpacaKeys = AlpacaKeys {
+    account: "acct-b",
+    key_id: "PKBBBB",
+    secret: "secret-b",
+};
+/// How old an unknown outcome must be before a lookup may say "not found".
+const AFTER: Duration = Duration::from_millis(300);
+const ORDER: &str =
+    r#"{"symbol":"AAPL","qty":"2","side":"buy","type":"market","time_in_force":"day"}"#;
+
+fn alpaca_route(port: u16) -> String {
+    route(
+        "alpaca",
+        port,
+        &format!(
+            "provider = \"alpaca\"\ntimeout = \"3s\"\n[routes.lookup]\nrequest = \"GET /v2/orders:by_client_order_id?client_order_id={{key}}\"\nfound = [\"200\"]\nnot_found = [\"404\"]\nfound_field = \"id\"\nafter = \"{}ms\"\n",
+            AFTER.as_millis()
+        ),
+    )
+}
+
+fn start(store: &StoreFixture, alpaca: &Alpaca) -> Proxy {
+    let extra = format!(
+        "{}\n[admin]\ntoken_env = \"IDEMPROXY_ADMIN_TOKEN\"\n",
+        alpaca_route(alpaca.port())
+    );
+    let text = config(&store.url(), &extra)
+        .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
+    Proxy::start_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)])
+}
+
+async fn order(proxy: &Proxy, keys: AlpacaKeys, key: &str) -> Reply {
+    let headers = [
+        ("content-type", "application/json"),
+        ("apca-api-key-id", keys.key_id),
+        ("apca-api-secret-key", keys.secret),
+        ("idempotency-key", key),
+    ];
+    send(proxy.addr, "POST", "/alpaca/v2/orders", &headers, ORDER)
+        .await
+        .expect("an answer")
+}
+
+async fn metric(proxy: &Proxy, series: &str) -> f64 {
+    let admin = proxy.admin.expect("admin listener");
+    let r = send(admin, "GET", "/metrics", &[], "")
+        .await
+        .expect("GET /metrics");
+    r.text()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The lookups the fake received, with the account whose key asked.
+fn lookups(alpaca: &Alpaca) -> Vec<String> {
+    alpaca
+        .received()
+        .into_iter()
+        .filter(|r| r.method == "GET")
+        .map(|r| r.header("apca-api-key-id").unwrap_or("-").to_string())
+        .collect()
+}
+
+async fn a_lost_answer_is_found_at_the_provider_and_replayed(backend: Backend) {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(backend);
+    let proxy = start(&store, &alpaca);
+    alpaca.then([AlpacaFault::LostAfterOrder]);
+    let first = order(&proxy, A, "run-1").await;
+    assert_eq!(first.status, 502, "{}", first.text());
+    assert_eq!(
+        alpaca.effects(),
+        1,
+        "the order was placed; its answer was lost"
+    );
+    // Too early to ask: held.
+    let early = order(&proxy, A, "run-1").await;
+    assert_eq!(early.status, 409, "{}", early.text());
+    assert!(lookups(&alpaca).is_empty());
+    tokio::time::sleep(AFTER).await;
+    let retry = order(&proxy, A, "run-1").await;
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert_eq!(retry.replayed(), Some("true"));
+    assert_eq!(retry.json()["id"], alpaca.orders("acct-a")[0].json["id"]);
+    assert_eq!(alpaca.effects(), 1, "found, never placed again");
+    let again = order(&proxy, A, "run-1").await;
+    assert_eq!(again.body, retry.body, "the found order is the receipt");
+    assert_eq!(
+        lookups(&alpaca),
+        ["PKAAAA"],
+        "one lookup, with the retry's key"
+    );
+    let m = "idemproxy_unknown_resolved_total{route=\"alpaca\",by=\"lookup\"}";
+    assert_eq!(metric(&proxy, m).await, 1.0);
+}
+
+async fn a_500_before_the_order_is_not_found_and_the_retry_executes_once(backend: Backend) {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(backend);
+    let proxy = start(&store, &alpaca);
+    alpaca.then([AlpacaFault::FailBeforeOrder]);
+    let first = order(&proxy, A, "run-2").await;
+    assert_eq!(first.status, 500, "Alpaca's own answer: {}", first.text());
+    assert_eq!(alpaca.effects(), 0);
+    tokio::time::sleep(AFTER).await;
+    let retry = order(&proxy, A, "run-2").await;
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert_eq!(retry.replayed(), Some("false"), "executed now");
+    assert_eq!(alpaca.effects(), 1);
+    let again = order(&proxy, A, "run-2").await;
+    assert_eq!(again.replayed(), Some("true"));
+    assert_eq!(again.body, retry.body);
+    assert_eq!(alpaca.effects(), 1);
+}
+
+async fn a_failing_lookup_keeps_the_operation_held(backend: Backend) {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(backend);
+    let proxy = start(&store, &alpaca);
+    alpaca.then([AlpacaFault::LostAfterOrder, AlpacaFault::LookupFails]);
+    assert_eq!(order(&proxy, A, "run-3").await.status, 502);
+    tokio::time::sleep(AFTER).await;
+    let held = order(&proxy, A, "run-3").await;
+    assert_eq!(held.status, 409, "{}", held.text());
+    assert_eq!(held.json()["type"], "urn:idemproxy:problem:outcome-unknown");
+    assert_eq!(alpaca.effects(), 1, "not placed again");
+    // The provider answers again: the next retry finds the order.
+    let retry = order(&proxy, A, "run-3").await;
+    assert_eq!((retry.status, retry.replayed()), (200, Some("true")));
+    assert_eq!(alpaca.effects(), 1);
+}
+
+async fn another_accounts_request_never_looks_at_the_held_order(backend: Backend) {
+    let alpaca = Alpaca::start(&[A, B]).await;
+    let store = StoreFixture::new(backend);
+    let proxy = start(&store, &alpaca);
+    alpaca.then([AlpacaFault::LostAfterOrder]);
+    assert_eq!(order(&proxy, A, "shared-key").await.status, 502);
+    tokio::time::sleep(AFTER).await;
+    // Account B, same key and body: its own scope, its own order; no lookup of A's.
+    let b = order(&proxy, B, "shared-key").await;
+    assert_eq!(
+        (b.status, b.replayed()),
+        (200, Some("false")),
+        "{}",
+        b.text()
+    );
+    assert_eq!(b.json()["account"], "acct-b");
+    assert!(lookups(&alpaca).is_empty(), "{:?}", lookups(&alpaca));
+    // A's retry asks with A's key and finds A's order.
+    let a = order(&proxy, A, "shared-key").await;
+    assert_eq!(a.json()["account"], "acct-a", "{}", a.text());
+    assert_eq!(lookups(&alpaca), ["PKAAAA"]);
+    assert_eq!(alpaca.effects(), 2);
+}
+
+async fn the_lookup_survives_a_proxy_restart(backend: Backend) {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(backend);
+    let mut proxy = start(&store, &alpaca);
+    alpaca.then([AlpacaFault::LostAfterOrder]);
+    assert_eq!(order(&proxy, A, "run-5").await.status, 502);
+    proxy.restart();
+    tokio::time::sleep(AFTER).await;
+    let retry = order(&proxy, A, "run-5").await;
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (200, Some("true")),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(alpaca.effects(), 1);
+}
+
+async fn a_duplicate_answer_is_resolved_by_the_lookup(backend: Backend) {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(backend);
+    let proxy = start(&store, &alpaca);
+    // An earlier run placed the order under the same client order id, before the proxy knew.
+    let first = {
+        let headers = [
+            ("content-type", "application/json"),
+            ("apca-api-key-id", A.key_id),
+            ("apca-api-secret-key", A.secret),
+        ];
+        let body = r#"{"symbol":"AAPL","qty":"2","side":"buy","type":"market","time_in_force":"day","client_order_id":"tool-77"}"#;
+        alpaca.place_directly("acct-a", "tool-77");
+        send(proxy.addr, "POST", "/alpaca/v2/orders", &headers, body)
+            .await
+            .expect("an answer")
+    };
+    assert_eq!(first.status, 409, "{}", first.text());
+    tokio::time::sleep(AFTER).await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("apca-api-key-id", A.key_id),
+        ("apca-api-secret-key", A.secret),
+    ];
+    let body = r#"{"symbol":"AAPL","qty":"2","side":"buy","type":"market","time_in_force":"day","client_order_id":"tool-77"}"#;
+    let retry = send(proxy.addr, "POST", "/alpaca/v2/orders", &headers, body)
+        .await
+        .expect("an answer");
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (200, Some("true")),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(retry.json()["client_order_id"], "tool-77");
+    assert_eq!(
+        alpaca.effects(),
+        1,
+        "the order placed before, never a second"
+    );
+}
+
+/// The same lookup from a shell, with the credentials the operator gives.
+async fn operators_reconcile_through_the_cli() {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let proxy = start(&store, &alpaca);
+    alpaca.then([AlpacaFault::LostAfterOrder]);
+    assert_eq!(order(&proxy, A, "run-7").await.status, 502);
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .arg("keys")
+            .arg("--admin")
+            .arg(proxy.admin_url())
+            .args(args)
+            .env("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)
+            .output()
+            .expect("idemproxy keys");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let who = [
+        "--route",
+        "alpaca",
+        "--key",
+        "run-7",
+        "--credential",
+        "APCA-API-KEY-ID: PKAAAA",
+        "--credential",
+        "APCA-API-SECRET-KEY: secret-a",
+    ];
+    let (ok, shown) = cli(&[&["show"][..], &who[..]].concat());
+    assert!(ok, "{shown}");
+    let token = serde_json::from_str::<serde_json::Value>(&shown).expect("json")["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    tokio::time::sleep(AFTER).await;
+    let (ok, out) = cli(&[&["reconcile", "--token", &token][..], &who[..]].concat());
+    assert!(ok, "{out}");
+    assert!(out.contains("\"committed\""), "{out}");
+    let retry = order(&proxy, A, "run-7").await;
+    assert_eq!((retry.status, retry.replayed()), (200, Some("true")));
+    assert_eq!(alpaca.effects(), 1);
+    let m = "idemproxy_unknown_resolved_total{route=\"alpaca\",by=\"lookup\"}";
+    assert_eq!(metric(&proxy, m).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_reconcile_through_the_cli_sqlite() {
+    operators_reconcile_through_the_cli().await
+}
+
+both_backends!(
+    a_lost_answer_is_found_at_the_provider_and_replayed,
+    a_500_before_the_order_is_not_found_and_the_retry_executes_once,
+    a_failing_lookup_keeps_the_operation_held,
+    another_accounts_request_never_looks_at_the_held_order,
+    the_lookup_survives_a_proxy_restart,
+    a_duplicate_answer_is_resolved_by_the_lookup,
+);
