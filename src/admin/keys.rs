@@ -223,6 +223,12 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
 /// route's lookup, as a retry would), and applies the verdict: found → committed (marked
 /// reconciled), not found → released (the next retry executes), unclear → nothing changes.
 async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
+    // The scope is computed from the credentials given, so the lookup runs as the account
+    // that made the request. A scope alone cannot show whose credentials these are: another
+    // account's "not found" would release an operation that happened.
+    if r.lookup.scope.is_some() {
+        return bad("name the claim by route, key and the credentials the client sent (not by scope): the lookup must run as the account that made the request. For a derived operation, look it up at the provider and use keys resolve");
+    }
     let client_key = r.lookup.key.clone();
     let (tenant, credentials) = (r.lookup.tenant.clone(), r.lookup.credentials.clone());
     let scope = match scope_of(admin, r.lookup) {
@@ -454,6 +460,8 @@ fn view(scope: &str, r: &Record) -> serde_json::Value {
         "lease_until_ms": r.body.lease_until_ms,
         "unknown_since_ms": r.body.unknown_since_ms,
         "note": r.body.note,
+        "attempt": r.body.attempt,
+        "reconciled": r.body.reconciled,
         "receipt": r.body.receipt.as_ref().map(|rc| serde_json::json!({
             "status": rc.status,
             "header_names": rc.headers.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),

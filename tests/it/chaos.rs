@@ -2,8 +2,13 @@
 //! each retried until it gets an answer, while faults are drawn at random: connections dropped
 //! after the effect, 500s, 429s, 503s, slow and timed-out calls, proxy SIGKILLs and SIGTERMs,
 //! and (on Redis) Redis kills and SIGSTOPs. Then, per logical key: effects at the provider
-//! == 1 on the key-honouring route and <= 1 on the other (held) route, and every client that
+//! == 1 on the key-honouring route and <= 1 on the routes without keys, and every client that
 //! got a success got the same bytes.
+//!
+//! The two routes without provider keys differ in one thing: `ask`'s provider can be asked
+//! whether an operation happened (`[routes.lookup]`), `mail`'s cannot. Clients keep retrying a
+//! held answer for a while on both; the run prints, per route, how many operations ended held
+//! although they never happened — without a lookup (`mail`) and with one (`ask`).
 //!
 //! On Redis two proxies share the store and every retry goes to either of them, as behind a
 //! load balancer.
@@ -27,6 +32,11 @@ use crate::common::proxy::{route, Proxy, StoreFixture};
 use crate::common::{free_port, Backend};
 
 const CLIENTS: usize = 6;
+/// How old an unknown outcome must be before `ask` looks it up: longer than the fake's
+/// slowest effect after the proxy gave up (a 4 s call under a 3 s timeout).
+const LOOKUP_AFTER: Duration = Duration::from_secs(2);
+/// How long a client keeps retrying an operation that stays held before it reports it held.
+const RETRY_HELD_FOR: Duration = Duration::from_secs(5);
 /// After the fault phase: no more faults, and every operation still open must get its answer.
 const DRAIN: Duration = Duration::from_secs(20);
 
@@ -106,6 +116,7 @@ async fn run_op(
     let path = format!("/{route}/v1/op");
     let body = format!(r#"{{"amount":{amount}}}"#);
     let deadline = Instant::now() + Duration::from_secs(chaos_secs()) + DRAIN;
+    let mut held_since: Option<Instant> = None;
     tally
         .ended
         .lock()
@@ -145,13 +156,21 @@ async fn run_op(
                                 "{key}: held on a route whose provider honours keys"
                             ));
                         }
-                        Some("held")
+                        // An agent retries a held task later; it gives up when held for a while.
+                        let since = *held_since.get_or_insert_with(Instant::now);
+                        (since.elapsed() >= RETRY_HELD_FOR || Instant::now() > deadline)
+                            .then_some("held")
                     }
                     422 => {
                         tally.violation(format!("{key}: 422 for an identical retry"));
                         Some("422")
                     }
-                    _ => None,
+                    // The operation was tried again (and failed again): a new hold, if one
+                    // comes, starts a new wait.
+                    _ => {
+                        held_since = None;
+                        None
+                    }
                 }
             }
             Err(_) => {
@@ -174,7 +193,8 @@ async fn run_op(
         if Instant::now() > deadline {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(50 + u64::from(amount % 150))).await;
+        let pause = if held_since.is_some() { 500 } else { 50 };
+        tokio::time::sleep(Duration::from_millis(pause + u64::from(amount % 150))).await;
     }
 }
 
@@ -189,8 +209,10 @@ async fn chaos(backend: Backend) {
     })
     .await;
     let plain = FakeProvider::start().await;
+    let asked = FakeProvider::start().await;
     keyed.then((0..20_000).map(|_| draw_behavior(&mut rng, true)));
     plain.then((0..20_000).map(|_| draw_behavior(&mut rng, false)));
+    asked.then((0..20_000).map(|_| draw_behavior(&mut rng, false)));
 
     let store = StoreFixture::new(backend);
     let common_opts = "lease = \"1s\"\ntimeout = \"3s\"\n";
@@ -202,6 +224,13 @@ async fn chaos(backend: Backend) {
         "mail",
         plain.port(),
         &format!("{common_opts}honours_key = false\nhold = \"forever\""),
+    ) + &route(
+        "ask",
+        asked.port(),
+        &format!(
+            "{common_opts}honours_key = false\nhold = \"forever\"\n[routes.lookup]\nrequest = \"GET /v1/lookup/{{key}}\"\nafter = \"{}ms\"",
+            LOOKUP_AFTER.as_millis()
+        ),
     );
     // Fixed ports, so a restarted proxy is where clients look for it.
     let replicas = if backend == Backend::Redis { 2 } else { 1 };
@@ -272,7 +301,11 @@ async fn chaos(backend: Backend) {
             while Instant::now() < chaos_until {
                 n += 1;
                 tally.ops.fetch_add(1, Ordering::Relaxed);
-                let route = if rng.random_bool(0.5) { "pay" } else { "mail" };
+                let route = match rng.random_range(0..10) {
+                    0..=3 => "pay",
+                    4..=6 => "mail",
+                    _ => "ask",
+                };
                 let key = format!("{route}-c{c}-{n}");
                 let amount = rng.random_range(1..10_000);
                 if rng.random_bool(0.2) {
@@ -302,6 +335,7 @@ async fn chaos(backend: Backend) {
         .expect("fault injector panicked");
     keyed.calm();
     plain.calm();
+    asked.calm();
     for c in clients {
         c.await.expect("client task");
     }
@@ -320,7 +354,11 @@ async fn chaos(backend: Backend) {
         }
         m
     };
-    let (keyed_effects, plain_effects) = (effects_by_key(&keyed), effects_by_key(&plain));
+    let (keyed_effects, plain_effects, asked_effects) = (
+        effects_by_key(&keyed),
+        effects_by_key(&plain),
+        effects_by_key(&asked),
+    );
     let ended = tally
         .ended
         .lock()
@@ -331,13 +369,16 @@ async fn chaos(backend: Backend) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    let mut held_without_effect = 0;
+    // route → (operations that ended held, of them with no effect at the provider)
+    let mut held_by_route: HashMap<&str, (usize, usize)> = HashMap::new();
+    let mut asked_but_held = Vec::new();
     for (key, end) in &ended {
         let is_pay = key.starts_with("pay-");
-        let effects = if is_pay {
-            &keyed_effects
-        } else {
-            &plain_effects
+        let route = key.split('-').next().unwrap_or("");
+        let effects = match route {
+            "pay" => &keyed_effects,
+            "mail" => &plain_effects,
+            _ => &asked_effects,
         }
         .get(key)
         .copied()
@@ -358,8 +399,15 @@ async fn chaos(backend: Backend) {
         if *end == "ok" && effects == 0 {
             tally.violation(format!("{key}: a success without any effect"));
         }
-        if *end == "held" && effects == 0 {
-            held_without_effect += 1;
+        if *end == "held" {
+            let counts = held_by_route.entry(route).or_default();
+            counts.0 += 1;
+            if effects == 0 {
+                counts.1 += 1;
+                if route == "ask" {
+                    asked_but_held.push(key.clone());
+                }
+            }
         }
         if let Some(b) = bodies.get(key) {
             if b.iter().any(|x| x != &b[0]) {
@@ -370,7 +418,11 @@ async fn chaos(backend: Backend) {
             }
         }
     }
-    for (name, effects) in [("pay", &keyed_effects), ("mail", &plain_effects)] {
+    for (name, effects) in [
+        ("pay", &keyed_effects),
+        ("mail", &plain_effects),
+        ("ask", &asked_effects),
+    ] {
         for k in effects.keys() {
             if !ended.contains_key(k) {
                 tally.violation(format!("{name}: an effect for unknown key {k}"));
@@ -386,20 +438,30 @@ async fn chaos(backend: Backend) {
         .into_iter()
         .collect();
     statuses.sort();
+    let held = |route: &str| held_by_route.get(route).copied().unwrap_or_default();
+    let effects = |m: &HashMap<String, usize>| (m.values().sum::<usize>(), m.len());
     eprintln!(
-        "chaos[{backend:?}] seed {seed}, {replicas} proxies: {} operations ({} keys), {} attempts; {} successes, {} held ({} of them with no effect); \
-         provider effects: pay {} over {} keys, mail {} over {} keys; faults injected: {injected:?}; answers: {statuses:?}",
+        "chaos[{backend:?}] seed {seed}, {replicas} proxies: {} operations ({} keys), {} attempts; {} successes, {} held; \
+         held (with no effect at the provider): mail without lookup {:?}, ask with lookup {:?}; \
+         provider effects (effects, keys): pay {:?}, mail {:?}, ask {:?}; faults injected: {injected:?}; answers: {statuses:?}",
         tally.ops.load(Ordering::Relaxed),
         ended.len(),
         tally.attempts.load(Ordering::Relaxed),
         tally.successes.load(Ordering::Relaxed),
         tally.held.load(Ordering::Relaxed),
-        held_without_effect,
-        keyed_effects.values().sum::<usize>(),
-        keyed_effects.len(),
-        plain_effects.values().sum::<usize>(),
-        plain_effects.len(),
+        held("mail"),
+        held("ask"),
+        effects(&keyed_effects),
+        effects(&plain_effects),
+        effects(&asked_effects),
     );
+    // The provider always answers lookups here, and clients retry a held answer for longer
+    // than the lookup waits: an operation that never happened must not stay held.
+    for key in &asked_but_held {
+        tally.violation(format!(
+            "{key}: never happened, yet stayed held despite the lookup"
+        ));
+    }
     let violations = tally
         .violations
         .lock()
@@ -408,6 +470,15 @@ async fn chaos(backend: Backend) {
     if !violations.is_empty() {
         for p in &proxies {
             eprintln!("proxy log tail:\n{}", tail(&p.logs(), 60));
+            for key in &asked_but_held {
+                let about: Vec<_> = p
+                    .logs()
+                    .lines()
+                    .filter(|l| l.contains(key.as_str()))
+                    .map(String::from)
+                    .collect();
+                eprintln!("proxy log about {key}:\n{}", about.join("\n"));
+            }
         }
     }
     assert!(

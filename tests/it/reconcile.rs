@@ -112,6 +112,20 @@ async fn a_lost_answer_is_found_at_the_provider_and_replayed(backend: Backend) {
     );
     let m = "idemproxy_unknown_resolved_total{route=\"alpaca\",by=\"lookup\"}";
     assert_eq!(metric(&proxy, m).await, 1.0);
+    // Operators see where the receipt came from.
+    let admin = proxy.admin.expect("admin listener");
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let listed = send(
+        admin,
+        "GET",
+        "/v1/keys?state=committed",
+        &[("authorization", auth.as_str())],
+        "",
+    )
+    .await
+    .expect("GET /v1/keys");
+    let keys = listed.json()["keys"].clone();
+    assert_eq!(keys[0]["reconciled"], true, "{}", listed.text());
 }
 
 async fn a_500_before_the_order_is_not_found_and_the_retry_executes_once(backend: Backend) {
@@ -271,7 +285,48 @@ async fn operators_reconcile_through_the_cli() {
         .as_str()
         .unwrap_or_default()
         .to_string();
+    let scope = serde_json::from_str::<serde_json::Value>(&shown).expect("json")["scope"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     tokio::time::sleep(AFTER).await;
+    // Another account's credentials never look the order up: named by scope, refused
+    // (whose credentials they are cannot be told); named by key, they name another claim.
+    let b = [
+        "--credential",
+        "APCA-API-KEY-ID: PKBBBB",
+        "--credential",
+        "APCA-API-SECRET-KEY: secret-b",
+    ];
+    let (ok, out) = cli(&[
+        &[
+            "reconcile",
+            "--token",
+            &token,
+            "--scope",
+            &scope,
+            "--passed-down",
+            "run-7",
+        ][..],
+        &b[..],
+    ]
+    .concat());
+    assert!(!ok, "{out}");
+    let (ok, out) = cli(&[
+        &[
+            "reconcile",
+            "--token",
+            &token,
+            "--route",
+            "alpaca",
+            "--key",
+            "run-7",
+        ][..],
+        &b[..],
+    ]
+    .concat());
+    assert!(!ok, "{out}");
+    assert!(lookups(&alpaca).is_empty(), "no lookup ran as account B");
     let (ok, out) = cli(&[&["reconcile", "--token", &token][..], &who[..]].concat());
     assert!(ok, "{out}");
     assert!(out.contains("\"committed\""), "{out}");

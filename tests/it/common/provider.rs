@@ -57,6 +57,9 @@ struct State {
     received: Vec<Received>,
     /// Provider-side idempotency (Stripe-like): key → stored response.
     by_key: HashMap<String, (u16, Bytes)>,
+    /// Every effect's answer by the `idempotency-key` it carried, for `GET /v1/lookup/{key}`
+    /// (a provider that lets clients look an operation up by their own id).
+    done_by_key: HashMap<String, (u16, Bytes)>,
     next_id: u64,
 }
 
@@ -193,6 +196,13 @@ impl FakeProvider {
         if parts.uri.path() == "/stream" {
             return Ok(stream_response(&received));
         }
+        if let Some(asked) = parts.uri.path().strip_prefix("/v1/lookup/") {
+            let found = self.lock().done_by_key.get(asked).cloned();
+            return Ok(match found {
+                Some((status, body)) => json(status, body, None),
+                None => json(404, Bytes::from_static(br#"{"error":"not_found"}"#), None),
+            });
+        }
         if parts.method == http::Method::GET {
             return Ok(json(
                 200,
@@ -244,6 +254,10 @@ impl FakeProvider {
                     })
                     .to_string();
                     let body = Bytes::from(body);
+                    if let Some(k) = header(&parts.headers, "idempotency-key") {
+                        // The operation exists whatever its answer said (a 500 after the effect).
+                        st.done_by_key.insert(k, (200, body.clone()));
+                    }
                     st.effects.push(received);
                     if let Some(k) = key {
                         st.by_key.insert(k, (status, body.clone()));
