@@ -253,7 +253,7 @@ async fn a_missing_template_field_follows_each_policy(backend: Backend) {
     let k1 = key_received(&provider, 2).expect("a key");
     let k2 = key_received(&provider, 3).expect("a key");
     assert!(k1.len() == 64 && k2.len() == 64 && k1 != k2, "{k1} {k2}");
-    // After the window the same request is a new operation at the proxy: the documented
+    // After the window (2 s) the same request is a new operation at the proxy: the documented
     // risk, and why a window shorter than the provider's key retention is a mistake.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let d = post_unkeyed(&proxy, "/der/v1/charges", "Bearer a", json, no_invoice).await;

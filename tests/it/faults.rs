@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::common::client::{post, send, Reply};
 use crate::common::provider::{Behavior, FakeProvider, ProviderOptions};
 use crate::common::proxy::{route, Proxy, StoreFixture};
-use crate::common::Backend;
+use crate::common::{eventually, eventually_async, server_sockets, Backend};
 
 /// A config like `crate::common::proxy::config`, with the shutdown grace given.
 fn config(store_url: &str, grace: &str, routes: &str) -> String {
@@ -27,25 +27,18 @@ async fn keyed_provider() -> FakeProvider {
 /// the store recovers. Every other answer must be one of `tolerated`, and the 200 must come
 /// within 10 s.
 async fn post_until_ok(proxy: std::net::SocketAddr, key: &str, tolerated: &[u16]) -> Reply {
-    let started = Instant::now();
-    loop {
+    let what = format!("{key} answers 200");
+    eventually_async(&what, Duration::from_secs(10), || async move {
         let r = post(proxy, "/pay/v1/charges", Some(key), r#"{"amount":42}"#).await;
-        if r.status == 200 {
-            return r;
-        }
         assert!(
-            tolerated.contains(&r.status),
+            r.status == 200 || tolerated.contains(&r.status),
             "{key}: {}: {}",
             r.status,
             r.text()
         );
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{key} never recovered: {}",
-            r.text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (r.status == 200).then_some(r)
+    })
+    .await
 }
 
 /// `POST https://api.fake.test/v1/charges` with curl over HTTP/2 through the proxy as its
@@ -84,16 +77,22 @@ fn assert_problem(r: &Reply, status: u16, slug: &str) {
     );
 }
 
-/// Polls until the provider has performed `n` effects (bounded).
+/// Waits until the provider has performed `n` effects (bounded).
 async fn until_effects(provider: &FakeProvider, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while provider.effects() < n {
-        assert!(
-            Instant::now() < deadline,
-            "provider never reached {n} effects"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("the provider performs {n} effects");
+    eventually(&what, Duration::from_secs(5), || {
+        (provider.effects() >= n).then_some(())
+    })
+    .await;
+}
+
+/// Waits until `n` requests in all have reached the provider (bounded).
+async fn until_received(provider: &FakeProvider, n: usize) {
+    let what = format!("{n} requests reach the provider");
+    eventually(&what, Duration::from_secs(5), || {
+        (provider.received().len() >= n).then_some(())
+    })
+    .await;
 }
 
 /// Sends `body` under `key` in the background (the proxy may die under it).
@@ -147,6 +146,7 @@ async fn sigkill_mid_call_without_provider_keys(backend: Backend) {
     // Lease lapsed: the outcome is unknown and held (never re-executed, never a fake 200),
     // and the hold counts from when the dead holder's call would have timed out (4s).
     tokio::time::sleep(Duration::from_secs(3).saturating_sub(started.elapsed())).await;
+    // A margin past the lease, so the retry cannot land just before it ends.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let held = post(proxy.addr, "/mail/send", Some("k"), r#"{"amount":42}"#).await;
     assert_problem(&held, 409, "outcome-unknown");
@@ -254,10 +254,14 @@ async fn client_hang_up_does_not_strand_the_claim(backend: Backend) {
     )
     .await;
     assert!(gave_up.is_err(), "the client was meant to give up first");
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
     // The proxy finished the call and kept the provider's answer: the retry replays it
-    // instead of being held as an unknown outcome.
-    let retry = post(proxy.addr, "/mail/send", Some("h"), r#"{"amount":42}"#).await;
+    // instead of being held as an unknown outcome. (Retries while the call runs are told
+    // it is in flight.)
+    let retry = eventually_async("the call ends", Duration::from_secs(5), || async move {
+        let r = post(proxy.addr, "/mail/send", Some("h"), r#"{"amount":42}"#).await;
+        (r.header("x-idemproxy-error") != Some("request-in-flight")).then_some(r)
+    })
+    .await;
     assert_eq!(
         (retry.status, retry.replayed()),
         (200, Some("true")),
@@ -293,8 +297,14 @@ async fn h2_client_hang_up_does_not_strand_the_claim(backend: Backend) {
     provider.then([Behavior::Slow(Duration::from_millis(800))]);
     let gave_up = h2_post(listen, &ca.cert, "h2", r#"{"amount":42}"#, "0.3").await;
     assert!(!gave_up.status.success(), "curl was meant to give up first");
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let retry = h2_post(listen, &ca.cert, "h2", r#"{"amount":42}"#, "10").await;
+    // Retries while the call runs are told it is in flight.
+    let cert = &ca.cert;
+    let retry = eventually_async("the call ends", Duration::from_secs(5), || async move {
+        let r = h2_post(listen, cert, "h2", r#"{"amount":42}"#, "10").await;
+        let out = String::from_utf8_lossy(&r.stdout);
+        (!out.contains("x-idemproxy-error: request-in-flight")).then_some(r)
+    })
+    .await;
     let out = String::from_utf8_lossy(&retry.stdout);
     assert!(out.starts_with("HTTP/2 200"), "{out}");
     assert!(out.contains("idempotent-replayed: true"), "{out}");
@@ -335,11 +345,27 @@ async fn a_request_dropped_during_its_claim_insert_withdraws_the_claim() {
     store.redis().pause();
     let gave_up = h2_post(listen, &ca.cert, "stalled", r#"{"amount":7}"#, "1").await;
     assert!(!gave_up.status.success(), "curl was meant to give up first");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // The insert lands now, and the withdrawal queued behind it removes it.
+    // The proxy has dropped the request once it has closed its side of curl's connection.
+    eventually(
+        "the proxy closes curl's connection",
+        Duration::from_secs(5),
+        || (server_sockets(listen.port()).open == 0).then_some(()),
+    )
+    .await;
+    // The insert lands now, and the withdrawal queued behind it removes it. (A retry that
+    // comes between the two is told the request is in flight.)
     store.redis().resume();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let retry = h2_post(listen, &ca.cert, "stalled", r#"{"amount":7}"#, "10").await;
+    let cert = &ca.cert;
+    let retry = eventually_async(
+        "the claim is withdrawn",
+        Duration::from_secs(5),
+        || async move {
+            let r = h2_post(listen, cert, "stalled", r#"{"amount":7}"#, "10").await;
+            let out = String::from_utf8_lossy(&r.stdout);
+            (!out.contains("x-idemproxy-error: request-in-flight")).then_some(r)
+        },
+    )
+    .await;
     let out = String::from_utf8_lossy(&retry.stdout);
     assert!(out.starts_with("HTTP/2 200"), "the retry executes: {out}");
     assert!(out.contains("idempotent-replayed: false"), "{out}");
@@ -364,7 +390,7 @@ async fn sigterm_lets_in_flight_requests_settle(backend: Backend) {
     let calls: Vec<_> = (0..3)
         .map(|i| post_in_background(&proxy, "/pay/v1/charges", &format!("g-{i}")))
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_received(&provider, 3).await;
     let addr = proxy.addr;
     let started = Instant::now();
     let exit = tokio::task::spawn_blocking(move || {
@@ -372,11 +398,17 @@ async fn sigterm_lets_in_flight_requests_settle(backend: Backend) {
         (status, proxy)
     });
     // Stopped accepting at once.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        tokio::net::TcpStream::connect(addr).await.is_err(),
-        "still accepting after SIGTERM"
-    );
+    eventually_async(
+        "stops accepting after SIGTERM",
+        Duration::from_millis(200),
+        || async move {
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .is_err()
+                .then_some(())
+        },
+    )
+    .await;
     let mut bodies = Vec::new();
     for c in calls {
         let r = c.await.expect("task").expect("in-flight request answered");
@@ -451,8 +483,10 @@ async fn sigterm_answers_waiters_before_the_grace_ends(backend: Backend) {
     provider.then([Behavior::Slow(Duration::from_secs(3))]);
     let started = Instant::now();
     let first = post_in_background(&proxy, "/pay/v1/charges", "w");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_received(&provider, 1).await;
     let waiter = post_in_background(&proxy, "/pay/v1/charges", "w");
+    // A sleep: the duplicate must be waiting inside the proxy when SIGTERM comes, and
+    // nothing outside the proxy shows when it has started to wait.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut proxy = proxy;
     let exit = tokio::task::spawn_blocking(move || proxy.terminate());
@@ -505,18 +539,21 @@ async fn grace_exceeded_leaves_unknown_not_committed(backend: Backend) {
     proxy.restart();
     // Never a replay of a response nobody saw, never a second execution: in flight while
     // the lease lives, then held (hold = forever) once it and the call deadline passed.
-    let deadline = Instant::now() + Duration::from_secs(6);
-    loop {
-        let r = post(proxy.addr, "/mail/send", Some("late"), r#"{"amount":42}"#).await;
-        assert_eq!(r.status, 409, "{}", r.text());
-        if r.json()["type"] == "urn:idemproxy:problem:outcome-unknown" {
-            assert!(r.header("retry-after").is_none(), "held until resolved");
-            break;
-        }
-        assert_problem(&r, 409, "request-in-flight");
-        assert!(Instant::now() < deadline, "never became UNKNOWN");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    eventually_async(
+        "the claim becomes UNKNOWN",
+        Duration::from_secs(6),
+        || async move {
+            let r = post(proxy.addr, "/mail/send", Some("late"), r#"{"amount":42}"#).await;
+            assert_eq!(r.status, 409, "{}", r.text());
+            if r.json()["type"] == "urn:idemproxy:problem:outcome-unknown" {
+                assert!(r.header("retry-after").is_none(), "held until resolved");
+                return Some(());
+            }
+            assert_problem(&r, 409, "request-in-flight");
+            None
+        },
+    )
+    .await;
     assert_eq!(provider.effects(), 1);
 }
 
@@ -535,7 +572,7 @@ async fn wait_mode_replays_as_soon_as_the_first_settles(backend: Backend) {
     provider.then([Behavior::Slow(Duration::from_millis(1_000))]);
     let started = Instant::now();
     let first = post_in_background(&proxy, "/pay/v1/charges", "w");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_received(&provider, 1).await;
     let dups: Vec<_> = (0..5)
         .map(|_| post_in_background(&proxy, "/pay/v1/charges", "w"))
         .collect();
@@ -578,7 +615,7 @@ async fn wait_mode_gives_up_at_the_bound_and_on_unknown(backend: Backend) {
 
     provider.then([Behavior::Slow(Duration::from_millis(2_000))]);
     let first = post_in_background(&proxy, "/pay/v1/charges", "b");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_received(&provider, 1).await;
     let started = Instant::now();
     let dup = post(proxy.addr, "/pay/v1/charges", Some("b"), r#"{"amount":42}"#).await;
     let waited = started.elapsed();
@@ -600,7 +637,7 @@ async fn wait_mode_gives_up_at_the_bound_and_on_unknown(backend: Backend) {
     ];
     let addr = proxy.addr;
     let first = tokio::spawn(async move { send(addr, "POST", "/mail/send", &slow, "{}").await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_received(&provider, 2).await;
     let dup = send(
         addr,
         "POST",
@@ -621,6 +658,20 @@ async fn wait_mode_gives_up_at_the_bound_and_on_unknown(backend: Backend) {
 
 // --- Redis trouble ----------------------------------------------------------------------
 
+/// `Some` once two clients are subscribed to a channel on the Redis at `url`.
+async fn subscribers(url: &str) -> Option<()> {
+    let client = ::redis::Client::open(url).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+    let list: String = ::redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .ok()?;
+    (list.lines().count() == 2).then_some(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_mode_is_woken_across_proxies_sharing_redis() {
     let provider = FakeProvider::start().await;
@@ -633,24 +684,32 @@ async fn wait_mode_is_woken_across_proxies_sharing_redis() {
             // The subscriber connections die with Redis and must come back by themselves.
             store.redis().restart();
             for p in [&a, &b] {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while post(p.addr, "/pay/v1/charges", Some("probe"), "{}")
-                    .await
-                    .status
-                    != 200
-                {
-                    assert!(Instant::now() < deadline, "store never came back");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                let addr = p.addr;
+                eventually_async(
+                    "the store comes back",
+                    Duration::from_secs(10),
+                    || async move {
+                        let r = post(addr, "/pay/v1/charges", Some("probe"), "{}").await;
+                        (r.status == 200).then_some(())
+                    },
+                )
+                .await;
             }
             // Re-subscribing waits 500ms after the loss.
-            tokio::time::sleep(Duration::from_millis(1_000)).await;
+            let url = store.url();
+            eventually_async(
+                "both proxies subscribe again",
+                Duration::from_secs(10),
+                || subscribers(&url),
+            )
+            .await;
         }
         let key = format!("x{round}");
         provider.then([Behavior::Slow(Duration::from_millis(1_000))]);
+        let received = provider.received().len();
         let started = Instant::now();
         let first = post_in_background(&a, "/pay/v1/charges", &key);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        until_received(&provider, received + 1).await;
         let dup = post_in_background(&b, "/pay/v1/charges", &key);
         let first = first.await.expect("task").expect("reply");
         let first_done = started.elapsed();
@@ -693,14 +752,16 @@ async fn fail_open_forwards_unprotected_only_where_configured() {
     // The trade-off the route opted into: nothing was claimed, so once the store is back a
     // retry executes again.
     store.redis().restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let again = loop {
-        let r = post(proxy.addr, "/open/v1/x", Some("k"), "{}").await;
-        if r.header("x-idemproxy-warning").is_none() || Instant::now() > deadline {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let addr = proxy.addr;
+    let again = eventually_async(
+        "the store comes back",
+        Duration::from_secs(10),
+        || async move {
+            let r = post(addr, "/open/v1/x", Some("k"), "{}").await;
+            r.header("x-idemproxy-warning").is_none().then_some(r)
+        },
+    )
+    .await;
     assert_eq!((again.status, again.replayed()), (200, Some("false")));
     assert_eq!(provider.effects(), 2);
 }
@@ -753,12 +814,14 @@ async fn sqlite_write_lock_held_elsewhere_fails_closed_and_recovers() {
     );
     let db = store.dir.path().join("claims.db");
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    // Holds the lock until the requests below are done (or at most 10 s).
     let holder = std::thread::spawn(move || {
         let conn = rusqlite::Connection::open(&db).expect("open the proxy's database");
         conn.execute_batch("BEGIN IMMEDIATE")
             .expect("take the write lock");
         locked_tx.send(()).expect("signal");
-        std::thread::sleep(Duration::from_millis(2_000));
+        let _ = release_rx.recv_timeout(Duration::from_secs(10));
         conn.execute_batch("COMMIT").expect("release");
     });
     locked_rx.recv().expect("locked");
@@ -780,6 +843,7 @@ async fn sqlite_write_lock_held_elsewhere_fails_closed_and_recovers() {
         1,
         "nothing forwarded while the store hung"
     );
+    release_tx.send(()).expect("release the lock");
     holder.join().expect("lock holder");
 
     // The claims queued behind the lock were applied late and withdrawn: `c` executes once.

@@ -12,7 +12,7 @@ use crate::common::connect;
 use crate::common::pki::{self, ProxyCa, TestPki};
 use crate::common::provider::{Behavior, FakeProvider, ProviderOptions};
 use crate::common::proxy::{config, Proxy, StoreFixture};
-use crate::common::Backend;
+use crate::common::{eventually, Backend};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -320,7 +320,12 @@ async fn sigterm_lets_an_intercepted_request_settle_then_the_retry_replays() {
         tokio::spawn(async move { curl(&args(&a), &no_proxy_env()).await })
     };
     // SIGTERM while the provider is still working on the request.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually(
+        "the request reaches the provider",
+        Duration::from_secs(10),
+        || (s.provider.received().len() == 1).then_some(()),
+    )
+    .await;
     let exit = tokio::task::block_in_place(|| s.proxy.terminate());
     let first = first.await.expect("curl task");
     assert_eq!(
@@ -629,8 +634,10 @@ async fn a_tunnel_is_closed_after_its_idle_timeout_not_while_bytes_flow() {
                 if s.write_all(b"tick\n").await.is_err() {
                     return;
                 }
+                // The pacing under test: bytes keep flowing past the idle timeout.
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
+            // Then silence, with the socket held open, until the proxy closes the tunnel.
             tokio::time::sleep(Duration::from_secs(30)).await;
         }
     });

@@ -26,7 +26,7 @@ use crate::common::fakes::accounts::{
 use crate::common::pki::{self, ProxyCa, TestPki};
 use crate::common::provider::FakeProvider;
 use crate::common::proxy::{route, Proxy, StoreFixture};
-use crate::common::Backend;
+use crate::common::{eventually, eventually_async, Backend};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -696,17 +696,17 @@ async fn silent_connections_are_closed_within_the_header_timeout() {
     );
 
     // Within the header timeout (and some slack), the slots are free again...
-    let deadline = opened + Duration::from_secs(3);
     let mut n = 0;
-    let served = loop {
-        n += 1;
-        match order(format!("after-{n}")).await {
-            Ok(r) if r.status == 200 => break Some(opened.elapsed()),
-            _ if Instant::now() > deadline => break None,
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
-    let served = served.expect("a request is served again within 3 s: silent sockets were closed");
+    let served = eventually_async(
+        "a request is served again within 3 s: silent sockets were closed",
+        Duration::from_secs(3).saturating_sub(opened.elapsed()),
+        || {
+            n += 1;
+            let reply = order(format!("after-{n}"));
+            async move { matches!(reply.await, Ok(r) if r.status == 200).then(|| opened.elapsed()) }
+        },
+    )
+    .await;
     assert!(
         served >= Duration::from_millis(800),
         "served after {served:?}"
@@ -888,14 +888,11 @@ async fn forwards_are_bounded_in_count_and_bytes() {
     let until_received = |n: usize| {
         let provider = provider.clone();
         async move {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while provider.received().len() < n {
-                assert!(
-                    Instant::now() < deadline,
-                    "{n} requests never reached the provider"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let what = format!("{n} requests reach the provider");
+            eventually(&what, Duration::from_secs(5), || {
+                (provider.received().len() >= n).then_some(())
+            })
+            .await
         }
     };
     let busy = |r: &Reply| {

@@ -13,7 +13,7 @@ use crate::common::pki::{self, ProxyCa, TestPki};
 use crate::common::provider::ProviderOptions;
 use crate::common::provider::{Behavior, FakeProvider};
 use crate::common::proxy::{route, Proxy, StoreFixture};
-use crate::common::Backend;
+use crate::common::{eventually, eventually_async, server_sockets, Backend};
 
 const ADMIN_TOKEN: &str = "adm-7f3a9c2e-token";
 
@@ -109,6 +109,7 @@ async fn metrics_follow_every_outcome(backend: Backend) {
     );
     // conflict, and the claim counted in flight while the provider works
     let addr = proxy.addr;
+    let received = provider.received().len();
     let slow = tokio::spawn(async move {
         send(
             addr,
@@ -119,7 +120,10 @@ async fn metrics_follow_every_outcome(backend: Backend) {
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually("k2 reaches the provider", Duration::from_secs(5), || {
+        (provider.received().len() > received).then_some(())
+    })
+    .await;
     let during = admin_get(&proxy, "/metrics", None).await.text();
     assert_eq!(
         sample(&during, "idemproxy_claims_in_flight"),
@@ -239,15 +243,11 @@ async fn readyz_follows_the_store() {
         "alive while not ready"
     );
     store.redis().restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = admin_get(&proxy, "/readyz", None).await;
-        if r.status == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not ready again: {}", r.text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let proxy = &proxy;
+    eventually_async("ready again", Duration::from_secs(10), || async move {
+        (admin_get(proxy, "/readyz", None).await.status == 200).then_some(())
+    })
+    .await;
 }
 
 fn cli(proxy: &Proxy, args: &[&str]) -> (bool, String, String) {
@@ -643,6 +643,7 @@ async fn slow_header_clients_are_cut_off_while_others_are_served() {
             200
         );
         served += 1;
+        // Pacing: a request every 100 ms while the slow clients trickle.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for t in slow {
@@ -685,11 +686,26 @@ async fn oversized_heads_get_431_and_connections_are_capped() {
 
     // Three idle connections fill the listener; the fourth is told so and closed. (First let
     // the proxy see the earlier connections close: they hold their slots until then.)
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let port = proxy.addr.port();
+    let closed = || (server_sockets(port).open == 0).then_some(());
+    eventually(
+        "the proxy closes the earlier connections",
+        Duration::from_secs(5),
+        closed,
+    )
+    .await;
     let idle: Vec<TcpStream> = (0..3)
         .map(|_| TcpStream::connect(proxy.addr).expect("connect"))
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually(
+        "the proxy accepts the idle connections",
+        Duration::from_secs(5),
+        || {
+            let s = server_sockets(port);
+            (s.queued == 0 && s.open == 3).then_some(())
+        },
+    )
+    .await;
     assert!(
         !proxy.logs().contains("refusing a connection"),
         "{}",
@@ -710,7 +726,12 @@ async fn oversized_heads_get_431_and_connections_are_capped() {
         Some("too-many-connections")
     );
     drop(idle);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually(
+        "the proxy closes the idle connections",
+        Duration::from_secs(5),
+        closed,
+    )
+    .await;
     assert_eq!(
         post(proxy.addr, "/pay/v1/c", Some("k9"), "{}").await.status,
         200
@@ -807,13 +828,12 @@ async fn secrets_stay_out_of_store_and_logs(backend: Backend) {
                     && v["fields"]["outcome"] == "forwarded"
             })
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    let mut line = forwarded_line();
-    while line.is_none() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        line = forwarded_line();
-    }
-    let line = line.expect("a JSON line per protected request");
+    let line = eventually(
+        "a JSON line per protected request",
+        Duration::from_secs(3),
+        forwarded_line,
+    )
+    .await;
     sealed_proxy.restart();
     let replay = run(&sealed_proxy, "sealed-1").await;
     assert_eq!(
@@ -1050,10 +1070,13 @@ async fn tunnels_hold_their_connection_slot() {
     let extra =
         format!("[tls]\nconnect_ports = [443, {port}]\n[egress]\nallow = [\"{authority}\"]\n");
     let proxy = start(&config(&store.url(), "max_connections = 2", &extra), &[]);
-    let first = connect_with(proxy.addr, &authority, &[]).await;
-    let second = connect_with(proxy.addr, &authority, &[]).await;
+    let mut first = connect_with(proxy.addr, &authority, &[]).await;
+    let mut second = connect_with(proxy.addr, &authority, &[]).await;
     assert_eq!((first.status, second.status), (200, 200));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Once bytes go through both tunnels, the exchanges that opened them are over.
+    for tunnel in [&mut first.stream, &mut second.stream] {
+        round_trip(tunnel, &authority).await;
+    }
     let refused = send(proxy.addr, "GET", "/anything", &[], "")
         .await
         .expect("an answer");
@@ -1064,15 +1087,29 @@ async fn tunnels_hold_their_connection_slot() {
     );
     // Closing a tunnel frees its slot.
     drop(first);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let third = loop {
-        let c = connect_with(proxy.addr, &authority, &[]).await;
-        if c.status == 200 || Instant::now() > deadline {
-            break c;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (addr, authority) = (proxy.addr, authority.as_str());
+    let third = eventually_async(
+        "a tunnel slot frees",
+        Duration::from_secs(5),
+        || async move {
+            let c = connect_with(addr, authority, &[]).await;
+            (c.status == 200).then_some(c)
+        },
+    )
+    .await;
     assert_eq!(third.status, 200, "{}", third.head);
+}
+
+/// A request through an open tunnel to the fake site, and the first byte of its answer.
+async fn round_trip(tunnel: &mut tokio::net::TcpStream, authority: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!("GET /v1/x HTTP/1.1\r\nHost: {authority}\r\n\r\n");
+    tunnel.write_all(request.as_bytes()).await.expect("write");
+    let mut first = [0u8; 1];
+    tokio::time::timeout(Duration::from_secs(10), tunnel.read_exact(&mut first))
+        .await
+        .expect("an answer through the tunnel within 10 s")
+        .expect("read");
 }
 
 async fn tenants_stay_apart_inside_intercepted_tunnels(backend: Backend) {

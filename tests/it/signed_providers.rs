@@ -20,7 +20,7 @@ use crate::common::fakes::signed::{
 };
 use crate::common::pki::{self, ProxyCa, TestPki};
 use crate::common::proxy::{config, route, Proxy, StoreFixture};
-use crate::common::Backend;
+use crate::common::{eventually, Backend};
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
@@ -197,9 +197,10 @@ async fn ses_rerun_in_a_new_boto3_process_sends_one_email(backend: Backend) {
     // so a new signature).
     let signed_at =
         parse_amz_date(first["signed"]["at"].as_str().expect("X-Amz-Date")).expect("an X-Amz-Date");
-    while now_ms() / 1000 <= signed_at {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("a later second", Duration::from_secs(3), || {
+        (now_ms() / 1000 > signed_at).then_some(())
+    })
+    .await;
     let rerun = s
         .boto3(AKID_A, AWS_SECRET_A, Some("invoice-42-email"), true)
         .await;

@@ -9,7 +9,9 @@ pub mod provider;
 pub mod proxy;
 pub mod redis;
 
+use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
 
 /// Which store a proxy under test runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +28,79 @@ pub fn free_port() -> u16 {
 
 pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// How often `eventually` looks again.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Waits until `check` returns `Some`, looking every 20 ms; panics naming `what` if it has not
+/// within `within`. For waiting on something that happens in another process or task (a
+/// request reaching the provider, a settle landing) instead of sleeping for a guess.
+pub async fn eventually<T>(
+    what: &str,
+    within: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    eventually_async(what, within, || std::future::ready(check())).await
+}
+
+/// `eventually` for a check that has to await (an HTTP request, a Redis command).
+pub async fn eventually_async<T, F>(what: &str, within: Duration, mut check: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The server side of the TCP connections on loopback `port`, from `/proc/net/tcp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerSockets {
+    /// Connections the server has not closed yet (established, or closed by the client only).
+    pub open: usize,
+    /// Connections waiting in the listener's accept queue.
+    pub queued: usize,
+}
+
+/// What the server on `port` holds open and has not accepted yet, so a test can wait for it
+/// to notice a client's close or to accept a connection.
+pub fn server_sockets(port: u16) -> ServerSockets {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    let mut found = ServerSockets { open: 0, queued: 0 };
+    for line in table.lines().skip(1) {
+        // sl local_address rem_address st tx_queue:rx_queue ...
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(local), Some(state), Some(queues)) =
+            (fields.get(1), fields.get(3), fields.get(4))
+        else {
+            continue;
+        };
+        let local_port = local
+            .split_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+        if local_port != Some(port) {
+            continue;
+        }
+        match *state {
+            // LISTEN: rx_queue is the accept queue's length.
+            "0A" => {
+                found.queued += queues
+                    .split_once(':')
+                    .and_then(|(_, rx)| usize::from_str_radix(rx, 16).ok())
+                    .unwrap_or(0)
+            }
+            // ESTABLISHED, CLOSE_WAIT.
+            "01" | "08" => found.open += 1,
+            _ => {}
+        }
+    }
+    found
 }
 
 /// Runs one async test body against both stores: `both_backends!(name);` expects
