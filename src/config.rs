@@ -359,8 +359,8 @@ pub struct LookupConfig {
     pub not_found: Vec<String>,
     /// A found answer must carry this JSON field, non-empty (else the lookup is unclear).
     pub found_field: Option<String>,
-    /// A found-status answer whose field (a JSON path) is empty means not found (search APIs).
-    pub empty_means_not_found: Option<String>,
+    // No "an empty search result means not found": a search answer is not the operation's
+    // response (it would be replayed as the receipt), and search indexes lag behind writes.
     /// How old an unknown outcome must be before a lookup may say "not found": an operation
     /// may still be on its way into the provider's records.
     #[serde(default = "default_lookup_after")]

@@ -679,7 +679,6 @@ fn build(spec: &Spec) -> Profile {
                 found: vec![found.into()],
                 not_found: vec![not_found.into()],
                 found_field: Some(field.into()),
-                empty_means_not_found: None,
                 after: crate::config::default_lookup_after(),
             }),
     }

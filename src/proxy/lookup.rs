@@ -28,8 +28,6 @@ pub struct Lookup {
     not_found: StatusSet,
     /// A found answer must carry this field, non-empty.
     found_field: Option<Condition>,
-    /// A found-status answer whose field is empty means not found (search APIs).
-    empty_means_not_found: Option<Vec<String>>,
     pub after: Duration,
 }
 
@@ -93,10 +91,6 @@ impl Lookup {
                 .found_field
                 .as_deref()
                 .map(|f| Condition::new(f, Test::NonEmpty)),
-            empty_means_not_found: c
-                .empty_means_not_found
-                .as_deref()
-                .map(|f| f.split('.').map(String::from).collect()),
             after: c.after.0,
         })
     }
@@ -173,15 +167,6 @@ impl Lookup {
             return Verdict::Unclear(format!("the lookup answered {status}"));
         }
         let json = serde_json::from_slice::<serde_json::Value>(&answer.body).ok();
-        if let (Some(path), Some(body)) = (&self.empty_means_not_found, &json) {
-            let empty = Condition {
-                field: path.clone(),
-                test: Test::NonEmpty,
-            };
-            if !empty.holds(body) {
-                return Verdict::NotFound;
-            }
-        }
         match (&self.found_field, &json) {
             (Some(field), Some(body)) if !field.holds(body) => {
                 Verdict::Unclear("the lookup's answer does not carry the operation".into())
@@ -217,7 +202,6 @@ mod tests {
             found: vec!["2xx".into()],
             not_found: vec!["404".into()],
             found_field: Some("id".into()),
-            empty_means_not_found: None,
             after: Dur(Duration::from_secs(5)),
         }
     }
@@ -267,18 +251,6 @@ mod tests {
         assert!(matches!(l.read(answer(404, "{}")), Verdict::NotFound));
         assert!(matches!(l.read(answer(500, "{}")), Verdict::Unclear(_)));
         assert!(matches!(l.read(answer(200, "{}")), Verdict::Unclear(_)));
-        let mut search = config("GET /v1/search?q={key}");
-        search.found_field = None;
-        search.empty_means_not_found = Some("data".into());
-        let s = Lookup::parse(&search).expect("parses");
-        assert!(matches!(
-            s.read(answer(200, r#"{"data":[]}"#)),
-            Verdict::NotFound
-        ));
-        assert!(matches!(
-            s.read(answer(200, r#"{"data":[{"id":1}]}"#)),
-            Verdict::Found(_)
-        ));
     }
 
     #[test]
