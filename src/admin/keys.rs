@@ -203,10 +203,8 @@ async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
         .resolve(&scope, &r.token, how, "an operator", retention)
         .await
     {
-        Ok(Resolved::Done) => {
-            if let Some(route) = scope_route(admin, &scope).await {
-                admin.app.metrics.unknown_resolved(&route, "operator");
-            }
+        Ok(Resolved::Done { route }) => {
+            admin.app.metrics.unknown_resolved(&route, "operator");
             tracing::info!(scope, action, "operator resolved an UNKNOWN claim");
             json(
                 StatusCode::OK,
@@ -313,7 +311,7 @@ async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
         .resolve(&scope, &r.token, how, "a lookup", retention)
         .await
     {
-        Ok(Resolved::Done) => {
+        Ok(Resolved::Done { .. }) => {
             admin.app.metrics.unknown_resolved(&route.name, "lookup");
             json(
                 StatusCode::OK,
@@ -323,14 +321,6 @@ async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
         Ok(Resolved::Changed(now)) => changed(&scope, &now),
         Ok(Resolved::Gone) => not_found(&scope),
         Err(e) => store_error(e),
-    }
-}
-
-/// The route a scope's record belongs to, for metrics.
-async fn scope_route(admin: &Admin, scope: &str) -> Option<String> {
-    match admin.app.claims.store().get(scope).await {
-        Ok(Some(r)) => Some(r.body.route),
-        _ => None,
     }
 }
 

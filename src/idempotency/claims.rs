@@ -179,7 +179,10 @@ pub enum Resolution {
 /// What a resolution found.
 #[derive(Debug)]
 pub enum Resolved {
-    Done,
+    /// Resolved; the route the claim belonged to (the record may be gone now).
+    Done {
+        route: String,
+    },
     /// The claim is no longer the UNKNOWN one that was looked at; nothing was changed.
     Changed(Record),
     Gone,
@@ -822,7 +825,9 @@ impl Claims {
         }
         // Anyone waiting on this scope (here or on another proxy) looks again now.
         self.announce_settled(scope);
-        Ok(Resolved::Done)
+        Ok(Resolved::Done {
+            route: found.body.route,
+        })
     }
 
     /// Wakes local waiters now and tells other proxies, without delaying the caller.

@@ -337,6 +337,89 @@ async fn operators_reconcile_through_the_cli() {
     assert_eq!(metric(&proxy, m).await, 1.0);
 }
 
+/// The split of resolved UNKNOWN outcomes: a hold that ended (the next retry executed) and an
+/// operator's release, on a route without a lookup.
+async fn unknown_outcomes_resolved_by_expiry_and_by_operators(backend: Backend) {
+    use crate::common::provider::{Behavior, FakeProvider};
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(backend);
+    let text = config(
+        &store.url(),
+        &format!(
+            "{}\n[admin]\ntoken_env = \"IDEMPROXY_ADMIN_TOKEN\"\n",
+            route(
+                "mail",
+                provider.port(),
+                "honours_key = false\nhold = \"300ms\""
+            )
+        ),
+    )
+    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
+    let proxy = Proxy::start_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)]);
+    let send_mail = |key: &'static str| {
+        let addr = proxy.addr;
+        async move {
+            let h = [
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk_mail"),
+                ("idempotency-key", key),
+            ];
+            send(addr, "POST", "/mail/send", &h, r#"{"to":"a@b.test"}"#)
+                .await
+                .expect("an answer")
+        }
+    };
+    provider.then([
+        Behavior::FailWithoutEffect(500),
+        Behavior::FailWithoutEffect(500),
+    ]);
+    assert_eq!(send_mail("m-1").await.status, 500);
+    assert_eq!(send_mail("m-2").await.status, 500);
+    assert_eq!(send_mail("m-1").await.status, 409, "held");
+    // An operator releases m-2.
+    let admin = proxy.admin.expect("admin listener");
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let auth = [("authorization", auth.as_str())];
+    let held = send(admin, "GET", "/v1/keys?state=unknown", &auth, "")
+        .await
+        .expect("list");
+    let keys = held.json()["keys"].as_array().cloned().unwrap_or_default();
+    assert_eq!(keys.len(), 2, "{}", held.text());
+    let shown = send(
+        admin,
+        "POST",
+        "/v1/keys/show",
+        &auth,
+        r#"{"route":"mail","key":"m-2","credentials":{"authorization":"Bearer sk_mail"}}"#,
+    )
+    .await
+    .expect("show");
+    let release = serde_json::json!({
+        "scope": shown.json()["scope"],
+        "token": shown.json()["token"],
+        "action": "release",
+    });
+    let r = send(
+        admin,
+        "POST",
+        "/v1/keys/resolve",
+        &auth,
+        release.to_string(),
+    )
+    .await
+    .expect("resolve");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // m-1's hold ends: its next retry executes.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(send_mail("m-1").await.status, 200);
+    assert_eq!(send_mail("m-2").await.status, 200);
+    assert_eq!(provider.effects(), 2);
+    let by = |how: &str| format!("idemproxy_unknown_resolved_total{{route=\"mail\",by=\"{how}\"}}");
+    assert_eq!(metric(&proxy, &by("expired")).await, 1.0);
+    assert_eq!(metric(&proxy, &by("operator")).await, 1.0);
+    assert_eq!(metric(&proxy, &by("lookup")).await, 0.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_reconcile_through_the_cli_sqlite() {
     operators_reconcile_through_the_cli().await
@@ -349,4 +432,5 @@ both_backends!(
     another_accounts_request_never_looks_at_the_held_order,
     the_lookup_survives_a_proxy_restart,
     a_duplicate_answer_is_resolved_by_the_lookup,
+    unknown_outcomes_resolved_by_expiry_and_by_operators,
 );
