@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::common::client::{send, Reply};
 use crate::common::fakes::accounts::{Alpaca, AlpacaFault, AlpacaKeys};
 use crate::common::proxy::{config, route, Proxy, StoreFixture};
-use crate::common::Backend;
+use crate::common::{eventually, eventually_async, Backend};
 
 const ADMIN_TOKEN: &str = "adm-reconcile-token";
 const A: AlpacaKeys = AlpacaKeys {
@@ -32,7 +32,7 @@ fn alpaca_route(port: u16) -> String {
         "alpaca",
         port,
         &format!(
-            "provider = \"alpaca\"\ntimeout = \"3s\"\n[routes.lookup]\nrequest = \"GET /v2/orders:by_client_order_id?client_order_id={{key}}\"\nfound = [\"200\"]\nnot_found = [\"404\"]\nfound_field = \"id\"\nafter = \"{}ms\"\n",
+            "provider = \"alpaca\"\ntimeout = \"3s\"\nlease = \"1s\"\n[routes.lookup]\nrequest = \"GET /v2/orders:by_client_order_id?client_order_id={{key}}\"\nfound = [\"200\"]\nnot_found = [\"404\"]\nfound_field = \"id\"\nafter = \"{}ms\"\n",
             AFTER.as_millis()
         ),
     )
@@ -203,6 +203,46 @@ async fn the_lookup_survives_a_proxy_restart(backend: Backend) {
         "{}",
         retry.text()
     );
+    assert_eq!(alpaca.effects(), 1);
+}
+
+/// The proxy dies while the order call is in flight: its lease runs out, and the retry (on
+/// the restarted proxy) asks once the call's deadline has passed.
+async fn a_claim_whose_holder_died_mid_call_is_looked_up(backend: Backend) {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(backend);
+    let mut proxy = start(&store, &alpaca);
+    alpaca.then([AlpacaFault::SlowAfterOrder]);
+    let background = {
+        let addr = proxy.addr;
+        tokio::spawn(async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("apca-api-key-id", A.key_id),
+                ("apca-api-secret-key", A.secret),
+                ("idempotency-key", "run-8"),
+            ];
+            send(addr, "POST", "/alpaca/v2/orders", &headers, ORDER).await
+        })
+    };
+    eventually("the order is placed", Duration::from_secs(5), || {
+        (alpaca.effects() == 1).then_some(())
+    })
+    .await;
+    proxy.restart(); // SIGKILL mid-call, then start again on the same store
+    let _ = background.await;
+    let retry = eventually_async("the retry is answered", Duration::from_secs(10), || async {
+        let r = order(&proxy, A, "run-8").await;
+        (r.status != 409).then_some(r)
+    })
+    .await;
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (200, Some("true")),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(retry.json()["id"], alpaca.orders("acct-a")[0].json["id"]);
     assert_eq!(alpaca.effects(), 1);
 }
 
@@ -431,6 +471,7 @@ both_backends!(
     a_failing_lookup_keeps_the_operation_held,
     another_accounts_request_never_looks_at_the_held_order,
     the_lookup_survives_a_proxy_restart,
+    a_claim_whose_holder_died_mid_call_is_looked_up,
     a_duplicate_answer_is_resolved_by_the_lookup,
     unknown_outcomes_resolved_by_expiry_and_by_operators,
 );

@@ -99,6 +99,8 @@ pub struct Answer {
     pub body: Vec<u8>,
     /// Close the connection instead of answering (the answer is lost).
     pub lost: bool,
+    /// Answer only after this long (the effect already happened).
+    pub delay: Option<std::time::Duration>,
 }
 
 fn answer(status: u16, body: Value) -> Answer {
@@ -107,6 +109,7 @@ fn answer(status: u16, body: Value) -> Answer {
         headers: vec![("content-type", "application/json".into())],
         body: body.to_string().into_bytes(),
         lost: false,
+        delay: None,
     }
 }
 
@@ -149,6 +152,9 @@ where
                             body,
                         };
                         let a = handler(http);
+                        if let Some(d) = a.delay {
+                            tokio::time::sleep(d).await;
+                        }
                         if a.lost {
                             // An error makes hyper close the connection without an answer.
                             return Err(std::io::Error::other("the fake drops its answer"));
@@ -249,6 +255,8 @@ pub enum AlpacaFault {
     LostAfterOrder,
     /// A 500 before anything is placed.
     FailBeforeOrder,
+    /// The order is placed, and the answer takes 2 s.
+    SlowAfterOrder,
     /// The next lookup answers 503 (the lookup itself fails).
     LookupFails,
 }
@@ -422,6 +430,9 @@ fn alpaca(state: &Shared<AlpacaState>, req: Http) -> Answer {
             st.orders.push(order.clone());
             let mut a = answer(200, order.json).with("set-cookie", order.cookie);
             a.lost = fault == Some(AlpacaFault::LostAfterOrder);
+            if fault == Some(AlpacaFault::SlowAfterOrder) {
+                a.delay = Some(std::time::Duration::from_secs(2));
+            }
             a
         }
         ("GET", "/v2/orders:by_client_order_id") => {
