@@ -14,6 +14,7 @@ mod https;
 mod identity;
 mod ops;
 mod providers;
+mod sdk_matrix;
 mod shared_redis;
 mod signed_providers;
 mod store_conformance;
