@@ -311,22 +311,30 @@ struct ProxyUrl {
 }
 
 impl ProxyUrl {
+    /// `http://[user:secret@]host[:port][/]`. The credentials are kept as written (a compose
+    /// file's `${SECRET}` stays for compose to fill in); only the host and port are read.
     fn parse(url: &str) -> Result<ProxyUrl, EnvError> {
         let err = |message: &str| EnvError::ProxyUrl {
             url: url.to_string(),
             message: message.to_string(),
         };
-        let uri: http::Uri = url.parse().map_err(|_| err("not a URL"))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(err(
-                "workers reach the proxy as http://host:port (HTTPS to the provider goes through CONNECT)",
-            ));
+        let rest = url.strip_prefix("http://").ok_or_else(|| {
+            err("workers reach the proxy as http://host:port (HTTPS to the provider goes through CONNECT)")
+        })?;
+        let authority = rest.split('/').next().unwrap_or_default();
+        let (credentials, host_port) = match authority.rsplit_once('@') {
+            Some((user, host)) => (Some(user), host),
+            None => (None, authority),
+        };
+        let parsed: http::uri::Authority =
+            host_port.parse().map_err(|_| err("no valid host:port"))?;
+        if parsed.host().is_empty() {
+            return Err(err("no host"));
         }
-        let authority = uri.authority().ok_or_else(|| err("no host"))?;
         Ok(ProxyUrl {
-            host: authority.host().to_string(),
-            port: authority.port_u16().unwrap_or(80),
-            has_credentials: authority.as_str().contains('@'),
+            host: parsed.host().to_string(),
+            port: parsed.port_u16().unwrap_or(80),
+            has_credentials: credentials.is_some(),
         })
     }
 }
@@ -507,6 +515,21 @@ mod tests {
             java_non_proxy_hosts("localhost,127.0.0.1,::1,.internal"),
             "localhost|127.0.0.1|[::1]|*.internal"
         );
+    }
+
+    #[test]
+    fn proxy_urls_keep_credentials_as_written() {
+        let p = ProxyUrl::parse("http://worker:${SECRET:?set it}@idemproxy:8080").expect("url");
+        assert_eq!(
+            (p.host.as_str(), p.port, p.has_credentials),
+            ("idemproxy", 8080, true)
+        );
+        let p = ProxyUrl::parse("http://[::1]").expect("url");
+        assert_eq!(
+            (p.host.as_str(), p.port, p.has_credentials),
+            ("[::1]", 80, false)
+        );
+        assert!(ProxyUrl::parse("https://idemproxy:8443").is_err());
     }
 
     #[test]

@@ -156,6 +156,29 @@ impl Worker {
     }
 }
 
+/// YAML as JSON, parsed by PyYAML (what scripts/test.sh installs).
+fn yaml(text: &str) -> Value {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(yaml.safe_load(sys.stdin.read())))",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with PyYAML");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write YAML");
+    let out = child.wait_with_output().expect("python3");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("YAML does not parse ({e}):\n{text}"))
+}
+
 /// `NAME=value` lines of a Docker env file (comments and blank lines skipped).
 fn env_file_lines(text: &str) -> Vec<(String, String)> {
     text.lines()
@@ -708,26 +731,7 @@ fn env_prints_every_format_and_never_touches_the_key() {
 
     // Compose: an environment block and read-only mounts, never the key.
     let compose = run("compose");
-    let parsed = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import json, sys, yaml; print(json.dumps(yaml.safe_load('service:\\n' + sys.stdin.read())))",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write as _;
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(compose.as_bytes())?;
-            child.wait_with_output()
-        })
-        .expect("python3 with PyYAML");
-    let service: Value = serde_json::from_slice(&parsed.stdout)
-        .unwrap_or_else(|e| panic!("compose block does not parse ({e}):\n{compose}"));
+    let service = yaml(&format!("service:\n{compose}"));
     let service = &service["service"];
     assert_eq!(
         service["environment"]["HTTPS_PROXY"],
@@ -757,4 +761,83 @@ fn env_prints_every_format_and_never_touches_the_key() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// docker-compose.yml: the worker's environment and mounts are what `idemproxy env` prints for
+/// it, and every call goes through the proxy because nothing else is reachable: the worker's
+/// networks are internal, and the proxy is the only service with a network that is not.
+#[test]
+fn compose_worker_is_the_printed_setup_and_can_reach_only_the_proxy() {
+    let compose =
+        yaml(&std::fs::read_to_string(repo("docker-compose.yml")).expect("docker-compose.yml"));
+    let ca = ProxyCa::init("http://idemproxy:8080");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).expect("mkdir certs");
+    for file in ["ca.pem", "ca-bundle.pem"] {
+        let from = ca.cert.with_file_name(file);
+        std::fs::copy(&from, certs.join(file)).expect("copy the CA");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .current_dir(dir.path())
+        .args([
+            "env",
+            "--dir",
+            "certs",
+            "--worker-dir",
+            "/etc/idemproxy/certs",
+            "--format",
+            "compose",
+            "--proxy-url",
+            "http://worker:${IDEMPROXY_WORKER_SECRET:?set it in .env}@idemproxy:8080",
+        ])
+        .output()
+        .expect("run idemproxy env");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = yaml(&format!(
+        "worker:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    ));
+    let worker = &compose["services"]["worker"];
+    assert_eq!(worker["environment"], printed["worker"]["environment"]);
+    assert_eq!(worker["volumes"], printed["worker"]["volumes"]);
+
+    let networks = &compose["networks"];
+    let internal = |name: &str| networks[name]["internal"] == Value::Bool(true);
+    let names = |service: &Value| -> Vec<String> {
+        service["networks"]
+            .as_array()
+            .unwrap_or_else(|| panic!("services list their networks: {service}"))
+            .iter()
+            .filter_map(|n| n.as_str().map(String::from))
+            .collect()
+    };
+    let worker_networks = names(worker);
+    assert!(!worker_networks.is_empty());
+    for n in &worker_networks {
+        assert!(internal(n), "the worker's network {n} has a route out");
+    }
+    let services = compose["services"].as_object().expect("services");
+    for (name, service) in services {
+        let theirs = names(service);
+        if name == "idemproxy" {
+            assert!(
+                worker_networks.iter().all(|n| theirs.contains(n)),
+                "workers reach the proxy"
+            );
+            assert!(
+                theirs.iter().any(|n| !internal(n)),
+                "the proxy reaches providers"
+            );
+        } else {
+            assert!(
+                theirs.iter().all(|n| internal(n)),
+                "{name} has a route out past the proxy: {theirs:?}"
+            );
+        }
+    }
 }
