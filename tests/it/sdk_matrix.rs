@@ -455,6 +455,12 @@ async fn python_alpaca_submit_order() {
 // ---------------------------------------------------------------------------------------
 // Node.js
 
+/// The Node.js binary: `node` on PATH, or IDEMPROXY_TEST_NODE (to run the rows on another
+/// version).
+fn node() -> String {
+    std::env::var("IDEMPROXY_TEST_NODE").unwrap_or_else(|_| "node".into())
+}
+
 fn node_tool() -> String {
     let dir = repo("tests/node");
     assert!(
@@ -468,7 +474,7 @@ async fn node_client(client: &str) -> (FakeStripe, Worker) {
     let (fake, w, _pki) = stripe_worker().await;
     let script = node_tool();
     let invoice = format!("inv-node-{client}");
-    pays_once(&fake, &w, "node", &[&script, client, &invoice, "3100"]).await;
+    pays_once(&fake, &w, &node(), &[&script, client, &invoice, "3100"]).await;
     (fake, w)
 }
 
@@ -478,7 +484,7 @@ async fn node_stripe_package_as_shipped() {
     // Its own https.Agent ignores HTTPS_PROXY: without the preload it calls Stripe directly.
     let usual = w
         .run_with_usual_variables(
-            "node",
+            &node(),
             &[&node_tool(), "stripe", "inv-node-stripe-2", "3100"],
             &[("STRIPE_API_KEY", STRIPE_SECRET)],
         )
@@ -492,7 +498,7 @@ async fn node_builtin_fetch() {
     let (fake, w) = node_client("fetch").await;
     let usual = w
         .run_with_usual_variables(
-            "node",
+            &node(),
             &[&node_tool(), "fetch", "inv-node-fetch-2", "3100"],
             &[("STRIPE_API_KEY", STRIPE_SECRET)],
         )
