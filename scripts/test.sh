@@ -43,5 +43,13 @@ if [ ! -f tests/node/node_modules/.package-lock.json ] || [ tests/node/package-l
   (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+# The image build (tests/it/image.rs: buildah on debootstrapped Debian bases, a release build,
+# several minutes) runs where its tools are installed; install them to run it:
+#   apt-get install buildah debootstrap
+if [ -z "${IDEMPROXY_TEST_IMAGE:-}" ] && [ "$(id -u)" = 0 ] \
+  && command -v buildah >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then
+  export IDEMPROXY_TEST_IMAGE=1
+fi
+
 # Tests start their own redis-server processes on free ports; nothing here uses port 6379.
 exec cargo test --locked "$@"

@@ -12,6 +12,7 @@ mod derived_keys;
 mod faults;
 mod https;
 mod identity;
+mod image;
 mod ops;
 mod providers;
 mod sdk_matrix;
