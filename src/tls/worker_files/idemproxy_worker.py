@@ -80,18 +80,24 @@ class _AfterImport:
     """Finds nothing itself: for the modules in _PATCHES it asks the other finders, then runs
     the patch right after the module has executed (the first `import stripe`, wherever it is)."""
 
+    _searching = set()
+
     def find_spec(self, name, path=None, target=None):
         patch = _PATCHES.get(name)
-        if patch is None:
+        if patch is None or name in self._searching:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
+        self._searching.add(name)
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._searching.discard(name)
         loader = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
