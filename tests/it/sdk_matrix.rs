@@ -47,9 +47,23 @@ impl Worker {
     /// `example` (a file in config/examples) with each of `routes` (name, fake's port) dialled
     /// to its fake, which serves a certificate signed by `pki`.
     fn start(example: &str, routes: &[(&str, u16)], pki: &TestPki) -> Worker {
+        Self::start_as(example, routes, pki, None)
+    }
+
+    /// The same, with a tenant (name, secret): the proxy requires Proxy-Authorization and the
+    /// printed HTTPS_PROXY carries the credentials.
+    fn start_as(
+        example: &str,
+        routes: &[(&str, u16)],
+        pki: &TestPki,
+        tenant: Option<(&str, &str)>,
+    ) -> Worker {
         let store = StoreFixture::new(Backend::Sqlite);
         let listen = crate::common::loopback(crate::common::free_port());
-        let proxy_url = format!("http://{listen}");
+        let proxy_url = match tenant {
+            Some((name, secret)) => format!("http://{name}:{secret}@{listen}"),
+            None => format!("http://{listen}"),
+        };
         let ca = ProxyCa::init(&proxy_url);
         let ca_dir = ca.cert.parent().expect("CA directory").to_path_buf();
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
@@ -94,6 +108,16 @@ impl Worker {
         tls.insert("ca_cert".into(), ca.cert.display().to_string().into());
         tls.insert("ca_key".into(), ca.key.display().to_string().into());
         cfg.insert("tls".into(), tls.into());
+        if let Some((name, secret)) = tenant {
+            use sha2::Digest as _;
+            let mut t = toml::Table::new();
+            t.insert("name".into(), name.into());
+            t.insert(
+                "secret_sha256".into(),
+                hex::encode(sha2::Sha256::digest(secret.as_bytes())).into(),
+            );
+            cfg.insert("tenants".into(), toml::Value::Array(vec![t.into()]));
+        }
         let all = cfg
             .get_mut("routes")
             .and_then(|r| r.as_array_mut())
@@ -504,6 +528,46 @@ async fn node_builtin_fetch() {
         )
         .await;
     assert!(failed(&usual), "{usual}");
+    assert_eq!(fake.payment_intents(), 1);
+}
+
+/// With tenants, HTTPS_PROXY carries the tenant's credentials: the preload sends them as
+/// Proxy-Authorization on its CONNECT, and the proxy refuses the worker without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_stripe_package_as_a_tenant() {
+    let pki = TestPki::new("provider CA");
+    let fake = FakeStripe::start(&[STRIPE_SECRET], Some(pki.server_config(&[STRIPE_HOST]))).await;
+    let w = Worker::start_as(
+        "stripe.toml",
+        &[("stripe", fake.port())],
+        &pki,
+        Some(("agents", "tenant-secret-9")),
+    );
+    assert!(w
+        .var("HTTPS_PROXY")
+        .starts_with("http://agents:tenant-secret-9@"));
+    let script = node_tool();
+    pays_once(
+        &fake,
+        &w,
+        &node(),
+        &[&script, "stripe", "inv-node-tenant", "3300"],
+    )
+    .await;
+    // The same worker with the credentials taken out of HTTPS_PROXY: refused.
+    let no_credentials: Vec<(String, String)> = w
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.replace("agents:tenant-secret-9@", "")))
+        .collect();
+    let refused = tool(
+        &node(),
+        &[&script, "stripe", "inv-node-tenant-2", "3300"],
+        &no_credentials,
+        &[("STRIPE_API_KEY", STRIPE_SECRET)],
+    )
+    .await;
+    assert!(failed(&refused), "{refused}");
     assert_eq!(fake.payment_intents(), 1);
 }
 
