@@ -54,7 +54,7 @@ fi
 toolchain=$(rustc --print sysroot)
 registry=${CARGO_HOME:-$HOME/.cargo}/registry
 cargo fetch --locked >/dev/null
-buildah bud --isolation chroot --layers=false \
+buildah bud --isolation chroot --layers=false --format docker \
   --build-arg RUST_IMAGE="$builder" --build-arg BASE_IMAGE="$base" \
   -v "$toolchain:/usr/local/rust:ro" -v "$registry:/usr/local/cargo/registry" \
   -t "$tag" .
