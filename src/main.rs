@@ -46,30 +46,12 @@ enum Command {
     },
     /// Print the worker setup (environment, files to mount) that makes provider SDKs as
     /// shipped go through the proxy, for every runtime; writes the files into <dir>/worker/.
-    Env(Box<EnvArgs>),
+    Env(Box<idemproxy::tls::worker_env::EnvArgs>),
     /// The CA that signs the certificates of intercepted HTTPS hosts.
     Ca {
         #[command(subcommand)]
         command: CaCommand,
     },
-}
-
-#[derive(clap::Args)]
-struct EnvArgs {
-    /// The CA directory `idemproxy ca init` wrote (ca.pem, ca-bundle.pem; ca.key is never read).
-    #[arg(long, default_value = "certs")]
-    dir: PathBuf,
-    /// The proxy as workers reach it (printed as HTTPS_PROXY).
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
-    proxy_url: String,
-    /// Where workers see --dir (a read-only volume mount); default: --dir itself.
-    #[arg(long)]
-    worker_dir: Option<PathBuf>,
-    /// Hosts workers reach directly, not through the proxy.
-    #[arg(long, default_value = "localhost,127.0.0.1,::1")]
-    no_proxy: String,
-    #[arg(long, value_enum, default_value = "shell")]
-    format: idemproxy::tls::worker_env::Format,
 }
 
 #[derive(Subcommand)]
@@ -109,7 +91,9 @@ fn main() -> ExitCode {
             idemproxy::admin::cli::healthcheck(&url).await?;
             Ok(())
         }),
-        Command::Env(args) => worker_env(*args),
+        Command::Env(args) => idemproxy::tls::worker_env::run(&args)
+            .map(|text| print!("{text}"))
+            .map_err(Into::into),
         Command::Ca {
             command:
                 CaCommand::Init {
@@ -173,18 +157,6 @@ fn check_config(path: PathBuf) -> anyhow::Result<()> {
 fn ca_init(opts: InitOptions) -> anyhow::Result<()> {
     let written = idemproxy::tls::init::init(&opts)?;
     print!("{}", idemproxy::tls::init::instructions(&written, &opts));
-    Ok(())
-}
-
-fn worker_env(args: EnvArgs) -> anyhow::Result<()> {
-    use idemproxy::tls::worker_env;
-    let setup = worker_env::write(&worker_env::EnvOptions {
-        dir: args.dir,
-        proxy_url: args.proxy_url,
-        worker_dir: args.worker_dir,
-        no_proxy: args.no_proxy,
-    })?;
-    print!("{}", worker_env::instructions(&setup, args.format));
     Ok(())
 }
 

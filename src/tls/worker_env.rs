@@ -64,6 +64,38 @@ pub enum EnvError {
     ProxyUrl { url: String, message: String },
 }
 
+/// `idemproxy env`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct EnvArgs {
+    /// The CA directory `idemproxy ca init` wrote (ca.pem, ca-bundle.pem; ca.key is never read).
+    #[arg(long, default_value = "certs")]
+    pub dir: PathBuf,
+    /// The proxy as workers reach it (printed as HTTPS_PROXY).
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub proxy_url: String,
+    /// Where workers see --dir (a read-only volume mount); default: --dir itself.
+    #[arg(long)]
+    pub worker_dir: Option<PathBuf>,
+    /// Hosts workers reach directly, not through the proxy.
+    #[arg(long, default_value = "localhost,127.0.0.1,::1")]
+    pub no_proxy: String,
+    /// shell: export lines; env-file: `docker run --env-file`; compose: a service's
+    /// `environment:` and `volumes:`.
+    #[arg(long, value_enum, default_value = "shell")]
+    pub format: Format,
+}
+
+/// Writes the worker files and returns what to print.
+pub fn run(args: &EnvArgs) -> Result<String, EnvError> {
+    let setup = write(&EnvOptions {
+        dir: args.dir.clone(),
+        proxy_url: args.proxy_url.clone(),
+        worker_dir: args.worker_dir.clone(),
+        no_proxy: args.no_proxy.clone(),
+    })?;
+    Ok(instructions(&setup, args.format))
+}
+
 pub struct EnvOptions {
     /// The CA directory `ca init` wrote (`ca.pem`, `ca-bundle.pem`).
     pub dir: PathBuf,
