@@ -310,6 +310,15 @@ async fn python_stripe_sdk_as_shipped() {
     assert_eq!(first["status"], "succeeded");
 }
 
+/// The newer style, `StripeClient(key).v1.payment_intents.create(...)`: the same pinned bundle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_stripe_client_as_shipped() {
+    let (fake, w, _pki) = stripe_worker().await;
+    let script = python_script("stripe_tool.py");
+    let args = [script.as_str(), "pay-client", "inv-py-client-1", "1600"];
+    pays_once(&fake, &w, "python3", &args).await;
+}
+
 async fn python_http_client(client: &str) -> (FakeStripe, Worker, Value) {
     let (fake, w, _pki) = stripe_worker().await;
     let invoice = format!("inv-{client}");
