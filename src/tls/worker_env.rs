@@ -162,13 +162,21 @@ pub fn write(opts: &EnvOptions) -> Result<Setup, EnvError> {
     };
     let cert = opts.dir.join(CERT_FILE);
     let bundle = opts.dir.join(BUNDLE_FILE);
-    for needed in [&cert, &bundle] {
-        if !needed.exists() {
-            return Err(EnvError::NoCa {
-                path: needed.clone(),
-                dir: opts.dir.clone(),
-            });
-        }
+    if !cert.exists() {
+        return Err(EnvError::NoCa {
+            path: cert,
+            dir: opts.dir.clone(),
+        });
+    }
+    if !bundle.exists() {
+        return Err(EnvError::Invalid {
+            path: bundle,
+            message: format!(
+                "missing (`ca init` found no system roots to combine with the CA): write the \
+                 system's PEM roots followed by {} to it",
+                cert.display()
+            ),
+        });
     }
     let ca_pem = std::fs::read(&cert).map_err(read_err(&cert))?;
     let bundle_pem = std::fs::read(&bundle).map_err(read_err(&bundle))?;
