@@ -1,14 +1,18 @@
 # idemproxy container image. Build: docker build -t idemproxy .
 # Runs as an unprivileged user; the CA comes from a mounted volume (never baked in), the
 # embedded store (if used) from another. See docker-compose.yml and README.md ("Deployment").
+# The base images are arguments so that a machine without a registry can build it from images
+# made locally (scripts/build-image.sh: debootstrap + buildah, what the test suite runs).
+ARG RUST_IMAGE=rust:1.89-bookworm
+ARG BASE_IMAGE=debian:bookworm-slim
 
-FROM rust:1.89-bookworm AS build
+FROM ${RUST_IMAGE} AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 RUN cargo build --release --locked --bin idemproxy
 
-FROM debian:bookworm-slim
+FROM ${BASE_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian machine: installs what the tests talk to
 # (redis-server, curl, Python requests/httpx, boto3 for the SES tests, PyYAML for the compose-file
-# check), then runs every test.
+# check; for the worker matrix in tests/it/sdk_matrix.rs: the providers' Python SDKs, aiohttp and
+# mcp from PyPI, Node.js packages from npm into tests/node, Go and a JDK from Debian), then runs
+# every test. Each install is skipped when what it installs is already there.
 # Extra arguments go to `cargo test` (e.g. scripts/test.sh --test core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +15,9 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
+command -v java >/dev/null 2>&1 || missing+=(default-jdk-headless)
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   as_root apt-get update -qq
@@ -27,6 +32,20 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo is missing: install Rust >= 1.89 (https://rustup.rs), then run this again" >&2
   exit 1
 fi
+
+# The worker matrix (tests/it/sdk_matrix.rs): SDKs as shipped. mcp < 2 is what CrewAI requires.
+if ! python3 -c 'import stripe, twilio, sendgrid, alpaca, aiohttp, mcp.client.stdio' >/dev/null 2>&1; then
+  echo "installing: python stripe, twilio, sendgrid, alpaca-py, aiohttp, mcp"
+  python3 -m pip install -q stripe twilio sendgrid alpaca-py aiohttp 'mcp>=1.30,<2'
+fi
+if [ ! -f tests/node/node_modules/.package-lock.json ] || [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; then
+  echo "installing: node stripe, axios, undici (tests/node)"
+  (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The image build (tests/it/image.rs: buildah on debootstrapped Debian bases and a release
+# build, about 12 minutes on 2 cores) is opt-in so the suite stays well under 15 minutes:
+#   apt-get install buildah debootstrap && IDEMPROXY_TEST_IMAGE=1 scripts/test.sh
 
 # Tests start their own redis-server processes on free ports; nothing here uses port 6379.
 exec cargo test --locked "$@"

@@ -50,6 +50,9 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:9090/healthz")]
         url: String,
     },
+    /// Print the worker setup (environment, files to mount) that makes provider SDKs as
+    /// shipped go through the proxy, for every runtime; writes the files into <dir>/worker/.
+    Env(Box<idemproxy::tls::worker_env::EnvArgs>),
     /// The CA that signs the certificates of intercepted HTTPS hosts.
     Ca {
         #[command(subcommand)]
@@ -95,6 +98,9 @@ fn main() -> ExitCode {
             idemproxy::admin::cli::healthcheck(&url).await?;
             Ok(())
         }),
+        Command::Env(args) => idemproxy::tls::worker_env::run(&args)
+            .map(|text| print!("{text}"))
+            .map_err(Into::into),
         Command::Ca {
             command:
                 CaCommand::Init {

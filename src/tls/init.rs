@@ -203,5 +203,9 @@ pub fn instructions(written: &Written, opts: &InitOptions) -> String {
     ] {
         let _ = writeln!(out, "{name}={value}");
     }
+    let _ = writeln!(
+        out,
+        "\n# 3. These are enough for curl, Go, requests, httpx and urllib, not for every SDK (the\n#    stripe Python SDK pins its own CA bundle; stripe-node, Node's fetch, aiohttp and Java\n#    ignore HTTPS_PROXY): `idemproxy env` prints the whole worker setup (docs/workers.md)."
+    );
     out
 }

@@ -3,3 +3,4 @@
 pub mod ca;
 pub mod init;
 pub mod leaf_cache;
+pub mod worker_env;

@@ -4,6 +4,8 @@ invocation of this script is one run of the tool; a re-run is a new process.
 
     stripe_tool.py charge  INVOICE AMOUNT DESCRIPTION [SOURCE]
     stripe_tool.py flow    EMAIL INVOICE AMOUNT
+    stripe_tool.py pay     INVOICE AMOUNT          (one PaymentIntent, confirmed at creation)
+    stripe_tool.py pay-client INVOICE AMOUNT       (the same with StripeClient, the newer style)
 
 Prints one JSON line: the objects' ids, or the error the SDK raised (what the agent would see).
 """
@@ -56,6 +58,31 @@ def flow(email, invoice, amount):
     }
 
 
+def pay(invoice, amount):
+    pi = stripe.PaymentIntent.create(
+        amount=amount,
+        currency="usd",
+        payment_method="pm_card_visa",
+        confirm=True,
+        metadata={"invoice_id": invoice},
+    )
+    return {"payment_intent": pi.id, "status": pi.status}
+
+
+def pay_client(invoice, amount):
+    client = stripe.StripeClient(os.environ["STRIPE_API_KEY"])
+    pi = client.v1.payment_intents.create(
+        params={
+            "amount": int(amount),
+            "currency": "usd",
+            "payment_method": "pm_card_visa",
+            "confirm": True,
+            "metadata": {"invoice_id": invoice},
+        }
+    )
+    return {"payment_intent": pi.id, "status": pi.status}
+
+
 def main(argv):
     command, args = argv[1], argv[2:]
     try:
@@ -63,6 +90,10 @@ def main(argv):
             out = charge(args[0], args[1], args[2], *args[3:4])
         elif command == "flow":
             out = flow(args[0], args[1], args[2])
+        elif command == "pay":
+            out = pay(args[0], args[1])
+        elif command == "pay-client":
+            out = pay_client(args[0], args[1])
         else:
             raise SystemExit(f"unknown command {command}")
     except stripe.StripeError as e:

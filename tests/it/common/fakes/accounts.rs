@@ -363,6 +363,13 @@ fn new_order(
         "time_in_force": field("time_in_force"),
         "limit_price": field("limit_price"),
         "filled_qty": "0",
+        // What Alpaca's order object always carries (alpaca-py's Order model requires them).
+        "order_type": field("type"),
+        "order_class": "simple",
+        "extended_hours": body.get("extended_hours").cloned().unwrap_or(Value::Bool(false)),
+        "created_at": "2026-07-01T14:30:00.000000Z",
+        "updated_at": "2026-07-01T14:30:00.000000Z",
+        "submitted_at": "2026-07-01T14:30:00.000000Z",
     });
     AlpacaOrder {
         account: account.to_string(),
