@@ -34,10 +34,12 @@ pub struct Parts {
     pub connect: ConnectPolicy,
     pub tenants: Tenants,
     pub egress: Arc<Egress>,
-    pub sealer: Option<Sealer>,
+    pub sealer: Option<Arc<Sealer>>,
     pub admin: AdminSettings,
     pub store_url: StoreUrl,
     pub default_client: UpstreamClient,
+    /// `[approvals] webhook`: where new approval requests are announced.
+    pub webhook: Option<(http::Uri, UpstreamClient)>,
 }
 
 impl Parts {
@@ -59,12 +61,40 @@ impl Parts {
             tenants: Tenants::build(config)?,
             egress,
             sealer: Sealer::load(&config.encryption)
-                .map_err(|e| config.invalid(e.field, e.message))?,
+                .map_err(|e| config.invalid(e.field, e.message))?
+                .map(Arc::new),
             admin: AdminSettings::from_config(config)?,
             store_url,
             default_client,
+            webhook: webhook(config)?,
         })
     }
+}
+
+/// The approvals webhook's URL and a client for it (the operator's own endpoint: not
+/// subject to the egress rules for tools).
+fn webhook(config: &Config) -> Result<Option<(http::Uri, UpstreamClient)>, ConfigError> {
+    let Some(raw) = &config.approvals.webhook else {
+        return Ok(None);
+    };
+    let invalid = |m: String| config.invalid("approvals.webhook", m);
+    let uri: http::Uri = raw
+        .parse()
+        .map_err(|e| invalid(format!("`{raw}` is not a URL: {e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        return Err(invalid(format!(
+            "`{raw}` must be an http:// or https:// URL"
+        )));
+    }
+    let client = UpstreamClient::new(&ClientOptions {
+        extra_roots: None,
+        connect_to: None,
+        connect_timeout: std::time::Duration::from_secs(5),
+        pool_idle_timeout: config.server.pool_idle_timeout.0,
+        egress: None,
+    })
+    .map_err(|e| invalid(e.to_string()))?;
+    Ok(Some((uri, client)))
 }
 
 /// The proxy's runtime state, its store opened, and the admin settings.
@@ -78,7 +108,10 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
         config.store.op_timeout.0,
     )
     .await?;
-    let store = TimedStore::wrap(SealedStore::wrap(store, parts.sealer), metrics.clone());
+    let store = TimedStore::wrap(
+        SealedStore::wrap(store, parts.sealer.clone()),
+        metrics.clone(),
+    );
     let app = App {
         routes: parts.routes,
         claims: Arc::new(
@@ -99,6 +132,7 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
             config.server.max_body_bytes,
         ),
         minted_keys: MintedKeys::default(),
+        spend: None,
     };
     Ok((Arc::new(app), parts.admin))
 }

@@ -126,6 +126,8 @@ impl Tenants {
                 .map_err(|_| AuthError::Invalid)?;
             let decoded = String::from_utf8(decoded).map_err(|_| AuthError::Invalid)?;
             let (user, secret) = decoded.split_once(':').ok_or(AuthError::Invalid)?;
+            // `tenant.run`: the part after the first dot names the agent run (spend budgets).
+            let user = user.split_once('.').map_or(user, |(tenant, _)| tenant);
             let given = sha256(secret.as_bytes());
             // Compare against every tenant so the time taken does not tell which names exist.
             let mut found = None;
@@ -149,6 +151,28 @@ impl Tenants {
             Err(AuthError::Invalid)
         }
     }
+}
+
+/// The agent run a `Proxy-Authorization: Basic` user names after its tenant
+/// (`acme.run-42` → `run-42`), so a worker whose proxy URL carries one credential per run
+/// needs no code change for per-run budgets. Read with or without tenants configured.
+pub fn run_of_proxy_user(headers: &HeaderMap) -> Option<String> {
+    let value = headers
+        .get(header::PROXY_AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .trim();
+    let (scheme, rest) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
+    let decoded = String::from_utf8(decoded).ok()?;
+    let (user, _) = decoded.split_once(':')?;
+    let (_, run) = user.split_once('.')?;
+    Some(run.to_string())
 }
 
 /// 407 with `Proxy-Authenticate`, as problem+json.
@@ -220,6 +244,23 @@ mod tests {
         assert_eq!(t.authorize(&with("Basic !!!")), Err(AuthError::Invalid));
         assert_eq!(t.authorize(&with("Digest x")), Err(AuthError::Invalid));
         assert_eq!(t.authorize(&HeaderMap::new()), Err(AuthError::Missing));
+    }
+
+    #[test]
+    fn a_run_rides_after_the_tenant_in_the_proxy_user() {
+        let a_hash = hex::encode(sha256(b"s3cret-a"));
+        let t = tenants(&format!(
+            "[[tenants]]\nname = \"a\"\nsecret_sha256 = \"{a_hash}\"\n"
+        ));
+        let h = with(&basic("a.run-42", "s3cret-a"));
+        assert_eq!(t.authorize(&h), Ok("a".into()));
+        assert_eq!(run_of_proxy_user(&h), Some("run-42".into()));
+        assert_eq!(run_of_proxy_user(&with(&basic("a", "s3cret-a"))), None);
+        assert_eq!(run_of_proxy_user(&with("Bearer s3cret-a")), None);
+        assert_eq!(
+            t.authorize(&with(&basic("b.run-1", "s3cret-a"))),
+            Err(AuthError::Invalid)
+        );
     }
 
     #[test]

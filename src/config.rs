@@ -3,6 +3,7 @@
 //! Every timeout, limit and TTL is a named field with a default, so a config file only
 //! says what differs from a sane production setup.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -50,6 +51,8 @@ pub struct Config {
     pub egress: EgressConfig,
     #[serde(default)]
     pub encryption: EncryptionConfig,
+    #[serde(default)]
+    pub approvals: ApprovalsConfig,
     /// Where the file was read from, for messages that name it.
     #[serde(skip)]
     pub source: PathBuf,
@@ -296,6 +299,8 @@ pub struct RouteConfig {
     pub outcome_rules: Vec<OutcomeRuleConfig>,
     /// How to ask the provider whether a held operation happened. Default: the profile's.
     pub lookup: Option<LookupConfig>,
+    /// Spend caps and approvals for the requests that move money.
+    pub spend: Option<SpendConfig>,
     /// How long an UNKNOWN claim is held before the next retry executes; `forever` to hold
     /// until an operator resolves it. Default: the profile's, else 5 minutes.
     pub hold: Option<Hold>,
@@ -342,6 +347,76 @@ pub struct OperationConfig {
     pub key: String,
     /// Default: the route's.
     pub missing_key: Option<MissingKey>,
+}
+
+/// What a request costs and the budgets it counts against (`[routes.spend]`). Amounts in
+/// caps and thresholds are decimals of `caps_currency` ("500.00").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpendConfig {
+    /// Which requests cost money (`"POST /v1/payment_intents"`). Default: the profile's.
+    pub operations: Option<Vec<String>>,
+    /// Where the amount is: a template field (`"{body.amount}"`), or a product of fields
+    /// (`"{body.qty} * {body.limit_price}"`); a list is tried in order. Default: the profile's.
+    pub amount: Option<Vec<String>>,
+    /// The request's currency: a template field (`"{body.currency}"`) or a code (`"usd"`).
+    pub currency: Option<String>,
+    /// `minor` (integers of cents: Stripe) or `major` (decimals: PayPal). Default: the profile's.
+    pub unit: Option<String>,
+    /// The currency caps and thresholds are written in.
+    pub caps_currency: String,
+    /// Other currencies a request may use: units of `caps_currency` per unit of each.
+    /// A currency neither here nor `caps_currency` is refused.
+    #[serde(default)]
+    pub rates: BTreeMap<String, String>,
+    pub per_request: Option<String>,
+    pub per_run: Option<String>,
+    pub per_tenant: Option<String>,
+    /// The rolling window of `per_tenant`.
+    #[serde(default = "default_tenant_window")]
+    pub tenant_window: Dur,
+    /// How long a run's spend counts (a run id reused later starts afresh).
+    #[serde(default = "default_run_window")]
+    pub run_window: Dur,
+    /// A single request above this needs a person's approval.
+    pub approve_above: Option<String>,
+    /// A run whose spend (this request included) would pass this needs approval.
+    pub approve_run_above: Option<String>,
+    /// How long a request waits, open, for a decision before it is told to retry.
+    #[serde(default = "default_approval_wait")]
+    pub approval_wait: Dur,
+    /// How long an approval request (and an approval not yet used) stays valid.
+    #[serde(default = "default_approval_expires")]
+    pub approval_expires: Dur,
+    /// Where the run comes from, first match wins: `proxy-user` (`Proxy-Authorization`
+    /// user `tenant.run`), `header:NAME`. Absent: the tenant is one run.
+    #[serde(default = "default_run_from")]
+    pub run_from: Vec<String>,
+}
+
+fn default_tenant_window() -> Dur {
+    Dur(Duration::from_secs(24 * 3600))
+}
+fn default_run_window() -> Dur {
+    Dur(Duration::from_secs(24 * 3600))
+}
+fn default_approval_wait() -> Dur {
+    Dur(Duration::from_secs(25))
+}
+fn default_approval_expires() -> Dur {
+    Dur(Duration::from_secs(24 * 3600))
+}
+fn default_run_from() -> Vec<String> {
+    vec!["proxy-user".into(), "header:idempotency-run".into()]
+}
+
+/// Where approval requests are announced (`[approvals]`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApprovalsConfig {
+    /// POSTed a JSON notice of every new approval request (a chat incoming webhook works:
+    /// the notice carries a `text` field).
+    pub webhook: Option<String>,
 }
 
 /// How a route asks its provider whether an operation happened, by the key passed down.

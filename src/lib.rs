@@ -13,5 +13,6 @@ pub mod metrics;
 pub mod providers;
 pub mod proxy;
 pub mod routes;
+pub mod spend;
 pub mod store;
 pub mod tls;

@@ -45,6 +45,8 @@ enum Command {
     },
     /// Inspect and resolve claims through the admin API.
     Keys(Box<idemproxy::admin::cli::KeysArgs>),
+    /// Payments parked by spend control: list them, approve or deny one.
+    Approvals(Box<idemproxy::admin::cli::ApprovalsArgs>),
     /// Exit 0 when the admin listener answers /healthz (for container health checks).
     Healthcheck {
         #[arg(long, default_value = "http://127.0.0.1:9090/healthz")]
@@ -92,6 +94,10 @@ fn main() -> ExitCode {
         Command::CheckConfig { config } => check_config(config),
         Command::Keys(args) => run_client(async move {
             println!("{}", idemproxy::admin::cli::run(*args).await?);
+            Ok(())
+        }),
+        Command::Approvals(args) => run_client(async move {
+            println!("{}", idemproxy::admin::cli::run_approvals(*args).await?);
             Ok(())
         }),
         Command::Healthcheck { url } => run_client(async move {

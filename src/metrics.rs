@@ -66,6 +66,12 @@ pub struct Metrics {
     forwards_refused: Family<Labels, Counter>,
     lookups: Family<Labels, Counter>,
     unknown_resolved: Family<Labels, Counter>,
+    spend: Family<Labels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    spend_refused: Family<Labels, Counter>,
+    approvals: Family<Labels, Counter>,
+    approval_notices: Family<Labels, Counter>,
+    /// Set at scrape time from the store: approvals waiting for a person.
+    pub approvals_pending: Gauge,
     /// Claims this process holds while their upstream call runs.
     pub claims_in_flight: Gauge,
     /// Set at scrape time from the store (shared by every replica).
@@ -124,6 +130,33 @@ impl Metrics {
             "unknown_resolved",
             "Held (UNKNOWN) operations resolved, by route and by whom: lookup (the provider was asked), operator (the admin API), expired (the hold ended and a retry executed)",
         );
+        let spend = Family::<Labels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "spend",
+            "Money sent to providers (reservations kept: the payment happened or may have), in major units, by route, tenant and currency",
+            spend.clone(),
+        );
+        let spend_refused = counters(
+            &mut registry,
+            "spend_refused",
+            "Payments refused by a spend cap, by route and cap (per_request, per_run, per_tenant)",
+        );
+        let approvals = counters(
+            &mut registry,
+            "approvals",
+            "Approvals by route and event: requested, approved, denied, expired",
+        );
+        let approval_notices = counters(
+            &mut registry,
+            "approval_notices",
+            "Approval notices to the webhook, by result: sent, failed (after every retry), dropped (queue full)",
+        );
+        let approvals_pending = Gauge::default();
+        registry.register(
+            "approvals_pending",
+            "Approvals waiting for a person (read from the store at each scrape)",
+            approvals_pending.clone(),
+        );
         let claims_in_flight = Gauge::default();
         registry.register(
             "claims_in_flight",
@@ -153,6 +186,11 @@ impl Metrics {
             forwards_refused,
             lookups,
             unknown_resolved,
+            spend,
+            spend_refused,
+            approvals,
+            approval_notices,
+            approvals_pending,
             claims_in_flight,
             unknown_claims,
             cert_cache_entries,
@@ -201,6 +239,41 @@ impl Metrics {
                 ("route".into(), route.into()),
                 ("by".into(), by.into()),
             ])
+            .inc();
+    }
+
+    /// A payment that went out: `amount` in major units of `currency`.
+    pub fn spent(&self, route: &str, tenant: &str, currency: &str, amount: f64) {
+        self.spend
+            .get_or_create(&vec![
+                ("route".into(), route.into()),
+                ("tenant".into(), tenant.into()),
+                ("currency".into(), currency.into()),
+            ])
+            .inc_by(amount);
+    }
+
+    pub fn spend_refused(&self, route: &str, cap: &'static str) {
+        self.spend_refused
+            .get_or_create(&vec![
+                ("route".into(), route.into()),
+                ("cap".into(), cap.into()),
+            ])
+            .inc();
+    }
+
+    pub fn approval(&self, route: &str, event: &'static str) {
+        self.approvals
+            .get_or_create(&vec![
+                ("route".into(), route.into()),
+                ("event".into(), event.into()),
+            ])
+            .inc();
+    }
+
+    pub fn approval_notice(&self, result: &'static str) {
+        self.approval_notices
+            .get_or_create(&vec![("result".into(), result.into())])
             .inc();
     }
 

@@ -180,6 +180,38 @@ pub struct Profile {
     pub dedup_window: Option<Duration>,
     /// How to ask the provider whether a held operation happened.
     pub lookup: Option<LookupConfig>,
+    /// What its money-moving requests cost, for `[routes.spend]`.
+    pub spend: Option<SpendDefaults>,
+    /// How its own errors look: refusals the proxy makes on its behalf (caps, approvals)
+    /// take this shape, so its SDKs raise a meaningful error.
+    pub errors: ErrorShape,
+}
+
+/// A profile's defaults for `[routes.spend]`: which requests cost money and where the amount
+/// is (every one from the provider's API reference; tags as below).
+#[derive(Debug, Clone, Copy)]
+pub struct SpendDefaults {
+    pub operations: &'static [&'static str],
+    pub amount: &'static [&'static str],
+    pub currency: &'static str,
+    pub unit: &'static str,
+}
+
+/// The error body a provider's SDKs parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// `application/problem+json` (no provider, or one without a documented error body).
+    Problem,
+    /// `{"error": {"type", "code", "message"}}` [SD]
+    Stripe,
+    /// `{"errors": [{"category", "code", "detail"}]}` [SQ]
+    Square,
+    /// `{"status", "errorCode", "message", "errorType"}` [ADY]
+    Adyen,
+    /// `{"name", "message", "debug_id"}` [PP]
+    PayPal,
+    /// `{"code", "message"}` [ALP]
+    Alpaca,
 }
 
 /// A rule as written in a profile: statuses, `(field, test)` conditions, outcome, note.
@@ -226,6 +258,8 @@ struct Spec {
     dedup_window: Option<Duration>,
     /// `(request, found statuses, not found statuses, field a found answer carries)`.
     lookup: Option<(&'static str, &'static str, &'static str, &'static str)>,
+    spend: Option<SpendDefaults>,
+    errors: ErrorShape,
 }
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -252,6 +286,8 @@ const HEADER: Spec = Spec {
     retention: Some(WEEK),
     dedup_window: None,
     lookup: None,
+    spend: None,
+    errors: ErrorShape::Problem,
 };
 
 /// No provider-side deduplication: the proxy's claim is the only protection, and ambiguous
@@ -294,6 +330,20 @@ const SPECS: &[Spec] = &[
         account: &[Part::Headers(&["authorization", "stripe-account", "stripe-context"])],
         key_source: Some(KeySource::Request),
         dedup_window: Some(DAY),
+        // Amounts are integers of the smallest currency unit [ST-AMOUNT]. A PaymentIntent
+        // counts when it is created (confirming it later sends no amount).
+        spend: Some(SpendDefaults {
+            operations: &[
+                "POST /v1/payment_intents",
+                "POST /v1/charges",
+                "POST /v1/payouts",
+                "POST /v1/transfers",
+            ],
+            amount: &["{body.amount}"],
+            currency: "{body.currency}",
+            unit: "minor",
+        }),
+        errors: ErrorShape::Stripe,
         ..HEADER
     },
     // Adyen: `Idempotency-Key` ≤ 64, kept ≥ 31 days [ADY]; API key in `X-API-Key`.
@@ -301,6 +351,14 @@ const SPECS: &[Spec] = &[
         name: "adyen",
         max_len: 64,
         account: &[Part::Headers(&["x-api-key", "authorization"])],
+        // `/vNN/payments`, `amount.value` in minor units [ADY-AMOUNT].
+        spend: Some(SpendDefaults {
+            operations: &["POST /*/payments"],
+            amount: &["{body.amount.value}"],
+            currency: "{body.amount.currency}",
+            unit: "minor",
+        }),
+        errors: ErrorShape::Adyen,
         ..HEADER
     },
     // PayPal REST: `PayPal-Request-Id` [PP]. Access tokens are refreshed: a route whose
@@ -309,6 +367,15 @@ const SPECS: &[Spec] = &[
         name: "paypal",
         header: Some("PayPal-Request-Id"),
         account: &[Part::Headers(&["authorization", "paypal-auth-assertion"])],
+        // An order's purchase units each carry `amount.value`, a decimal string [PP-ORDER]:
+        // all of them count, and all must be in one currency.
+        spend: Some(SpendDefaults {
+            operations: &["POST /v2/checkout/orders"],
+            amount: &["{body.purchase_units.*.amount.value}"],
+            currency: "{body.purchase_units.*.amount.currency_code}",
+            unit: "major",
+        }),
+        errors: ErrorShape::PayPal,
         ..HEADER
     },
     // Checkout.com: `Cko-Idempotency-Key`; only 2xx are stored, 4xx/5xx are re-attempted
@@ -317,6 +384,13 @@ const SPECS: &[Spec] = &[
         name: "checkout",
         header: Some("Cko-Idempotency-Key"),
         commit_statuses: Some(&["2xx"]),
+        // `amount` in the minor unit [CKO-PAY].
+        spend: Some(SpendDefaults {
+            operations: &["POST /payments"],
+            amount: &["{body.amount}"],
+            currency: "{body.currency}",
+            unit: "minor",
+        }),
         ..HEADER
     },
     // GoCardless: `Idempotency-Key`; a reused key answers 409 `idempotent_creation_conflict`
@@ -339,6 +413,13 @@ const SPECS: &[Spec] = &[
         min_len: 4,
         max_len: 36,
         charset: "A-Za-z0-9 _-",
+        // `amount` in paise [RZP].
+        spend: Some(SpendDefaults {
+            operations: &["POST /v1/payouts"],
+            amount: &["{body.amount}"],
+            currency: "{body.currency}",
+            unit: "minor",
+        }),
         ..HEADER
     },
     // Square: body `idempotency_key`, 1–45 on CreatePayment, the tightest endpoint [SQ].
@@ -347,6 +428,14 @@ const SPECS: &[Spec] = &[
         header: None,
         body_field: Some("idempotency_key"),
         max_len: 45,
+        // `amount_money` {amount in the smallest denomination, currency} [SQ-MONEY].
+        spend: Some(SpendDefaults {
+            operations: &["POST /v2/payments"],
+            amount: &["{body.amount_money.amount}"],
+            currency: "{body.amount_money.currency}",
+            unit: "minor",
+        }),
+        errors: ErrorShape::Square,
         ..HEADER
     },
     // Plaid: body `idempotency_key` ≤ 50 [PL]. Account: `client_id` and `secret`, in headers
@@ -392,6 +481,16 @@ const SPECS: &[Spec] = &[
             Part::Headers(&["apca-api-key-id", "apca-api-secret-key", "authorization"]),
             Part::PathAfter("accounts"),
         ],
+        // An order's cost: `notional` (dollars), else quantity × limit price, decimal
+        // strings [ALP]. A market order by quantity has no price to count: refused on a
+        // capped route.
+        spend: Some(SpendDefaults {
+            operations: &["POST /v2/orders"],
+            amount: &["{body.notional}", "{body.qty} * {body.limit_price}"],
+            currency: "usd",
+            unit: "major",
+        }),
+        errors: ErrorShape::Alpaca,
         ..HEADER
     },
     // Binance spot: `X-MBX-APIKEY`; HMAC over query + body with `timestamp`, `recvWindow`,
@@ -681,6 +780,8 @@ fn build(spec: &Spec) -> Profile {
                 found_field: Some(field.into()),
                 after: crate::config::default_lookup_after(),
             }),
+        spend: spec.spend,
+        errors: spec.errors,
     }
 }
 

@@ -1,4 +1,5 @@
-//! `idemproxy keys list|show|resolve|reconcile`: the key API from a shell.
+//! `idemproxy keys list|show|resolve|reconcile` and `idemproxy approvals list|approve|deny`:
+//! the admin API from a shell.
 
 use clap::{Args, Subcommand};
 use http::Method;
@@ -214,7 +215,18 @@ pub async fn run(args: KeysArgs) -> Result<String, CliError> {
             )
         }
     };
-    let answer = call(&args.admin, method, &path, Some(&token), body).await?;
+    send(&args.admin, &token, method, &path, body).await
+}
+
+/// One admin API call; the JSON answer pretty-printed, or the refusal.
+async fn send(
+    admin: &str,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Result<String, CliError> {
+    let answer = call(admin, method, path, Some(token), body).await?;
     let text = match serde_json::from_slice::<serde_json::Value>(&answer.body) {
         Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_default(),
         Err(_) => String::from_utf8_lossy(&answer.body).into_owned(),
@@ -226,6 +238,83 @@ pub async fn run(args: KeysArgs) -> Result<String, CliError> {
         });
     }
     Ok(text)
+}
+
+#[derive(Debug, Args)]
+pub struct ApprovalsArgs {
+    /// Base URL of the admin listener.
+    #[arg(
+        long,
+        env = "IDEMPROXY_ADMIN_URL",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    pub admin: String,
+    /// Environment variable holding the admin token.
+    #[arg(long, default_value = "IDEMPROXY_ADMIN_TOKEN")]
+    pub token_env: String,
+    #[command(subcommand)]
+    pub command: ApprovalsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApprovalsCommand {
+    /// List approvals (default: the pending ones), with what each payment is.
+    List {
+        /// pending, approved, denied, expired or all.
+        #[arg(long, default_value = "pending")]
+        state: String,
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Approve a parked payment: it goes out (once) on its next attempt, or at once if its
+    /// request is still waiting.
+    Approve {
+        /// The approval id (`apr_…`).
+        id: String,
+        /// Who approves: recorded.
+        #[arg(long)]
+        by: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Deny a parked payment: it never goes out; every retry is told so.
+    Deny {
+        id: String,
+        #[arg(long)]
+        by: String,
+        /// Why: recorded, and told to the tool.
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+/// Runs `idemproxy approvals …`; returns the API's JSON answer, pretty-printed.
+pub async fn run_approvals(args: ApprovalsArgs) -> Result<String, CliError> {
+    let token =
+        std::env::var(&args.token_env).map_err(|_| CliError::NoToken(args.token_env.clone()))?;
+    let decision = |id: &str, by: &str, reason: Option<&str>| {
+        Some(serde_json::json!({"id": id, "by": by, "reason": reason}))
+    };
+    let (method, path, body) = match &args.command {
+        ApprovalsCommand::List { state, limit } => {
+            let mut path = format!("/v1/approvals?state={state}");
+            if let Some(n) = limit {
+                path.push_str(&format!("&limit={n}"));
+            }
+            (Method::GET, path, None)
+        }
+        ApprovalsCommand::Approve { id, by, reason } => (
+            Method::POST,
+            "/v1/approvals/approve".to_string(),
+            decision(id, by, reason.as_deref()),
+        ),
+        ApprovalsCommand::Deny { id, by, reason } => (
+            Method::POST,
+            "/v1/approvals/deny".to_string(),
+            decision(id, by, Some(reason)),
+        ),
+    };
+    send(&args.admin, &token, method, &path, body).await
 }
 
 /// `idemproxy healthcheck`: exit 0 when `url` answers 200.

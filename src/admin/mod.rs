@@ -1,6 +1,7 @@
 //! The admin listener, separate from the proxy port: health, readiness, Prometheus metrics,
 //! and the token-protected key API operators use to inspect and resolve claims.
 
+mod approvals;
 pub mod cli;
 pub mod client;
 mod keys;
@@ -128,6 +129,10 @@ impl Admin {
                 Err(resp) => *resp,
                 Ok(()) => keys::handle(&self, req).await,
             },
+            (_, p) if p.starts_with("/v1/approvals") => match self.authorized(&req) {
+                Err(resp) => *resp,
+                Ok(()) => approvals::handle(&self, req).await,
+            },
             (_, "/healthz" | "/readyz" | "/metrics") => problem(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
@@ -136,7 +141,7 @@ impl Admin {
             _ => problem(
                 StatusCode::NOT_FOUND,
                 "not-found",
-                "Admin endpoints: /healthz, /readyz, /metrics, /v1/keys, /v1/keys/show, /v1/keys/resolve.",
+                "Admin endpoints: /healthz, /readyz, /metrics, /v1/keys (show, resolve, reconcile), /v1/approvals (approve, deny).",
             ),
         };
         Ok(resp)
@@ -181,6 +186,18 @@ impl Admin {
             }
             Err(_) => {
                 tracing::debug!("cannot count UNKNOWN claims for /metrics; keeping the last value")
+            }
+        }
+        if let Some(gate) = &self.app.spend {
+            let now = self.app.claims.clock().now_ms();
+            if let Ok(all) = gate.store().approvals(self.list_limit).await {
+                let pending = all
+                    .iter()
+                    .filter(|a| {
+                        a.state == crate::spend::port::ApprovalState::Pending && !a.expired(now)
+                    })
+                    .count();
+                self.app.metrics.approvals_pending.set(pending as i64);
             }
         }
         if let Some(leaves) = &self.app.connect.leaves {

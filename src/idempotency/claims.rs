@@ -281,6 +281,21 @@ impl Claims {
         &self.store
     }
 
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// Registers for a wake-up on `key` (a scope, or any other name such as an approval's):
+    /// [`Claims::announce`] here or on another proxy sharing the store fires it.
+    pub fn watch(&self, key: &str) -> super::waiters::Watch<'_> {
+        self.waiters.watch(key)
+    }
+
+    /// Wakes whoever waits on `key`, here and on every proxy sharing the store.
+    pub fn announce(&self, key: &str) {
+        self.announce_settled(key);
+    }
+
     /// Claims a scope, or says why the request must not execute.
     pub async fn acquire(
         &self,

@@ -9,11 +9,17 @@ use crate::idempotency::template::Template;
 #[derive(Debug, Clone)]
 pub struct Operation {
     pub name: String,
+    pattern: Pattern,
+    pub key: Template,
+    pub missing_key: Option<MissingKey>,
+}
+
+/// `METHOD /path/*/more`: which requests an operation (or a spend rule) covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern {
     /// `None`: any method the route protects.
     method: Option<Method>,
     segments: Vec<Segment>,
-    pub key: Template,
-    pub missing_key: Option<MissingKey>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,17 +29,11 @@ enum Segment {
     Any,
 }
 
-impl Operation {
+impl Pattern {
     /// Parses `METHOD /path/*/more`; the error says what is wrong.
-    pub fn parse(
-        name: Option<&str>,
-        matches: &str,
-        key: &str,
-        missing_key: Option<MissingKey>,
-    ) -> Result<Operation, (&'static str, String)> {
-        let (method, path) = matches.trim().split_once(' ').ok_or((
-            "match",
-            format!("`{matches}` must be `METHOD /path`, e.g. `POST /v1/refunds`"),
+    pub fn parse(text: &str) -> Result<Pattern, String> {
+        let (method, path) = text.trim().split_once(' ').ok_or(format!(
+            "`{text}` must be `METHOD /path`, e.g. `POST /v1/refunds`"
         ))?;
         let method = match method {
             "*" => None,
@@ -41,17 +41,15 @@ impl Operation {
                 Method::from_bytes(m.as_bytes())
                     .ok()
                     .filter(|_| m.bytes().all(|b| b.is_ascii_uppercase()))
-                    .ok_or((
-                        "match",
-                        format!("`{m}` is not a method in capitals (or `*` for any)"),
+                    .ok_or(format!(
+                        "`{m}` is not a method in capitals (or `*` for any)"
                     ))?,
             ),
         };
         let path = path.trim();
         if !path.starts_with('/') || path.contains('?') {
-            return Err((
-                "match",
-                format!("`{path}` must be a path starting with / and without a query"),
+            return Err(format!(
+                "`{path}` must be a path starting with / and without a query"
             ));
         }
         let segments = path
@@ -62,19 +60,11 @@ impl Operation {
                 s => Segment::Literal(s.to_string()),
             })
             .collect();
-        let key = Template::parse(key)
-            .map_err(|m| ("key", format!("the key template cannot be used: {m}")))?;
-        Ok(Operation {
-            name: name.unwrap_or(matches.trim()).to_string(),
-            method,
-            segments,
-            key,
-            missing_key,
-        })
+        Ok(Pattern { method, segments })
     }
 
     /// Whether a request with this method and path (after the route's upstream base path,
-    /// without the query) performs this operation.
+    /// without the query) is covered.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         if self.method.as_ref().is_some_and(|m| m != method) {
             return false;
@@ -88,6 +78,32 @@ impl Operation {
             }
         }
         given.next().is_none()
+    }
+}
+
+impl Operation {
+    /// Parses `METHOD /path/*/more`; the error says what is wrong.
+    pub fn parse(
+        name: Option<&str>,
+        matches: &str,
+        key: &str,
+        missing_key: Option<MissingKey>,
+    ) -> Result<Operation, (&'static str, String)> {
+        let pattern = Pattern::parse(matches).map_err(|m| ("match", m))?;
+        let key = Template::parse(key)
+            .map_err(|m| ("key", format!("the key template cannot be used: {m}")))?;
+        Ok(Operation {
+            name: name.unwrap_or(matches.trim()).to_string(),
+            pattern,
+            key,
+            missing_key,
+        })
+    }
+
+    /// Whether a request with this method and path (after the route's upstream base path,
+    /// without the query) performs this operation.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        self.pattern.matches(method, path)
     }
 }
 

@@ -12,6 +12,7 @@ use crate::idempotency::claims::Claims;
 use crate::identity::minted_keys::MintedKeys;
 use crate::metrics::Metrics;
 use crate::routes::Routes;
+use crate::spend::gate::Gate;
 
 pub struct App {
     pub routes: Routes,
@@ -30,4 +31,6 @@ pub struct App {
     /// Bounds on protected requests being forwarded.
     pub admission: Admission,
     pub minted_keys: MintedKeys,
+    /// Caps and approvals, when any route has `[routes.spend]`.
+    pub spend: Option<Arc<Gate>>,
 }

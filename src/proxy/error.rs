@@ -52,6 +52,13 @@ pub enum ProxyError {
     },
     #[error("egress refused: {0}")]
     EgressRefused(String),
+    /// A money-moving request stopped by its caps or approvals, rendered in the provider's
+    /// error shape.
+    #[error("{error}")]
+    Spend {
+        error: super::spending::SpendError,
+        shape: crate::providers::ErrorShape,
+    },
 }
 
 impl ProxyError {
@@ -76,6 +83,7 @@ impl ProxyError {
             } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::EgressRefused(_) => StatusCode::FORBIDDEN,
+            ProxyError::Spend { error, .. } => error.status(),
         }
     }
 
@@ -119,6 +127,7 @@ impl ProxyError {
             } => "upstream-response-too-large",
             ProxyError::Upstream { .. } => "upstream-failed",
             ProxyError::EgressRefused(_) => "egress-refused",
+            ProxyError::Spend { error, .. } => error.slug(),
         }
     }
 
@@ -159,6 +168,7 @@ impl ProxyError {
             } => "Upstream timed out",
             ProxyError::Upstream { .. } => "Upstream failed",
             ProxyError::EgressRefused(_) => "Destination not allowed",
+            ProxyError::Spend { .. } => "Payment stopped by spend control",
         }
     }
 
@@ -195,6 +205,7 @@ impl ProxyError {
                 Some(_) => "Nothing reached the provider. Retry with the same key.".into(),
             },
             ProxyError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
+            ProxyError::Spend { error, .. } => error.advice().into(),
         }
     }
 
@@ -210,6 +221,9 @@ impl ProxyError {
     }
 
     pub fn into_response(self) -> Response<Body> {
+        if let ProxyError::Spend { error, shape } = self {
+            return error.into_response(shape);
+        }
         Problem {
             status: self.status(),
             slug: self.slug(),

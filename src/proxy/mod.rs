@@ -2,6 +2,7 @@
 //! idempotency pipeline, passthrough and the upstream client.
 
 pub mod admission;
+pub mod announce;
 pub mod app;
 
 pub mod connect;
@@ -20,6 +21,7 @@ pub mod pipeline;
 pub mod receipt;
 pub mod routed;
 pub mod server;
+pub mod spending;
 pub mod tunnel;
 pub mod upstream;
 

@@ -15,6 +15,7 @@ use super::headers::strip_hop_by_hop;
 use super::lookup::Asking;
 use super::outgoing::Outgoing;
 use super::receipt;
+use super::spending;
 use super::upstream::{UpstreamClient, UpstreamError};
 use crate::http::body::{read_limited, stream, Body, ReadError};
 use crate::idempotency::claims::{
@@ -25,6 +26,7 @@ use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
 use crate::idempotency::record::Receipt;
 use crate::idempotency::scope;
+use crate::idempotency::template::RequestView;
 use crate::identity::provider_key::KeyField;
 use crate::identity::DEFAULT_TENANT;
 use crate::identity::{self, Identification, Identified, Identity};
@@ -32,6 +34,7 @@ use crate::metrics::{InFlight, RequestOutcome};
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::routes::Route;
+use crate::spend::gate::Ticket;
 
 /// Says on a response that the proxy forwarded it without protection, and why.
 pub const WARNING: http::HeaderName = http::HeaderName::from_static("x-idemproxy-warning");
@@ -90,6 +93,17 @@ async fn protect(
     );
     trace.scope = Some(scope.clone());
     notice_minted_keys(app, route, tenant, &identified);
+    let mut ticket = spend(
+        app,
+        route,
+        &parts,
+        &upstream_uri,
+        &body,
+        tenant,
+        &scope,
+        trace,
+    )
+    .await?;
     let outgoing = Outgoing::prepare(
         route,
         &parts,
@@ -143,10 +157,78 @@ async fn protect(
         PassedDown::Clients(_) => outgoing.request(None),
     };
     let forward_started = Instant::now();
+    // Going out: from here on the reservation stays unless the outcome says nothing happened.
+    if let Some(t) = ticket.as_mut() {
+        t.keep();
+    }
     let executed = forward(app, route, claim, policy, request, admitted).await?;
     trace.forward = Some(forward_started.elapsed());
     trace.settled(&executed);
+    settle_spend(app, route, tenant, ticket, &executed.outcome);
     respond(executed, key.as_str())
+}
+
+/// Caps and approvals for a request that moves money, before anything is claimed: a
+/// request over a cap, denied, or still waiting for a person never reaches the claim.
+#[allow(clippy::too_many_arguments)]
+async fn spend(
+    app: &App,
+    route: &Route,
+    parts: &http::request::Parts,
+    uri: &Uri,
+    body: &Bytes,
+    tenant: &str,
+    scope: &str,
+    trace: &mut Trace,
+) -> Result<Option<Ticket>, ProxyError> {
+    let path = route_path(route, uri);
+    let Some(rules) = spending::applies(route, &parts.method, path) else {
+        return Ok(None);
+    };
+    let view = RequestView {
+        method: parts.method.as_str(),
+        path,
+        headers: &parts.headers,
+        body,
+        tenant,
+    };
+    match spending::admit(app.spend.as_deref(), route, rules, &view, scope).await {
+        Ok(ticket) => {
+            trace.spend = Some(ticket.describe());
+            Ok(Some(ticket))
+        }
+        Err(error) => {
+            trace.spend = Some(error.slug().to_string());
+            Err(ProxyError::Spend {
+                error,
+                shape: route.errors,
+            })
+        }
+    }
+}
+
+/// Takes the reservation back when the outcome says the payment did not happen; counts the
+/// spend when it did (or may have).
+fn settle_spend(app: &App, route: &Route, tenant: &str, ticket: Option<Ticket>, outcome: &Outcome) {
+    let Some(ticket) = ticket else {
+        return;
+    };
+    match outcome {
+        Outcome::Released | Outcome::Declined => ticket.refund(),
+        Outcome::Committed | Outcome::Unknown(_) | Outcome::Duplicate(_) => {
+            if let (true, Some(asked)) = (ticket.added, ticket.asked) {
+                let (currency, major) = asked.major();
+                app.metrics.spent(&route.name, tenant, currency, major);
+            }
+        }
+    }
+}
+
+/// The request's path after the route's upstream base path, without the query.
+fn route_path<'u>(route: &Route, uri: &'u Uri) -> &'u str {
+    uri.path()
+        .strip_prefix(route.upstream.base_path.as_str())
+        .unwrap_or(uri.path())
 }
 
 /// The body, read whole (it is fingerprinted) within `server.max_body_bytes`. Read only now,
@@ -191,10 +273,7 @@ fn identify(
     body: &[u8],
     tenant: &str,
 ) -> Result<Identification, ProxyError> {
-    let path = uri
-        .path()
-        .strip_prefix(route.upstream.base_path.as_str())
-        .unwrap_or(uri.path());
+    let path = route_path(route, uri);
     let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     Ok(route.identity.identify(
         &route.name,
@@ -310,7 +389,7 @@ async fn reconcile(
         .strip_prefix(route.upstream.base_path.as_str())
         .unwrap_or(retry.parts.uri.path());
     let asking = Asking {
-        view: crate::idempotency::template::RequestView {
+        view: RequestView {
             method: retry.parts.method.as_str(),
             path,
             headers: &retry.parts.headers,
@@ -524,6 +603,8 @@ struct Trace {
     key_source: Option<&'static str>,
     operation: Option<String>,
     unprotected: Option<String>,
+    /// What spend control decided (reserved, or why not).
+    spend: Option<String>,
     upstream_status: Option<u16>,
     /// Forward and settle together (the upstream call alone is in the metrics).
     forward: Option<Duration>,
@@ -556,6 +637,7 @@ impl Trace {
             operation = self.operation.as_deref().unwrap_or("-"),
             outcome = %outcome.as_str(),
             unprotected = self.unprotected.as_deref(),
+            spend = self.spend.as_deref(),
             status,
             upstream_status = self.upstream_status,
             forward_ms = self.forward.map(|d| d.as_millis() as u64),

@@ -7,17 +7,19 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderName, Method, Uri};
 
-use super::{Route, Upstream};
+use super::{Route, RouteSpend, RunSource, Upstream};
 use crate::config::{self, Config, ConfigError, Hold, KeySource, OutcomeRuleConfig, RouteConfig};
 use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, StatusSet, Test};
 use crate::idempotency::template::Template;
 use crate::identity::account::{AccountPart, AccountSpec};
 use crate::identity::operations::Operation;
+use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
 use crate::identity::{RouteIdentity, Signing};
-use crate::providers::{self, KeyLimits, LimitsError, Profile};
+use crate::providers::{self, ErrorShape, KeyLimits, LimitsError, Profile};
 use crate::proxy::lookup::Lookup;
 use crate::proxy::upstream::{ClientError, ClientOptions, UpstreamClient};
+use crate::spend::budget::{Budget, BudgetText};
 
 /// The `i`-th `[[routes]]` block, built.
 pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
@@ -51,6 +53,8 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
         wait_timeout: r.wait_timeout.0,
         client: b.client()?,
         lookup,
+        spend: b.spend()?,
+        errors: b.profile.as_ref().map_or(ErrorShape::Problem, |p| p.errors),
     })
 }
 
@@ -332,6 +336,78 @@ impl<'a> Builder<'a> {
         })
     }
 
+    /// `[routes.spend]`, with the profile's defaults for what costs money and where the
+    /// amount is.
+    fn spend(&self) -> Result<Option<RouteSpend>, ConfigError> {
+        let Some(c) = &self.r.spend else {
+            return Ok(None);
+        };
+        let defaults = self.profile.as_ref().and_then(|p| p.spend);
+        let missing = |f: &str| {
+            self.invalid(
+                &format!("spend.{f}"),
+                "needed: this route's provider has no default for it".into(),
+            )
+        };
+        let operations: Vec<String> = match (&c.operations, defaults) {
+            (Some(o), _) => o.clone(),
+            (None, Some(d)) => d.operations.iter().map(|s| s.to_string()).collect(),
+            (None, None) => return Err(missing("operations")),
+        };
+        let on = operations
+            .iter()
+            .enumerate()
+            .map(|(j, o)| {
+                Pattern::parse(o).map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let amount: Vec<String> = match (&c.amount, defaults) {
+            (Some(a), _) => a.clone(),
+            (None, Some(d)) => d.amount.iter().map(|s| s.to_string()).collect(),
+            (None, None) => return Err(missing("amount")),
+        };
+        let currency = c
+            .currency
+            .clone()
+            .or_else(|| defaults.map(|d| d.currency.to_string()))
+            .ok_or_else(|| missing("currency"))?;
+        let unit = c
+            .unit
+            .clone()
+            .or_else(|| defaults.map(|d| d.unit.to_string()))
+            .ok_or_else(|| missing("unit"))?;
+        let budget = Budget::parse(&BudgetText {
+            amount: &amount,
+            currency: &currency,
+            unit: &unit,
+            caps_currency: &c.caps_currency,
+            rates: &c.rates,
+            per_request: c.per_request.as_deref(),
+            per_run: c.per_run.as_deref(),
+            per_tenant: c.per_tenant.as_deref(),
+            tenant_window: c.tenant_window.0,
+            run_window: c.run_window.0,
+            approve_above: c.approve_above.as_deref(),
+            approve_run_above: c.approve_run_above.as_deref(),
+            approval_wait: c.approval_wait.0,
+            approval_expires: c.approval_expires.0,
+        })
+        .map_err(|(f, m)| self.invalid(&format!("spend.{f}"), m))?;
+        let run_from = c
+            .run_from
+            .iter()
+            .enumerate()
+            .map(|(j, s)| {
+                run_source(s).map_err(|m| self.invalid(&format!("spend.run_from[{j}]"), m))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(RouteSpend {
+            on,
+            budget,
+            run_from,
+        }))
+    }
+
     /// The route's own lookup, else the profile's.
     fn lookup(&self) -> Result<Option<Lookup>, ConfigError> {
         let config = self
@@ -499,4 +575,16 @@ fn split_host_port(s: &str) -> Option<(String, Option<u16>)> {
         return None;
     }
     Some((authority.host().to_ascii_lowercase(), authority.port_u16()))
+}
+
+fn run_source(s: &str) -> Result<RunSource, String> {
+    match s.split_once(':') {
+        None if s == "proxy-user" => Ok(RunSource::ProxyUser),
+        Some(("header", name)) => HeaderName::from_bytes(name.trim().as_bytes())
+            .map(RunSource::Header)
+            .map_err(|_| format!("`{name}` is not a header name")),
+        _ => Err(format!(
+            "`{s}` is not a run source: proxy-user or header:NAME"
+        )),
+    }
 }

@@ -8,11 +8,13 @@ use http::{Method, Uri};
 
 use crate::config::{Config, ConfigError};
 use crate::idempotency::policy::Policy;
+use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
 use crate::identity::{Identity, RouteIdentity};
-use crate::providers::KeyLimits;
+use crate::providers::{ErrorShape, KeyLimits};
 use crate::proxy::lookup::Lookup;
 use crate::proxy::upstream::UpstreamClient;
+use crate::spend::budget::Budget;
 
 mod build;
 
@@ -52,6 +54,33 @@ pub struct Route {
     pub client: UpstreamClient,
     /// How to ask the provider whether a held operation happened.
     pub lookup: Option<Lookup>,
+    /// Caps and approvals for the requests that move money.
+    pub spend: Option<RouteSpend>,
+    /// How the provider's SDKs expect errors to look.
+    pub errors: ErrorShape,
+}
+
+/// `[routes.spend]`, built.
+#[derive(Debug, Clone)]
+pub struct RouteSpend {
+    /// The requests that cost money.
+    pub on: Vec<Pattern>,
+    pub budget: Budget,
+    /// Where a request's run comes from, first match wins; none: the tenant is one run.
+    pub run_from: Vec<RunSource>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunSource {
+    /// The `Proxy-Authorization` user `tenant.run`.
+    ProxyUser,
+    Header(http::HeaderName),
+}
+
+impl RouteSpend {
+    pub fn covers(&self, method: &Method, path: &str) -> bool {
+        self.on.iter().any(|p| p.matches(method, path))
+    }
 }
 
 impl Route {

@@ -5,7 +5,9 @@
 mod autopipeline;
 mod redis;
 pub mod sealed;
+pub mod sealed_spend;
 mod sqlite;
+mod sqlite_spend;
 pub mod timed;
 
 use std::sync::Arc;

@@ -83,6 +83,36 @@ impl Sealer {
         }
     }
 
+    /// `nonce || ciphertext` of `plain`, bound to `aad`.
+    pub(super) fn seal_bytes(&self, aad: &[u8], plain: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let nonce: [u8; NONCE_LEN] = rand::random();
+        let sealed = self
+            .cipher
+            .encrypt(Nonce::from_slice(&nonce), Payload { msg: plain, aad })
+            .map_err(|_| StoreError::Unavailable("cannot encrypt".into()))?;
+        let mut out = Vec::with_capacity(NONCE_LEN + sealed.len());
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&sealed);
+        Ok(out)
+    }
+
+    /// The plain bytes of `seal_bytes`' output; `None` when it does not open (wrong key,
+    /// tampered, truncated).
+    pub(super) fn open_bytes(&self, aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
+        if sealed.len() < NONCE_LEN {
+            return None;
+        }
+        self.cipher
+            .decrypt(
+                Nonce::from_slice(&sealed[..NONCE_LEN]),
+                Payload {
+                    msg: &sealed[NONCE_LEN..],
+                    aad,
+                },
+            )
+            .ok()
+    }
+
     fn seal(&self, scope: &str, record: &Record) -> Result<Record, StoreError> {
         let Some(receipt) = &record.body.receipt else {
             return Ok(record.clone());
@@ -141,11 +171,11 @@ fn parse_key(raw: &[u8]) -> Option<[u8; 32]> {
 /// (fail closed: 503, never a re-execution and never ciphertext sent to a client).
 pub struct SealedStore {
     inner: Arc<dyn Store>,
-    sealer: Option<Sealer>,
+    sealer: Option<Arc<Sealer>>,
 }
 
 impl SealedStore {
-    pub fn wrap(inner: Arc<dyn Store>, sealer: Option<Sealer>) -> Arc<dyn Store> {
+    pub fn wrap(inner: Arc<dyn Store>, sealer: Option<Arc<Sealer>>) -> Arc<dyn Store> {
         Arc::new(SealedStore { inner, sealer })
     }
 
@@ -286,6 +316,7 @@ mod tests {
     }
 
     fn store(sealer: Option<Sealer>) -> SealedStore {
+        let sealer = sealer.map(Arc::new);
         SealedStore {
             inner: Arc::new(NoStore),
             sealer,

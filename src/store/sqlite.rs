@@ -51,13 +51,21 @@ enum Op {
         limit: usize,
     },
     Ping,
+    /// Work of another port on the same file (spend), in the same batched transactions.
+    Other(OtherWork),
 }
+
+type OtherWork = Box<
+    dyn FnOnce(&rusqlite::Transaction<'_>, i64) -> rusqlite::Result<Box<dyn std::any::Any + Send>>
+        + Send,
+>;
 
 enum Reply {
     Found(Option<Vec<u8>>),
     Done(bool),
     Listed(Vec<(String, Vec<u8>)>),
     Pong,
+    Other(Box<dyn std::any::Any + Send>),
 }
 
 type ReplyTx = oneshot::Sender<Result<Reply, String>>;
@@ -178,6 +186,24 @@ impl SqliteStore {
             .map_err(|_| StoreError::Unavailable("the SQLite store thread has stopped".into()))?
             .map_err(StoreError::Unavailable)
     }
+
+    /// Runs `work` in the writer's transaction (with the time `now` in ms), and hands back
+    /// its result once committed.
+    pub(super) async fn run_other<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&rusqlite::Transaction<'_>, i64) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let op = Op::Other(Box::new(move |tx, now| {
+            work(tx, now).map(|v| Box::new(v) as Box<dyn std::any::Any + Send>)
+        }));
+        match self.run(op).await? {
+            Reply::Other(any) => any
+                .downcast::<T>()
+                .map(|b| *b)
+                .map_err(|_| StoreError::Unavailable("unexpected reply".into())),
+            _ => Err(StoreError::Unavailable("unexpected reply".into())),
+        }
+    }
 }
 
 /// Records live in a rowid table: rows are appended in claim order, so a claim and its settle
@@ -197,6 +223,7 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
          CREATE INDEX IF NOT EXISTS records_expires_at ON records(expires_at);
          CREATE INDEX IF NOT EXISTS records_unknown ON records(scope) WHERE state = 'U';",
     )?;
+    super::sqlite_spend::create_schema(conn)?;
     // Files written by earlier versions keep their records: moved over in the same transaction.
     let old_layout: bool = conn.query_row(
         "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'claims'",
@@ -343,6 +370,7 @@ fn sweep(conn: &Connection) -> bool {
                  WHERE expires_at IS NOT NULL AND expires_at <= ?1 LIMIT ?2)",
         )
         .and_then(|mut stmt| stmt.execute(params![now_ms() as i64, SWEEP_CHUNK as i64]));
+    super::sqlite_spend::sweep(conn, now_ms() as i64);
     match deleted {
         Ok(n) => n == SWEEP_CHUNK,
         Err(e) => {
@@ -386,19 +414,22 @@ fn run_batch(conn: &mut Connection, batch: Vec<Job>) -> Vec<Answer> {
         Err(e) => return fail_all(batch, format!("cannot begin a transaction: {e}")),
     };
     let now = now_ms() as i64;
+    let mut replies = Vec::with_capacity(batch.len());
     let mut results = Vec::with_capacity(batch.len());
-    for job in &batch {
-        results.push(apply(&tx, &job.op, now).map_err(|e| e.to_string()));
+    for job in batch {
+        let result = match job.op {
+            Op::Other(work) => work(&tx, now).map(Reply::Other),
+            op => apply(&tx, &op, now),
+        };
+        results.push(result.map_err(|e| e.to_string()));
+        replies.push(job.reply);
     }
     // Nothing is acknowledged before it is durable.
     if let Err(e) = tx.commit() {
-        return fail_all(batch, format!("commit failed: {e}"));
+        let msg = format!("commit failed: {e}");
+        return replies.into_iter().map(|r| (r, Err(msg.clone()))).collect();
     }
-    batch
-        .into_iter()
-        .map(|job| job.reply)
-        .zip(results)
-        .collect()
+    replies.into_iter().zip(results).collect()
 }
 
 fn live(
@@ -478,6 +509,8 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op, now: i64) -> rusqlite::Result<
             tx.query_row("SELECT 1", [], |_| Ok(()))?;
             Ok(Reply::Pong)
         }
+        // Taken by value in `run_batch`, never passed here.
+        Op::Other(_) => Ok(Reply::Pong),
     }
 }
 

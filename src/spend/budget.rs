@@ -1,0 +1,421 @@
+//! A route's spend rules, built from its `[routes.spend]` (and its profile's defaults): what a
+//! request costs, in which currency, and the budgets and thresholds it counts against.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use rust_decimal::Decimal;
+
+use super::money::{Currency, Money, MoneyError, Unit};
+use super::port::{CapName, Counter, Reservation};
+use crate::idempotency::template::{RequestView, Template};
+
+/// Why a request's cost cannot be read: the client must fix the request (400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PriceError {
+    #[error("the amount cannot be read: {0}")]
+    Unreadable(String),
+    #[error("the amount {0}")]
+    Invalid(MoneyError),
+    #[error("the currency {0}")]
+    Currency(MoneyError),
+    #[error("the currency {asked} is not one this route's caps can count (caps are in {caps}; give a rate for {asked} in rates)")]
+    NotCapped { asked: Currency, caps: Currency },
+}
+
+/// One way to read the amount: a field, or the product of several (quantity × price).
+#[derive(Debug, Clone)]
+struct AmountExpr {
+    text: String,
+    factors: Vec<Field>,
+}
+
+/// A request field: a template field, or a JSON path through every element of a list
+/// (`body.purchase_units.*.amount.value`), whose values are summed (amounts) or must agree
+/// (currencies).
+#[derive(Debug, Clone)]
+enum Field {
+    Template(Template),
+    EveryElement {
+        before: Vec<String>,
+        after: Vec<String>,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum CurrencySource {
+    Fixed(Currency),
+    Field(String, Field),
+}
+
+#[derive(Debug, Clone)]
+pub struct Budget {
+    amount: Vec<AmountExpr>,
+    currency: CurrencySource,
+    unit: Unit,
+    pub caps_currency: Currency,
+    rates: BTreeMap<Currency, Decimal>,
+    pub per_request: Option<Money>,
+    pub per_run: Option<Money>,
+    pub per_tenant: Option<Money>,
+    pub tenant_window: Duration,
+    pub run_window: Duration,
+    pub approve_above: Option<Money>,
+    pub approve_run_above: Option<Money>,
+    pub approval_wait: Duration,
+    pub approval_expires: Duration,
+}
+
+/// The pieces of a `[routes.spend]` after defaults, as text; [`Budget::parse`] checks them.
+pub struct BudgetText<'a> {
+    pub amount: &'a [String],
+    pub currency: &'a str,
+    pub unit: &'a str,
+    pub caps_currency: &'a str,
+    pub rates: &'a BTreeMap<String, String>,
+    pub per_request: Option<&'a str>,
+    pub per_run: Option<&'a str>,
+    pub per_tenant: Option<&'a str>,
+    pub tenant_window: Duration,
+    pub run_window: Duration,
+    pub approve_above: Option<&'a str>,
+    pub approve_run_above: Option<&'a str>,
+    pub approval_wait: Duration,
+    pub approval_expires: Duration,
+}
+
+/// What a request costs: as asked, and in the caps currency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Price {
+    pub asked: Money,
+    pub counted: Money,
+}
+
+impl Budget {
+    /// Checks every piece; the error names the field (`amount`, `rates.eur`, …) and why.
+    pub fn parse(t: &BudgetText<'_>) -> Result<Budget, (String, String)> {
+        let field = |f: &str, m: String| (f.to_string(), m);
+        if t.amount.is_empty() {
+            return Err(field(
+                "amount",
+                "name where the amount is, e.g. \"{body.amount}\"".into(),
+            ));
+        }
+        let amount = t
+            .amount
+            .iter()
+            .map(|a| AmountExpr::parse(a))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|m| field("amount", m))?;
+        let currency = if t.currency.contains('{') {
+            let inner = t.currency.trim();
+            CurrencySource::Field(
+                inner.to_string(),
+                Field::parse(inner).map_err(|m| field("currency", m))?,
+            )
+        } else {
+            CurrencySource::Fixed(
+                Currency::parse(t.currency).map_err(|e| field("currency", e.to_string()))?,
+            )
+        };
+        let unit = match t.unit {
+            "minor" => Unit::Minor,
+            "major" => Unit::Major,
+            u => return Err(field("unit", format!("`{u}` is not minor or major"))),
+        };
+        let caps =
+            Currency::parse(t.caps_currency).map_err(|e| field("caps_currency", e.to_string()))?;
+        let mut rates = BTreeMap::new();
+        for (code, rate) in t.rates {
+            let c = Currency::parse(code)
+                .map_err(|e| field(&format!("rates.{code}"), e.to_string()))?;
+            let r = Decimal::from_str(rate.trim())
+                .ok()
+                .filter(|r| *r > Decimal::ZERO)
+                .ok_or_else(|| {
+                    field(
+                        &format!("rates.{code}"),
+                        format!("`{rate}` is not a positive decimal"),
+                    )
+                })?;
+            rates.insert(c, r);
+        }
+        let money = |name: &str, v: Option<&str>| {
+            v.map(|v| {
+                Money::parse(v, Unit::Major, caps)
+                    .map_err(|e| field(name, format!("{e} (write it in {caps}, e.g. \"500.00\")")))
+            })
+            .transpose()
+        };
+        let b = Budget {
+            amount,
+            currency,
+            unit,
+            caps_currency: caps,
+            rates,
+            per_request: money("per_request", t.per_request)?,
+            per_run: money("per_run", t.per_run)?,
+            per_tenant: money("per_tenant", t.per_tenant)?,
+            tenant_window: t.tenant_window,
+            run_window: t.run_window,
+            approve_above: money("approve_above", t.approve_above)?,
+            approve_run_above: money("approve_run_above", t.approve_run_above)?,
+            approval_wait: t.approval_wait,
+            approval_expires: t.approval_expires,
+        };
+        if [
+            b.per_request,
+            b.per_run,
+            b.per_tenant,
+            b.approve_above,
+            b.approve_run_above,
+        ]
+        .iter()
+        .all(Option::is_none)
+        {
+            return Err(field(
+                "per_request",
+                "a spend section needs a cap (per_request, per_run, per_tenant) or an approval threshold (approve_above, approve_run_above)".into(),
+            ));
+        }
+        if b.approval_expires <= b.approval_wait {
+            return Err(field(
+                "approval_expires",
+                "must be longer than approval_wait".into(),
+            ));
+        }
+        Ok(b)
+    }
+
+    /// What the request costs. A request whose amount or currency cannot be read is refused,
+    /// never waved through.
+    pub fn price(&self, req: &RequestView<'_>) -> Result<Price, PriceError> {
+        let currency = match &self.currency {
+            CurrencySource::Fixed(c) => *c,
+            CurrencySource::Field(text, f) => {
+                let code = f
+                    .agreed(req)?
+                    .ok_or_else(|| PriceError::Unreadable(format!("{text} is missing")))?;
+                Currency::parse(&code).map_err(PriceError::Currency)?
+            }
+        };
+        let asked = self.asked(req, currency)?;
+        let counted = if currency == self.caps_currency {
+            asked
+        } else {
+            let rate = self.rates.get(&currency).ok_or(PriceError::NotCapped {
+                asked: currency,
+                caps: self.caps_currency,
+            })?;
+            asked
+                .convert(self.caps_currency, *rate)
+                .map_err(PriceError::Invalid)?
+        };
+        Ok(Price { asked, counted })
+    }
+
+    /// The first amount expression the request has every field of.
+    fn asked(&self, req: &RequestView<'_>, currency: Currency) -> Result<Money, PriceError> {
+        let mut tried = Vec::new();
+        for expr in &self.amount {
+            let mut values = Vec::new();
+            for f in &expr.factors {
+                match f.sum(req)? {
+                    Some(v) => values.push(v),
+                    None => break,
+                }
+            }
+            if values.len() < expr.factors.len() {
+                tried.push(expr.text.as_str());
+                continue;
+            }
+            let money = match (values.as_slice(), self.unit) {
+                ([one], unit) => Money::parse(one, unit, currency),
+                (many, _) => Money::product(many, currency),
+            };
+            return money.map_err(PriceError::Invalid);
+        }
+        Err(PriceError::Unreadable(format!(
+            "none of {} is in the request",
+            tried.join(", ")
+        )))
+    }
+
+    /// The reservation for `id`: the run's budget and the tenant's window, on this route.
+    pub fn reservation(
+        &self,
+        id: &str,
+        who: &Spender<'_>,
+        price: Price,
+        approved: bool,
+        now_ms: u64,
+        keep: Duration,
+    ) -> Reservation {
+        let ms = |d: Duration| d.as_millis() as u64;
+        let counters = vec![
+            Counter {
+                key: who.run_counter(),
+                cap: self.per_run.map(|m| m.minor),
+                window_ms: ms(self.run_window),
+                name: CapName::PerRun,
+            },
+            Counter {
+                key: who.tenant_counter(),
+                cap: self.per_tenant.map(|m| m.minor),
+                window_ms: ms(self.tenant_window),
+                name: CapName::PerTenant,
+            },
+        ];
+        Reservation {
+            id: id.to_string(),
+            amount: price.counted.minor,
+            counters,
+            approval: (!approved)
+                .then_some(self.approve_run_above)
+                .flatten()
+                .map(|m| (0, m.minor)),
+            now_ms,
+            keep_ms: ms(keep.max(self.run_window).max(self.tenant_window)),
+        }
+    }
+}
+
+/// Whose budgets a request counts against.
+#[derive(Debug, Clone, Copy)]
+pub struct Spender<'a> {
+    pub route: &'a str,
+    pub tenant: &'a str,
+    pub run: &'a str,
+}
+
+impl Spender<'_> {
+    // Both counters of a request share the `{route/tenant}` hash tag, so a Redis Cluster
+    // keeps them in one slot and one script can check them together.
+    pub fn run_counter(&self) -> String {
+        format!("{{{}/{}}}/run/{}", self.route, self.tenant, self.run)
+    }
+
+    pub fn tenant_counter(&self) -> String {
+        format!("{{{}/{}}}/tenant", self.route, self.tenant)
+    }
+}
+
+impl AmountExpr {
+    fn parse(text: &str) -> Result<AmountExpr, String> {
+        let factors = text
+            .split(" * ")
+            .map(|f| Field::parse(f.trim()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(AmountExpr {
+            text: text.to_string(),
+            factors,
+        })
+    }
+}
+
+impl Field {
+    /// `{body.amount}`, `{body.amount_money.amount}`, `{body.purchase_units.*.amount.value}`.
+    fn parse(text: &str) -> Result<Field, String> {
+        let inner = text
+            .strip_prefix('{')
+            .and_then(|t| t.strip_suffix('}'))
+            .filter(|t| !t.contains(['{', '}']))
+            .ok_or_else(|| format!("`{text}` must be one field in braces, e.g. {{body.amount}}"))?;
+        if let Some(path) = inner.strip_prefix("body.") {
+            let segments: Vec<&str> = path.split('.').collect();
+            if let Some(star) = segments.iter().position(|s| *s == "*") {
+                if segments.iter().filter(|s| **s == "*").count() > 1 || star + 1 == segments.len()
+                {
+                    return Err(format!("`{text}`: one `*` (every element of a list), followed by the field in each element"));
+                }
+                let own = |s: &[&str]| s.iter().map(|x| x.to_string()).collect();
+                return Ok(Field::EveryElement {
+                    before: own(&segments[..star]),
+                    after: own(&segments[star + 1..]),
+                });
+            }
+        }
+        Template::parse(text)
+            .map(Field::Template)
+            .map_err(|m| format!("`{text}`: {m}"))
+    }
+
+    /// Every value of the field in the request (one for a plain field).
+    fn values(&self, req: &RequestView<'_>) -> Result<Vec<String>, PriceError> {
+        match self {
+            Field::Template(t) => Ok(t
+                .first_value(req)
+                .map_err(|e| PriceError::Unreadable(e.to_string()))?
+                .into_iter()
+                .collect()),
+            Field::EveryElement { before, after } => {
+                let body: serde_json::Value = serde_json::from_slice(req.body)
+                    .map_err(|e| PriceError::Unreadable(format!("the body is not JSON ({e})")))?;
+                let Some(list) = walk(&body, before) else {
+                    return Ok(Vec::new());
+                };
+                let items = list.as_array().ok_or_else(|| {
+                    PriceError::Unreadable(format!("body.{} is not a list", before.join(".")))
+                })?;
+                items
+                    .iter()
+                    .map(|item| match walk(item, after) {
+                        Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                        Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+                        _ => Err(PriceError::Unreadable(format!(
+                            "an element of body.{} has no {}",
+                            before.join("."),
+                            after.join(".")
+                        ))),
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The field's amount: a plain value, or the sum over every element (in exact decimals).
+    fn sum(&self, req: &RequestView<'_>) -> Result<Option<String>, PriceError> {
+        let values = self.values(req)?;
+        match values.as_slice() {
+            [] => Ok(None),
+            [one] => Ok(Some(one.clone())),
+            many => {
+                let mut total = Decimal::ZERO;
+                for v in many {
+                    let d = Decimal::from_str(v)
+                        .ok()
+                        .filter(|d| !d.is_sign_negative())
+                        .ok_or_else(|| PriceError::Invalid(MoneyError::NotANumber(v.clone())))?;
+                    total = total
+                        .checked_add(d)
+                        .ok_or_else(|| PriceError::Invalid(MoneyError::TooLarge(v.clone())))?;
+                }
+                Ok(Some(total.to_string()))
+            }
+        }
+    }
+
+    /// The field's single value; every element must agree (one currency per request).
+    fn agreed(&self, req: &RequestView<'_>) -> Result<Option<String>, PriceError> {
+        let values = self.values(req)?;
+        let Some(first) = values.first() else {
+            return Ok(None);
+        };
+        if values.iter().any(|v| !v.eq_ignore_ascii_case(first)) {
+            return Err(PriceError::Unreadable(format!(
+                "the request mixes currencies ({})",
+                values.join(", ")
+            )));
+        }
+        Ok(Some(first.clone()))
+    }
+}
+
+fn walk<'v>(v: &'v serde_json::Value, path: &[String]) -> Option<&'v serde_json::Value> {
+    path.iter().try_fold(v, |v, seg| match v {
+        serde_json::Value::Object(m) => m.get(seg),
+        serde_json::Value::Array(a) => seg.parse::<usize>().ok().and_then(|i| a.get(i)),
+        _ => None,
+    })
+}

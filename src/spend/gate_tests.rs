@@ -1,0 +1,323 @@
+//! The spend gate under paused time, over in-memory stores: caps, approvals that wait and
+//! wake, thresholds that add up across a run, and reservations taken back.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::budget::{Budget, BudgetText, Price, Spender};
+use super::gate::{approval_id, wake_key, Ask, Gate, Refusal, SpendEvents};
+use super::money::{Currency, Money};
+use super::port::{ApprovalState, CapName, SpendStore};
+use super::testing::MemorySpend;
+use crate::idempotency::claims::Claims;
+use crate::idempotency::store::Clock;
+use crate::idempotency::testing::MemoryStore;
+
+#[derive(Default)]
+struct Events(Mutex<Vec<String>>);
+
+impl SpendEvents for Events {
+    fn refused(&self, _: &str, cap: CapName) {
+        self.0
+            .lock()
+            .expect("events")
+            .push(format!("refused {}", cap.as_str()));
+    }
+    fn approval(&self, _: &str, event: &'static str) {
+        self.0
+            .lock()
+            .expect("events")
+            .push(format!("approval {event}"));
+    }
+}
+
+struct World {
+    gate: Arc<Gate>,
+    claims: Arc<Claims>,
+    spend: Arc<MemorySpend>,
+    events: Arc<Events>,
+}
+
+fn world() -> World {
+    let clock = Clock::tokio();
+    let claims = Arc::new(
+        Claims::new(MemoryStore::new(clock), Duration::from_millis(500)).with_clock(clock),
+    );
+    let spend = Arc::new(MemorySpend::new());
+    let events = Arc::new(Events::default());
+    let gate = Arc::new(Gate::new(
+        spend.clone(),
+        claims.clone(),
+        None,
+        events.clone(),
+    ));
+    World {
+        gate,
+        claims,
+        spend,
+        events,
+    }
+}
+
+fn budget(configure: impl FnOnce(&mut BudgetText<'_>)) -> Budget {
+    let rates = BTreeMap::new();
+    let amount = ["{body.amount}".to_string()];
+    let mut t = BudgetText {
+        amount: &amount,
+        currency: "{body.currency}",
+        unit: "minor",
+        caps_currency: "usd",
+        rates: &rates,
+        per_request: None,
+        per_run: None,
+        per_tenant: None,
+        tenant_window: Duration::from_secs(3600),
+        run_window: Duration::from_secs(3600),
+        approve_above: None,
+        approve_run_above: None,
+        approval_wait: Duration::from_secs(20),
+        approval_expires: Duration::from_secs(3600),
+    };
+    configure(&mut t);
+    Budget::parse(&t).expect("budget")
+}
+
+fn usd(minor: i64) -> Price {
+    let m = Money::new(minor, Currency::parse("usd").expect("usd"));
+    Price {
+        asked: m,
+        counted: m,
+    }
+}
+
+fn ask<'a>(scope: &'a str, run: &'a str, price: Price) -> Ask<'a> {
+    Ask {
+        scope,
+        who: Spender {
+            route: "pay",
+            tenant: "t",
+            run,
+        },
+        price,
+        method: "POST",
+        path: "/v1/payment_intents",
+        body: b"amount=1",
+        retention: Duration::from_secs(3600),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn caps_per_request_and_per_run_refuse_before_anything_is_reserved() {
+    let w = world();
+    let b = budget(|t| {
+        t.per_request = Some("100.00");
+        t.per_run = Some("150.00");
+    });
+    let refused = w.gate.admit(&b, &ask("s1", "r", usd(10_001))).await;
+    assert!(
+        matches!(
+            refused,
+            Err(Refusal::OverCap {
+                cap: CapName::PerRequest,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    let mut first = w
+        .gate
+        .admit(&b, &ask("s2", "r", usd(10_000)))
+        .await
+        .expect("first");
+    first.keep();
+    let second = w.gate.admit(&b, &ask("s3", "r", usd(6_000))).await;
+    let Err(Refusal::OverCap {
+        cap, spent, limit, ..
+    }) = second
+    else {
+        panic!("over the run cap: {second:?}");
+    };
+    assert_eq!(
+        (cap, spent.minor, limit.minor),
+        (CapName::PerRun, 10_000, 15_000)
+    );
+    // Another run of the same tenant has its own budget.
+    assert!(w
+        .gate
+        .admit(&b, &ask("s4", "other", usd(6_000)))
+        .await
+        .is_ok());
+    assert_eq!(
+        w.events.0.lock().expect("events").as_slice(),
+        ["refused per_request", "refused per_run"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_not_kept_is_taken_back_and_a_retry_is_not_counted_twice() {
+    let w = world();
+    let b = budget(|t| t.per_run = Some("100.00"));
+    let mut t = w
+        .gate
+        .admit(&b, &ask("s1", "r", usd(8_000)))
+        .await
+        .expect("admitted");
+    t.keep();
+    // The same operation again (a retry): already reserved, not counted again.
+    let again = w
+        .gate
+        .admit(&b, &ask("s1", "r", usd(8_000)))
+        .await
+        .expect("retry");
+    assert!(!again.added);
+    drop(again);
+    // A second operation that never went out (dropped unkept): taken back.
+    let dropped = w
+        .gate
+        .admit(&b, &ask("s2", "r", usd(2_000)))
+        .await
+        .expect("fits");
+    drop(dropped);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let counter = Spender {
+        route: "pay",
+        tenant: "t",
+        run: "r",
+    }
+    .run_counter();
+    let now = w.claims.clock().now_ms();
+    assert_eq!(
+        w.spend
+            .spent(&counter, 3_600_000, now)
+            .await
+            .expect("spent"),
+        8_000
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn above_the_threshold_a_request_waits_and_an_approval_lets_it_through() {
+    let w = world();
+    let b = budget(|t| t.approve_above = Some("500.00"));
+    let waiting = {
+        let (gate, b) = (w.gate.clone(), b.clone());
+        tokio::spawn(async move {
+            gate.admit(&b, &ask("s1", "r", usd(60_000)))
+                .await
+                .map(|_| ())
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let id = approval_id("s1");
+    let mut a = w.spend.approval(&id).await.expect("get").expect("opened");
+    assert_eq!(
+        (a.state, a.amount.as_str()),
+        (ApprovalState::Pending, "600.00 USD")
+    );
+    a.state = ApprovalState::Approved;
+    a.decided_by = Some("ana".into());
+    assert!(w.spend.update_approval(&a).await.expect("update"));
+    w.claims.announce(&wake_key(&id));
+    let started = tokio::time::Instant::now();
+    waiting.await.expect("task").expect("approved");
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "woken, not polled"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn past_the_wait_the_tool_is_told_to_retry_and_a_denial_answers_every_retry() {
+    let w = world();
+    let b = budget(|t| t.approve_above = Some("500.00"));
+    let pending = w.gate.admit(&b, &ask("s1", "r", usd(60_000))).await;
+    assert!(
+        matches!(pending, Err(Refusal::Pending { .. })),
+        "{pending:?}"
+    );
+    let id = approval_id("s1");
+    let mut a = w.spend.approval(&id).await.expect("get").expect("opened");
+    a.state = ApprovalState::Denied;
+    a.decided_by = Some("ana".into());
+    a.reason = Some("not in budget".into());
+    assert!(w.spend.update_approval(&a).await.expect("update"));
+    for _ in 0..2 {
+        let denied = w.gate.admit(&b, &ask("s1", "r", usd(60_000))).await;
+        assert!(
+            matches!(&denied, Err(Refusal::Denied { by, .. }) if by == "ana"),
+            "{denied:?}"
+        );
+    }
+    assert_eq!(
+        w.events.0.lock().expect("events").as_slice(),
+        ["approval requested"],
+        "one approval for every retry"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn splitting_a_payment_does_not_slip_under_the_run_threshold() {
+    let w = world();
+    let b = budget(|t| {
+        t.approve_run_above = Some("500.00");
+        t.approval_wait = Duration::from_secs(1);
+        t.approval_expires = Duration::from_secs(60);
+    });
+    let mut first = w
+        .gate
+        .admit(&b, &ask("s1", "r", usd(49_900)))
+        .await
+        .expect("under");
+    first.keep();
+    let second = w.gate.admit(&b, &ask("s2", "r", usd(49_900))).await;
+    assert!(matches!(second, Err(Refusal::Pending { .. })), "{second:?}");
+    // Approved, the second goes through and is counted.
+    let mut a = w
+        .spend
+        .approval(&approval_id("s2"))
+        .await
+        .expect("get")
+        .expect("opened");
+    a.state = ApprovalState::Approved;
+    assert!(w.spend.update_approval(&a).await.expect("update"));
+    let mut t = w
+        .gate
+        .admit(&b, &ask("s2", "r", usd(49_900)))
+        .await
+        .expect("approved");
+    t.keep();
+    assert!(t.added);
+    // An approval for one amount does not cover another under the same key.
+    let other = w.gate.admit(&b, &ask("s2", "r", usd(99_900))).await;
+    assert!(matches!(other, Err(Refusal::Mismatch { .. })), "{other:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_approval_expires_and_the_next_retry_asks_again() {
+    let w = world();
+    let b = budget(|t| {
+        t.approve_above = Some("500.00");
+        t.approval_wait = Duration::from_secs(1);
+        t.approval_expires = Duration::from_secs(10);
+    });
+    assert!(w
+        .gate
+        .admit(&b, &ask("s1", "r", usd(60_000)))
+        .await
+        .is_err());
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(w
+        .gate
+        .admit(&b, &ask("s1", "r", usd(60_000)))
+        .await
+        .is_err());
+    assert_eq!(
+        w.events.0.lock().expect("events").as_slice(),
+        [
+            "approval requested",
+            "approval expired",
+            "approval requested"
+        ]
+    );
+}

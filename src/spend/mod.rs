@@ -1,0 +1,14 @@
+//! Spend control in front of irreversible calls: what a request costs (`budget`), the
+//! budgets and approvals it must pass (`gate`), in money that is never rounded down
+//! (`money`), over a store port every claim store also implements (`port`).
+//!
+//! No HTTP here: the proxy reads requests and renders refusals; this decides.
+
+pub mod budget;
+pub mod gate;
+#[cfg(test)]
+mod gate_tests;
+pub mod money;
+pub mod port;
+#[cfg(any(test, feature = "test-store"))]
+pub mod testing;

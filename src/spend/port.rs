@@ -1,0 +1,268 @@
+//! What spend control needs from the store (its port): an atomic check-and-reserve over a
+//! request's budget counters, refunds, and approvals that survive restarts and are shared by
+//! every proxy on the store. Adapters in `crate::store` implement it next to the claim store.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::idempotency::store::StoreError;
+
+/// One budget a request counts against: a run's, or a tenant's rolling window, on a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counter {
+    /// Names the budget in the store (`route`, tenant, and the run for run budgets).
+    pub key: String,
+    pub cap: Option<i64>,
+    /// Only reservations made within this long count.
+    pub window_ms: u64,
+    pub name: CapName,
+}
+
+/// Which budget a refusal is about, as the configuration names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapName {
+    PerRequest,
+    PerRun,
+    PerTenant,
+}
+
+impl CapName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapName::PerRequest => "per_request",
+            CapName::PerRun => "per_run",
+            CapName::PerTenant => "per_tenant",
+        }
+    }
+}
+
+/// Reserve `amount` (minor units of the caps currency) for operation `id` against every
+/// counter, atomically. Idempotent per `id`: an operation already reserved with this amount
+/// is never checked or counted again, so its retries always get through to the claim.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    /// The operation (its claim scope).
+    pub id: String,
+    pub amount: i64,
+    pub counters: Vec<Counter>,
+    /// Index into `counters` of the run's budget, whose spend (this request included) above
+    /// `approve_above` needs a person first; `None` once approved or when not configured.
+    pub approval: Option<(usize, i64)>,
+    pub now_ms: u64,
+    /// How long reservations are kept (at least every window, and the receipt's life, so a
+    /// replay finds its reservation and is not counted again).
+    pub keep_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserved {
+    /// Counted now.
+    Added,
+    /// Already counted for this operation: nothing changed.
+    Existing,
+    /// Nothing counted: `counters[index]` would pass its cap.
+    OverCap { index: usize, spent: i64 },
+    /// Nothing counted: the run's spend would pass the approval threshold.
+    NeedsApproval { spent: i64 },
+}
+
+/// What every store computes the same way: counters are checked in order, then the
+/// approval threshold; `spent_excluding` is what a counter holds within its window, not
+/// counting `id`'s own earlier reservation (an amount that changed is checked afresh).
+pub fn decide(
+    r: &Reservation,
+    existing: Option<i64>,
+    spent_excluding: impl Fn(usize) -> i64,
+) -> Reserved {
+    if existing == Some(r.amount) {
+        return Reserved::Existing;
+    }
+    for (index, c) in r.counters.iter().enumerate() {
+        let spent = spent_excluding(index);
+        if c.cap
+            .is_some_and(|cap| spent.saturating_add(r.amount) > cap)
+        {
+            return Reserved::OverCap { index, spent };
+        }
+    }
+    if let Some((index, above)) = r.approval {
+        let spent = spent_excluding(index);
+        if spent.saturating_add(r.amount) > above {
+            return Reserved::NeedsApproval { spent };
+        }
+    }
+    Reserved::Added
+}
+
+/// A payment held for a person's decision. No credentials: only what the approver needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    /// `apr_` + hex, derived from the operation's scope: every retry finds the same one.
+    pub id: String,
+    pub route: String,
+    pub tenant: String,
+    pub run: String,
+    /// As the request asked (`600.00 USD`), and in the caps currency.
+    pub amount: String,
+    pub counted_minor: i64,
+    pub currency: String,
+    pub method: String,
+    pub path: String,
+    /// The request body, for the approver to read (sealed at rest with the receipt key).
+    #[serde(default, with = "crate::spend::port::b64")]
+    pub body: Vec<u8>,
+    /// `body` is sealed with the receipt key (`[encryption]`).
+    #[serde(default)]
+    pub body_sealed: bool,
+    /// Why a person is asked (which threshold).
+    pub why: String,
+    pub state: ApprovalState,
+    pub created_ms: u64,
+    pub expires_ms: u64,
+    #[serde(default)]
+    pub decided_by: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub decided_ms: Option<u64>,
+    /// Bumped on every change; a decision is written only over the version it read.
+    #[serde(default)]
+    pub version: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalState {
+    Pending,
+    Approved,
+    Denied,
+}
+
+impl Approval {
+    /// Pending or approved, but past its expiry: no longer a decision anyone may act on.
+    pub fn expired(&self, now_ms: u64) -> bool {
+        self.state != ApprovalState::Denied && now_ms >= self.expires_ms
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Approval, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Corrupt(crate::idempotency::record::DecodeError(format!(
+                "an approval: {e}"
+            )))
+        })
+    }
+}
+
+/// What [`SpendStore::open_approval`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// A live approval: this one comes back.
+    Existing,
+    New,
+    /// An approval that had expired undecided (or unused) was replaced by the new one.
+    ReplacedExpired,
+}
+
+#[async_trait]
+pub trait SpendStore: Send + Sync + 'static {
+    /// Checks and reserves atomically (see [`Reservation`] and [`decide`]).
+    async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError>;
+
+    /// Takes back `id`'s reservation from these counters (it did not happen).
+    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError>;
+
+    /// What a counter holds within `window_ms` before `now_ms` (operators, metrics).
+    async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError>;
+
+    /// Stores `a` unless a live approval with its id exists: the one stored comes back
+    /// (`a` itself when stored). An expired one is replaced.
+    async fn open_approval(
+        &self,
+        a: &Approval,
+        now_ms: u64,
+    ) -> Result<(Approval, Opened), StoreError>;
+
+    async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError>;
+
+    /// Writes `a` (version + 1) if the stored one still has `a.version`; `false` otherwise.
+    async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError>;
+
+    /// Up to `limit` approvals, newest first.
+    async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError>;
+}
+
+/// Bodies as base64 inside the JSON record.
+pub(crate) mod b64 {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Every operation of `inner` bounded by `store.op_timeout`, as claims are: a stalled store
+/// answers `Timeout` and the payment is refused (503), never forwarded unchecked.
+pub struct Bounded {
+    inner: std::sync::Arc<dyn SpendStore>,
+    limit: std::time::Duration,
+}
+
+impl Bounded {
+    pub fn wrap(
+        inner: std::sync::Arc<dyn SpendStore>,
+        limit: std::time::Duration,
+    ) -> std::sync::Arc<dyn SpendStore> {
+        std::sync::Arc::new(Bounded { inner, limit })
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.limit, op)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.limit)))
+    }
+}
+
+#[async_trait]
+impl SpendStore for Bounded {
+    async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
+        self.bounded(self.inner.reserve(r)).await
+    }
+    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
+        self.bounded(self.inner.refund(id, counters)).await
+    }
+    async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
+        self.bounded(self.inner.spent(counter, window_ms, now_ms))
+            .await
+    }
+    async fn open_approval(
+        &self,
+        a: &Approval,
+        now_ms: u64,
+    ) -> Result<(Approval, Opened), StoreError> {
+        self.bounded(self.inner.open_approval(a, now_ms)).await
+    }
+    async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
+        self.bounded(self.inner.approval(id)).await
+    }
+    async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
+        self.bounded(self.inner.update_approval(a)).await
+    }
+    async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
+        self.bounded(self.inner.approvals(limit)).await
+    }
+}

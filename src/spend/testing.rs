@@ -1,0 +1,130 @@
+//! An in-memory spend store for tests of the gate (the real ones are in `crate::store`).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::port::{decide, Approval, Opened, Reservation, Reserved, SpendStore};
+use crate::idempotency::store::StoreError;
+
+#[derive(Default)]
+pub struct MemorySpend {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// counter → id → (amount, at_ms)
+    counters: HashMap<String, HashMap<String, (i64, u64)>>,
+    approvals: HashMap<String, Approval>,
+}
+
+impl MemorySpend {
+    pub fn new() -> MemorySpend {
+        MemorySpend::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn sum(entries: Option<&HashMap<String, (i64, u64)>>, except: &str, since: u64) -> i64 {
+    entries
+        .map(|m| {
+            m.iter()
+                .filter(|(id, (_, at))| id.as_str() != except && *at > since)
+                .map(|(_, (a, _))| *a)
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[async_trait]
+impl SpendStore for MemorySpend {
+    async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
+        let mut inner = self.lock();
+        let existing = r
+            .counters
+            .first()
+            .and_then(|c| inner.counters.get(&c.key))
+            .and_then(|m| m.get(&r.id))
+            .map(|(a, _)| *a);
+        let verdict = decide(r, existing, |i| {
+            let c = &r.counters[i];
+            sum(
+                inner.counters.get(&c.key),
+                &r.id,
+                r.now_ms.saturating_sub(c.window_ms),
+            )
+        });
+        if verdict == Reserved::Added {
+            for c in &r.counters {
+                inner
+                    .counters
+                    .entry(c.key.clone())
+                    .or_default()
+                    .insert(r.id.clone(), (r.amount, r.now_ms));
+            }
+        }
+        Ok(verdict)
+    }
+
+    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        for c in counters {
+            if let Some(m) = inner.counters.get_mut(c) {
+                m.remove(id);
+            }
+        }
+        Ok(())
+    }
+
+    async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
+        Ok(sum(
+            self.lock().counters.get(counter),
+            "",
+            now_ms.saturating_sub(window_ms),
+        ))
+    }
+
+    async fn open_approval(
+        &self,
+        a: &Approval,
+        now_ms: u64,
+    ) -> Result<(Approval, Opened), StoreError> {
+        let mut inner = self.lock();
+        let opened = match inner.approvals.get(&a.id) {
+            Some(found) if !found.expired(now_ms) => return Ok((found.clone(), Opened::Existing)),
+            Some(_) => Opened::ReplacedExpired,
+            None => Opened::New,
+        };
+        inner.approvals.insert(a.id.clone(), a.clone());
+        Ok((a.clone(), opened))
+    }
+
+    async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
+        Ok(self.lock().approvals.get(id).cloned())
+    }
+
+    async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
+        let mut inner = self.lock();
+        match inner.approvals.get(&a.id) {
+            Some(found) if found.version == a.version => {
+                let mut next = a.clone();
+                next.version += 1;
+                inner.approvals.insert(a.id.clone(), next);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
+        let mut all: Vec<_> = self.lock().approvals.values().cloned().collect();
+        all.sort_by_key(|a| std::cmp::Reverse(a.created_ms));
+        all.truncate(limit);
+        Ok(all)
+    }
+}
