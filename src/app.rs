@@ -10,12 +10,16 @@ use crate::idempotency::claims::Claims;
 use crate::identity::minted_keys::MintedKeys;
 use crate::metrics::Metrics;
 use crate::proxy::admission::Admission;
+use crate::proxy::announce::Webhook;
 use crate::proxy::connect_policy::ConnectPolicy;
 use crate::proxy::egress::Egress;
 use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 use crate::proxy::App;
 use crate::routes::Routes;
+use crate::spend::gate::{Announcer, Gate};
+use crate::spend::port::Bounded;
 use crate::store::sealed::{SealedStore, Sealer};
+use crate::store::sealed_spend::SealedSpend;
 use crate::store::timed::TimedStore;
 use crate::store::{self, StoreError, StoreUrl};
 
@@ -101,7 +105,7 @@ fn webhook(config: &Config) -> Result<Option<(http::Uri, UpstreamClient)>, Confi
 pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartError> {
     let parts = Parts::check(config)?;
     let metrics = Arc::new(Metrics::new());
-    let store = store::open_with(
+    let opened = store::open_both(
         &config.store.url,
         &config.store.namespace,
         &config.store.sqlite_synchronous,
@@ -109,15 +113,31 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
     )
     .await?;
     let store = TimedStore::wrap(
-        SealedStore::wrap(store, parts.sealer.clone()),
+        SealedStore::wrap(opened.claims, parts.sealer.clone()),
         metrics.clone(),
     );
+    let claims = Arc::new(
+        Claims::new(store, config.store.op_timeout.0)
+            .with_receipt_cache(config.server.receipt_cache_bytes),
+    );
+    let spend = parts
+        .routes
+        .all()
+        .iter()
+        .any(|r| r.spend.is_some())
+        .then(|| {
+            let store = SealedSpend::wrap(
+                Bounded::wrap(opened.spend, config.store.op_timeout.0),
+                parts.sealer.clone(),
+            );
+            let announcer = parts.webhook.clone().map(|(url, client)| {
+                Arc::new(Webhook::start(url, client, metrics.clone())) as Arc<dyn Announcer>
+            });
+            Arc::new(Gate::new(store, claims.clone(), announcer, metrics.clone()))
+        });
     let app = App {
         routes: parts.routes,
-        claims: Arc::new(
-            Claims::new(store, config.store.op_timeout.0)
-                .with_receipt_cache(config.server.receipt_cache_bytes),
-        ),
+        claims,
         namespace: config.store.namespace.clone(),
         max_body_bytes: config.server.max_body_bytes,
         max_receipt_bytes: config.server.max_receipt_bytes,
@@ -132,7 +152,7 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
             config.server.max_body_bytes,
         ),
         minted_keys: MintedKeys::default(),
-        spend: None,
+        spend,
     };
     Ok((Arc::new(app), parts.admin))
 }

@@ -4,6 +4,7 @@
 
 mod autopipeline;
 mod redis;
+mod redis_spend;
 pub mod sealed;
 pub mod sealed_spend;
 mod sqlite;
@@ -45,6 +46,41 @@ impl StoreUrl {
             "`{url}` is not a store URL: expected sqlite://PATH or redis://HOST:PORT[/DB]"
         ))
     }
+}
+
+/// An opened store: the claim store, and the spend port on the same connection.
+pub struct Opened {
+    pub claims: Arc<dyn Store>,
+    pub spend: Arc<dyn crate::spend::port::SpendStore>,
+}
+
+/// Opens the store a URL names, with its spend port.
+pub async fn open_both(
+    url: &str,
+    namespace: &str,
+    sqlite_synchronous: &str,
+    op_timeout: Duration,
+) -> Result<Opened, StoreError> {
+    let parsed = StoreUrl::parse(url).map_err(|message| StoreError::Open {
+        url: url.to_string(),
+        message,
+    })?;
+    Ok(match parsed {
+        StoreUrl::Sqlite(path) => {
+            let s = Arc::new(SqliteStore::open(&path, sqlite_synchronous)?);
+            Opened {
+                claims: s.clone(),
+                spend: s,
+            }
+        }
+        StoreUrl::Redis(url) => {
+            let s = Arc::new(RedisStore::open(&url, namespace, op_timeout)?);
+            Opened {
+                claims: s.clone(),
+                spend: s,
+            }
+        }
+    })
 }
 
 /// Opens the store a URL names: `sqlite://PATH` or `redis://…`.

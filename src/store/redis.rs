@@ -91,6 +91,16 @@ impl RedisStore {
         reply(self.batched.query(cmd).await.map_err(unavailable)?)
     }
 
+    /// A command of another port on this connection (spend): its reply.
+    pub(super) async fn other<T: FromRedisValue>(&self, cmd: Cmd) -> Result<T, StoreError> {
+        self.query(cmd).await
+    }
+
+    /// Names a key of another port under this store's namespace.
+    pub(super) fn key(&self, name: &str) -> String {
+        format!("{}:{name}", self.namespace)
+    }
+
     /// `EVALSHA`; a Redis that lost its script cache (restart, `SCRIPT FLUSH`) gets the
     /// script loaded once more, then the call is repeated: NOSCRIPT means it did not run.
     async fn run_script(

@@ -20,5 +20,6 @@ mod reconcile;
 mod sdk_matrix;
 mod shared_redis;
 mod signed_providers;
+mod spend;
 mod store_conformance;
 mod stripe_sdk;

@@ -1,0 +1,248 @@
+//! The spend port on Redis. A counter is a sorted set (operation id → when reserved) and a
+//! hash (id → amount); one script checks every counter of a request and reserves on all of
+//! them, so concurrent requests at a cap's edge cannot pass it together. A request's
+//! counters share a `{route/tenant}` hash tag, so on a Cluster they live in one slot and the
+//! script runs on one master. Approvals are one hash, written compare-and-set.
+
+use async_trait::async_trait;
+
+use super::redis::RedisStore;
+use super::StoreError;
+use crate::spend::port::{Approval, Opened, Reservation, Reserved, SpendStore};
+
+/// KEYS: (at, amt) per counter. ARGV: id, amount, now, keep, n, then (cap, window) per
+/// counter ('' for no cap), then approval counter index ('' for none) and threshold.
+/// Entries older than `keep` are dropped on the way. Sums skip `id`'s own entry, so a
+/// changed amount is checked afresh; an unchanged one is not checked at all.
+const RESERVE: &str = r#"
+local id, amount, now, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
+local existing = redis.call('HGET', KEYS[2], id)
+if existing and tonumber(existing) == amount then return {'existing', 0, 0} end
+local sums = {}
+for i = 1, n do
+  local at, amt = KEYS[2 * i - 1], KEYS[2 * i]
+  local old = redis.call('ZRANGEBYSCORE', at, '-inf', now - keep)
+  for _, m in ipairs(old) do redis.call('HDEL', amt, m) end
+  redis.call('ZREMRANGEBYSCORE', at, '-inf', now - keep)
+  local window = tonumber(ARGV[5 + 2 * i])
+  local sum = 0
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', at, '(' .. (now - window), '+inf')) do
+    if m ~= id then sum = sum + tonumber(redis.call('HGET', amt, m) or '0') end
+  end
+  sums[i] = sum
+end
+for i = 1, n do
+  local cap = ARGV[4 + 2 * i]
+  if cap ~= '' and sums[i] + amount > tonumber(cap) then return {'over', i - 1, sums[i]} end
+end
+local ai, above = ARGV[6 + 2 * n], ARGV[7 + 2 * n]
+if ai ~= '' and sums[tonumber(ai) + 1] + amount > tonumber(above) then
+  return {'approval', 0, sums[tonumber(ai) + 1]}
+end
+for i = 1, n do
+  redis.call('ZADD', KEYS[2 * i - 1], now, id)
+  redis.call('HSET', KEYS[2 * i], id, amount)
+  redis.call('PEXPIRE', KEYS[2 * i - 1], keep)
+  redis.call('PEXPIRE', KEYS[2 * i], keep)
+end
+return {'added', 0, 0}
+"#;
+
+/// KEYS: (at, amt) per counter. ARGV: id.
+const REFUND: &str = r#"
+for i = 1, #KEYS / 2 do
+  redis.call('ZREM', KEYS[2 * i - 1], ARGV[1])
+  redis.call('HDEL', KEYS[2 * i], ARGV[1])
+end
+return 1
+"#;
+
+/// KEYS: at, amt. ARGV: since.
+const SPENT: &str = r#"
+local sum = 0
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf')) do
+  sum = sum + tonumber(redis.call('HGET', KEYS[2], m) or '0')
+end
+return sum
+"#;
+
+/// KEYS: the approvals hash. ARGV: id, the value read ('' for none), the new value.
+const SWAP: &str = r#"
+local now = redis.call('HGET', KEYS[1], ARGV[1]) or ''
+if now ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"#;
+
+impl RedisStore {
+    fn counter_keys(&self, counter: &str) -> (String, String) {
+        (
+            self.key(&format!("spend:{counter}:at")),
+            self.key(&format!("spend:{counter}:amt")),
+        )
+    }
+
+    fn approvals_key(&self) -> String {
+        self.key("approvals")
+    }
+
+    async fn raw_approval(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(self.approvals_key()).arg(id);
+        self.other(cmd).await
+    }
+
+    /// Writes `new` over `seen` (the raw value read; `None`: absent); `false` if it changed.
+    async fn swap(
+        &self,
+        id: &str,
+        seen: Option<&[u8]>,
+        new: &Approval,
+    ) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(SWAP)
+            .arg(1)
+            .arg(self.approvals_key())
+            .arg(id)
+            .arg(seen.unwrap_or(b""))
+            .arg(new.encode());
+        Ok(self.other::<i64>(cmd).await? == 1)
+    }
+}
+
+#[async_trait]
+impl SpendStore for RedisStore {
+    async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RESERVE).arg(r.counters.len() * 2);
+        for c in &r.counters {
+            let (at, amt) = self.counter_keys(&c.key);
+            cmd.arg(at).arg(amt);
+        }
+        cmd.arg(&r.id)
+            .arg(r.amount)
+            .arg(r.now_ms)
+            .arg(r.keep_ms)
+            .arg(r.counters.len());
+        for c in &r.counters {
+            cmd.arg(c.cap.map(|c| c.to_string()).unwrap_or_default())
+                .arg(c.window_ms);
+        }
+        match r.approval {
+            Some((index, above)) => cmd.arg(index).arg(above),
+            None => cmd.arg("").arg(""),
+        };
+        let (verdict, index, spent): (String, i64, i64) = self.other(cmd).await?;
+        Ok(match verdict.as_str() {
+            "existing" => Reserved::Existing,
+            "added" => Reserved::Added,
+            "over" => Reserved::OverCap {
+                index: index as usize,
+                spent,
+            },
+            "approval" => Reserved::NeedsApproval { spent },
+            other => {
+                return Err(StoreError::Unavailable(format!(
+                    "the reserve script answered `{other}`"
+                )))
+            }
+        })
+    }
+
+    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(REFUND).arg(counters.len() * 2);
+        for c in counters {
+            let (at, amt) = self.counter_keys(c);
+            cmd.arg(at).arg(amt);
+        }
+        cmd.arg(id);
+        self.other::<i64>(cmd).await.map(|_| ())
+    }
+
+    async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
+        let (at, amt) = self.counter_keys(counter);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(SPENT)
+            .arg(2)
+            .arg(at)
+            .arg(amt)
+            .arg(now_ms.saturating_sub(window_ms));
+        self.other(cmd).await
+    }
+
+    async fn open_approval(
+        &self,
+        a: &Approval,
+        now_ms: u64,
+    ) -> Result<(Approval, Opened), StoreError> {
+        // Compare-and-set against what was read: two proxies opening the same approval at
+        // once store one, and both get it.
+        for _ in 0..5 {
+            let raw = self.raw_approval(&a.id).await?;
+            let opened = match &raw {
+                Some(bytes) => {
+                    let found = Approval::decode(bytes)?;
+                    if !found.expired(now_ms) {
+                        return Ok((found, Opened::Existing));
+                    }
+                    Opened::ReplacedExpired
+                }
+                None => Opened::New,
+            };
+            if self.swap(&a.id, raw.as_deref(), a).await? {
+                return Ok((a.clone(), opened));
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "approval {} kept changing while it was opened",
+            a.id
+        )))
+    }
+
+    async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
+        self.raw_approval(id)
+            .await?
+            .map(|raw| Approval::decode(&raw))
+            .transpose()
+    }
+
+    async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
+        let Some(raw) = self.raw_approval(&a.id).await? else {
+            return Ok(false);
+        };
+        if Approval::decode(&raw)?.version != a.version {
+            return Ok(false);
+        }
+        let mut next = a.clone();
+        next.version += 1;
+        self.swap(&a.id, Some(&raw), &next).await
+    }
+
+    async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
+        let mut cmd = redis::cmd("HVALS");
+        cmd.arg(self.approvals_key());
+        let raw: Vec<Vec<u8>> = self.other(cmd).await?;
+        let mut all = raw
+            .iter()
+            .map(|r| Approval::decode(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Approvals are kept a day past expiry (a late retry is told it expired), then go.
+        let gone_before = super::now_ms().saturating_sub(24 * 3600 * 1000);
+        let old: Vec<&str> = all
+            .iter()
+            .filter(|a| a.expires_ms < gone_before)
+            .map(|a| a.id.as_str())
+            .collect();
+        if !old.is_empty() {
+            let mut del = redis::cmd("HDEL");
+            del.arg(self.approvals_key()).arg(old);
+            self.other::<i64>(del).await?;
+        }
+        all.retain(|a| a.expires_ms >= gone_before);
+        all.sort_by_key(|a| std::cmp::Reverse(a.created_ms));
+        all.truncate(limit);
+        Ok(all)
+    }
+}
