@@ -29,6 +29,16 @@ struct Stripe {
 /// The shipped example config, pointed at the fake (`connect_to`, its CA) and a test store;
 /// `edit` changes the stripe route further.
 async fn shipped_config(backend: Backend, edit: impl FnOnce(&mut toml::Table)) -> Stripe {
+    shipped_config_with(backend, edit, &[]).await
+}
+
+/// As `shipped_config`, with environment for the proxy; an `IDEMPROXY_ADMIN_TOKEN` there
+/// turns the admin API on.
+async fn shipped_config_with(
+    backend: Backend,
+    edit: impl FnOnce(&mut toml::Table),
+    env: &[(&str, &str)],
+) -> Stripe {
     let pki = TestPki::new("stripe-test-ca");
     let fake = FakeStripe::start(&[SECRET], Some(pki.server_config(&["api.stripe.com"]))).await;
     let store = StoreFixture::new(backend);
@@ -65,7 +75,12 @@ async fn shipped_config(backend: Backend, edit: impl FnOnce(&mut toml::Table)) -
         pki.ca_path().display().to_string().into(),
     );
     edit(route);
-    let proxy = Proxy::start(&toml::to_string(&cfg).expect("serialise config"));
+    if env.iter().any(|(k, _)| *k == "IDEMPROXY_ADMIN_TOKEN") {
+        let mut admin = toml::Table::new();
+        admin.insert("token_env".into(), "IDEMPROXY_ADMIN_TOKEN".into());
+        cfg.insert("admin".into(), toml::Value::Table(admin));
+    }
+    let proxy = Proxy::start_with_env(&toml::to_string(&cfg).expect("serialise config"), env);
     Stripe {
         fake,
         proxy,
@@ -354,6 +369,105 @@ async fn square_body_keys_minted_per_call_are_replaced(backend: Backend) {
     assert_eq!(sent["reference_id"], "ord-88", "every other field as sent");
 }
 
+const ADMIN_TOKEN: &str = "adm-stripe-spend";
+
+/// The shipped stripe route with approval above 500.00 USD.
+async fn with_approvals(backend: Backend, wait: &str) -> Stripe {
+    let wait = wait.to_string();
+    shipped_config_with(
+        backend,
+        move |route| {
+            let mut spend = toml::Table::new();
+            spend.insert("caps_currency".into(), "usd".into());
+            spend.insert("approve_above".into(), "500.00".into());
+            spend.insert("approval_wait".into(), wait.into());
+            route.insert("spend".into(), toml::Value::Table(spend));
+        },
+        &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)],
+    )
+    .await
+}
+
+/// Approves or denies the one pending approval, once it is there.
+async fn decide_pending(proxy: &Proxy, how: &str) {
+    let admin = proxy.admin.expect("admin listener");
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let id = crate::common::eventually_async(
+        "the payment waits for approval",
+        std::time::Duration::from_secs(20),
+        || async {
+            let r = send(
+                admin,
+                "GET",
+                "/v1/approvals",
+                &[("authorization", auth.as_str())],
+                "",
+            )
+            .await
+            .ok()?;
+            r.json()["approvals"][0]["id"].as_str().map(String::from)
+        },
+    )
+    .await;
+    let body = serde_json::json!({"id": id, "by": "ana", "reason": "checked"}).to_string();
+    let r = send(
+        admin,
+        "POST",
+        &format!("/v1/approvals/{how}"),
+        &[
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+        ],
+        body,
+    )
+    .await
+    .expect("decision");
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+async fn the_sdk_waits_for_an_approval_and_the_payment_goes_out_once(backend: Backend) {
+    let s = with_approvals(backend, "20s").await;
+    let base = s.proxy.url("/stripe");
+    let tool = tokio::spawn(async move {
+        run_tool_with(&["pay", "inv-9001", "60000"], &[("STRIPE_API_BASE", base)]).await
+    });
+    decide_pending(&s.proxy, "approve").await;
+    let out = tool.await.expect("tool task");
+    assert!(
+        succeeded(&out),
+        "the SDK call returned once approved: {out}"
+    );
+    assert_eq!(s.fake.charges().len(), 1);
+    let rerun = run_tool(&s, &["pay", "inv-9001", "60000"]).await;
+    assert_eq!(rerun["payment_intent"], out["payment_intent"], "{rerun}");
+    assert_eq!(s.fake.charges().len(), 1);
+}
+
+async fn a_denied_payment_is_an_error_the_sdk_names(backend: Backend) {
+    let s = with_approvals(backend, "20s").await;
+    let base = s.proxy.url("/stripe");
+    let tool = tokio::spawn(async move {
+        run_tool_with(&["pay", "inv-9002", "60000"], &[("STRIPE_API_BASE", base)]).await
+    });
+    decide_pending(&s.proxy, "deny").await;
+    let out = tool.await.expect("tool task");
+    // Stripe's error shape: the SDK raises PermissionError with our message, and does not
+    // retry it (Stripe-Should-Retry: false).
+    assert_eq!(
+        (&out["error"], &out["http_status"]),
+        (&Value::from("PermissionError"), &Value::from(403)),
+        "{out}"
+    );
+    assert!(
+        out["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("denied by ana"),
+        "{out}"
+    );
+    assert!(s.fake.charges().is_empty());
+}
+
 both_backends!(
     an_agent_re_run_of_the_official_sdk_charges_once,
     a_reworded_re_run_gets_the_first_charge_not_a_422,
@@ -362,4 +476,6 @@ both_backends!(
     the_stripe_flow_run_twice_is_one_payment_intent_and_one_refund,
     a_route_that_trusts_client_keys_is_told_the_sdk_mints_them,
     square_body_keys_minted_per_call_are_replaced,
+    the_sdk_waits_for_an_approval_and_the_payment_goes_out_once,
+    a_denied_payment_is_an_error_the_sdk_names,
 );
