@@ -71,13 +71,7 @@ impl Parts {
 pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartError> {
     let parts = Parts::check(config)?;
     let metrics = Arc::new(Metrics::new());
-    let store = store::open_with(
-        &config.store.url,
-        &config.store.namespace,
-        &config.store.sqlite_synchronous,
-        config.store.op_timeout.0,
-    )
-    .await?;
+    let store = store::open_config(&config.store).await?;
     let store = TimedStore::wrap(SealedStore::wrap(store, parts.sealer), metrics.clone());
     let app = App {
         routes: parts.routes,
