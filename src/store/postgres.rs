@@ -114,10 +114,12 @@ impl PostgresUrl {
                         "require" => SslMode::Require,
                         "verify-ca" => SslMode::VerifyCa,
                         "verify-full" => SslMode::VerifyFull,
-                        other => return Err(format!(
+                        other => {
+                            return Err(format!(
                             "`{url}`: sslmode `{other}` is not one of disable, prefer, require, \
                                  verify-ca, verify-full"
-                        )),
+                        ))
+                        }
                     }
                 }
                 "sslrootcert" => rootcert = Some(PathBuf::from(value())),
