@@ -13,6 +13,7 @@ mod faults;
 mod https;
 mod identity;
 mod ops;
+mod postgres_store;
 mod providers;
 mod shared_redis;
 mod signed_providers;

@@ -258,13 +258,19 @@ impl PostgresServer {
     /// SIGSTOP on every process: a database that accepts connections and never answers.
     pub fn pause(&self) {
         for pid in self.processes() {
-            let _ = Command::new("kill").args(["-STOP", &pid]).status();
+            let _ = Command::new("kill")
+                .args(["-STOP", &pid])
+                .stderr(Stdio::null())
+                .status();
         }
     }
 
     pub fn resume(&self) {
         for pid in self.processes() {
-            let _ = Command::new("kill").args(["-CONT", &pid]).status();
+            let _ = Command::new("kill")
+                .args(["-CONT", &pid])
+                .stderr(Stdio::null())
+                .status();
         }
     }
 }
