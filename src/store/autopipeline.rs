@@ -12,8 +12,10 @@
 //!
 //! With `WAIT` acknowledgement on, a batch holding writes ends with one `WAIT n timeout`:
 //! Redis answers it once `n` replicas have every write this connection sent before it, so one
-//! `WAIT` covers the whole batch. Short of `n`, each write of the batch fails (it ran on the
-//! master, but a failover could lose it); reads keep their replies.
+//! `WAIT` covers the whole batch. Short of `n`, each command of the batch that did write
+//! fails (it ran on the master, but a failover could lose it); reads, and writes whose reply
+//! says they changed nothing (a claim that found a record, a fence that did not admit),
+//! keep their replies.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,10 +32,32 @@ const MAX_BATCH: usize = 256;
 
 struct Queued {
     cmd: Cmd,
-    /// Writes are what `WAIT` must see replicated.
-    write: bool,
+    effect: Effect,
     reply: oneshot::Sender<RedisResult<Value>>,
 }
+
+/// What a command's reply says about whether it wrote: what `WAIT` must see replicated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    Read,
+    /// `SET … NX GET`: wrote when it answers nil (nothing was there).
+    WroteIfNil,
+    /// The fenced scripts: wrote when they answer 1.
+    WroteIfOne,
+}
+
+impl Effect {
+    pub fn wrote(self, reply: &Value) -> bool {
+        match self {
+            Effect::Read => false,
+            Effect::WroteIfNil => matches!(reply, Value::Nil),
+            Effect::WroteIfOne => matches!(reply, Value::Int(1)),
+        }
+    }
+}
+
+/// The error of a write that `WAIT` found short of replicas (recognised by its text).
+pub const NOT_REPLICATED: &str = "not acknowledged by enough replicas";
 
 /// Where batches go: the connection to use now (a Sentinel setup changes it on failover).
 pub trait Connections: Send + Sync + 'static {
@@ -59,7 +83,7 @@ impl Wait {
         match reply {
             Value::Int(n) if *n >= i64::from(self.replicas) => Ok(()),
             Value::Int(n) => Err(RedisError::from(std::io::Error::other(format!(
-                "only {n} of {} replicas acknowledged the write within {:?}",
+                "{NOT_REPLICATED}: only {n} of {} replicas had the write within {:?}",
                 self.replicas, self.timeout
             )))),
             other => Err(RedisError::from(std::io::Error::other(format!(
@@ -83,10 +107,10 @@ impl AutoPipeline {
     }
 
     /// Sends `cmd` with the next batch and returns its own reply.
-    pub async fn query(&self, cmd: Cmd, write: bool) -> RedisResult<Value> {
+    pub async fn query(&self, cmd: Cmd, effect: Effect) -> RedisResult<Value> {
         let (reply, answer) = oneshot::channel();
         self.queue
-            .send(Queued { cmd, write, reply })
+            .send(Queued { cmd, effect, reply })
             .map_err(|_| stopped())?;
         answer.await.unwrap_or_else(|_| Err(stopped()))
     }
@@ -143,7 +167,7 @@ async fn run(
 }
 
 async fn send(mut conn: ConnectionManager, mut batch: Vec<Queued>, wait: Option<Wait>) {
-    let wait = wait.filter(|_| batch.iter().any(|q| q.write));
+    let wait = wait.filter(|_| batch.iter().any(|q| q.effect != Effect::Read));
     if batch.len() == 1 && wait.is_none() {
         if let Some(q) = batch.pop() {
             let result = conn.req_packed_command(&q.cmd).await.and_then(server_error);
@@ -155,7 +179,7 @@ async fn send(mut conn: ConnectionManager, mut batch: Vec<Queued>, wait: Option<
     let mut replies = Vec::with_capacity(batch.len());
     for q in batch {
         pipe.add_command(q.cmd);
-        replies.push((q.reply, q.write));
+        replies.push((q.reply, q.effect));
     }
     if let Some(wait) = wait {
         pipe.add_command(wait.command());
@@ -168,9 +192,9 @@ async fn send(mut conn: ConnectionManager, mut batch: Vec<Queued>, wait: Option<
                 (Some(wait), true) => values.pop().map_or(Ok(()), |v| wait.check(&v)),
                 _ => Ok(()),
             };
-            for ((reply, write), value) in replies.into_iter().zip(values) {
+            for ((reply, effect), value) in replies.into_iter().zip(values) {
                 let result = match &acknowledged {
-                    Err(e) if write => Err(e.clone()),
+                    Err(e) if effect.wrote(&value) => Err(e.clone()),
                     _ => server_error(value),
                 };
                 let _ = reply.send(result);

@@ -23,7 +23,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, FromRedisValue, PushKind, RedisError, RedisResult, Script, Value};
 use tokio::sync::Notify;
 
-use super::autopipeline::{server_error, AutoPipeline, Connections, Wait};
+use super::autopipeline::{server_error, AutoPipeline, Connections, Effect, Wait, NOT_REPLICATED};
 use super::tls::TlsFiles;
 use super::{Expiry, SettleSink, Store, StoreError};
 use crate::idempotency::record::{Fence, Record, State};
@@ -471,10 +471,10 @@ impl RedisStore {
     }
 
     /// Sends one command (batched with others on a single server) and returns its reply.
-    async fn exec(&self, cmd: Cmd, write: bool) -> RedisResult<Value> {
+    async fn exec(&self, cmd: Cmd, effect: Effect) -> RedisResult<Value> {
         match &self.link {
             Link::Node { node, batched } => {
-                let out = batched.query(cmd, write).await;
+                let out = batched.query(cmd, effect).await;
                 if let Err(e) = &out {
                     if e.is_io_error() || e.is_connection_dropped() || e.code() == Some("READONLY")
                     {
@@ -485,7 +485,7 @@ impl RedisStore {
             }
             Link::Cluster { conn, .. } => {
                 let mut conn = conn.clone();
-                match self.wait.filter(|_| write) {
+                match self.wait.filter(|_| effect != Effect::Read) {
                     None => conn.req_packed_command(&cmd).await.and_then(server_error),
                     Some(wait) => {
                         // One pipeline, routed by the command's key: the WAIT runs on the
@@ -501,7 +501,9 @@ impl RedisStore {
                             RedisError::from(std::io::Error::other("the command got no reply"))
                         })?;
                         let reply = server_error(reply)?;
-                        wait.check(&waited)?;
+                        if effect.wrote(&reply) {
+                            wait.check(&waited)?;
+                        }
                         Ok(reply)
                     }
                 }
@@ -509,8 +511,20 @@ impl RedisStore {
         }
     }
 
-    async fn query<T: FromRedisValue>(&self, cmd: Cmd, write: bool) -> Result<T, StoreError> {
-        reply(self.exec(cmd, write).await.map_err(unavailable)?)
+    async fn query<T: FromRedisValue>(&self, cmd: Cmd, effect: Effect) -> Result<T, StoreError> {
+        reply(self.exec(cmd, effect).await.map_err(|e| self.failed(e))?)
+    }
+
+    /// A write `WAIT` found short of replicas counts as unanswered (`Timeout`): the core
+    /// then withdraws a claim instead of reading it back from the master and acting on it,
+    /// since a failover could still lose it.
+    fn failed(&self, e: RedisError) -> StoreError {
+        match self.wait {
+            Some(wait) if e.to_string().contains(NOT_REPLICATED) => {
+                StoreError::Timeout(wait.timeout)
+            }
+            _ => unavailable(e),
+        }
     }
 
     /// `EVALSHA`; a server that lost its script cache (restart, failover, `SCRIPT FLUSH`)
@@ -532,13 +546,14 @@ impl RedisStore {
             cmd
         };
         match self
-            .exec(invocation("EVALSHA", script.get_hash()), true)
+            .exec(invocation("EVALSHA", script.get_hash()), Effect::WroteIfOne)
             .await
         {
             Err(e) if e.code() == Some("NOSCRIPT") => {
-                self.query(invocation("EVAL", source), true).await
+                self.query(invocation("EVAL", source), Effect::WroteIfOne)
+                    .await
             }
-            Err(e) => Err(unavailable(e)),
+            Err(e) => Err(self.failed(e)),
             Ok(value) => reply(value),
         }
     }
@@ -606,13 +621,16 @@ async fn feed_settles(node: Arc<Node>, channel: String, sink: Arc<dyn SettleSink
 }
 
 /// On a Cluster: sharded pub/sub (`SSUBSCRIBE`, RESP3 pushes) on the master owning the
-/// channel's slot. A slot moved or a failover unsubscribes us (`sunsubscribe`, or a
-/// dropped connection): we subscribe again and re-read everything waiting.
+/// channel's slot. That master may fail over or the slot move, and a subscription lost that
+/// way is not always reported; so the feed publishes a heartbeat on its own channel every
+/// second and, when it has not heard one for three, subscribes again from scratch (a new
+/// client, the topology read afresh) and re-reads everything waiting.
 async fn feed_cluster_settles(
     recipe: Arc<ClusterRecipe>,
     channel: String,
     sink: Arc<dyn SettleSink>,
 ) {
+    const HEARTBEAT: &str = "";
     loop {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let subscribed = async {
@@ -626,29 +644,44 @@ async fn feed_cluster_settles(
             Ok::<_, RedisError>(conn)
         };
         match tokio::time::timeout(Duration::from_secs(2), subscribed).await {
-            Ok(Ok(mut conn)) => {
+            Ok(Ok(conn)) => {
                 sink.maybe_missed();
-                while let Some(push) = rx.recv().await {
-                    match push.kind {
-                        PushKind::SMessage => {
-                            if let Some(Ok(scope)) = push
-                                .data
-                                .get(1)
-                                .map(<String as FromRedisValue>::from_redis_value_ref)
-                            {
-                                sink.settled(&scope);
-                            }
-                        }
-                        PushKind::SUnsubscribe | PushKind::Disconnection => {
-                            sink.maybe_missed();
-                            if push.kind == PushKind::SUnsubscribe {
-                                if let Err(e) = conn.ssubscribe(&channel).await {
-                                    tracing::debug!(error = %e, "cannot subscribe again to settle notifications");
-                                    break;
+                let mut heard = tokio::time::Instant::now();
+                let mut beat = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tokio::select! {
+                        push = rx.recv() => {
+                            let Some(push) = push else { break };
+                            match push.kind {
+                                PushKind::SMessage => {
+                                    let payload = push
+                                        .data
+                                        .get(1)
+                                        .map(<String as FromRedisValue>::from_redis_value_ref);
+                                    match payload {
+                                        Some(Ok(p)) if p == HEARTBEAT => heard = tokio::time::Instant::now(),
+                                        Some(Ok(scope)) => sink.settled(&scope),
+                                        _ => {}
+                                    }
                                 }
+                                PushKind::SUnsubscribe | PushKind::Disconnection => break,
+                                _ => {}
                             }
                         }
-                        _ => {}
+                        _ = beat.tick() => {
+                            if heard.elapsed() > Duration::from_secs(3) {
+                                break;
+                            }
+                            let mut publisher = conn.clone();
+                            let channel = channel.clone();
+                            tokio::spawn(async move {
+                                let _ = redis::cmd("SPUBLISH")
+                                    .arg(&channel)
+                                    .arg(HEARTBEAT)
+                                    .query_async::<Value>(&mut publisher)
+                                    .await;
+                            });
+                        }
                     }
                 }
                 tracing::debug!("settle notifications interrupted; re-subscribing");
@@ -710,7 +743,7 @@ impl Store for RedisStore {
             cmd.arg("PX").arg(expiry.millis());
         }
         cmd.arg("GET");
-        let found: Option<Vec<u8>> = self.query(cmd, true).await?;
+        let found: Option<Vec<u8>> = self.query(cmd, Effect::WroteIfNil).await?;
         found
             .map(|raw| Record::decode(&raw))
             .transpose()
@@ -720,7 +753,7 @@ impl Store for RedisStore {
     async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(scope);
-        let found: Option<Vec<u8>> = self.query(cmd, false).await?;
+        let found: Option<Vec<u8>> = self.query(cmd, Effect::Read).await?;
         found
             .map(|raw| Record::decode(&raw))
             .transpose()

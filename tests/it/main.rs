@@ -15,6 +15,7 @@ mod identity;
 mod ops;
 mod postgres_store;
 mod providers;
+mod redis_topologies;
 mod shared_redis;
 mod signed_providers;
 mod store_conformance;

@@ -262,6 +262,10 @@ impl RedisCluster {
                         "1000",
                         "--cluster-allow-replica-migration",
                         "no",
+                        // A replica takes over however long it has been since it last heard
+                        // from its master (an idle test cluster is "stale" otherwise).
+                        "--cluster-replica-validity-factor",
+                        "0",
                     ]
                     .map(String::from)
                     .to_vec(),
@@ -299,8 +303,6 @@ impl RedisCluster {
 
     /// Until every running node says the cluster is ok with all 16384 slots served.
     pub fn until_healthy(&self, within: Duration) {
-        // A node that just died may still be counted ok by others for a moment.
-        std::thread::sleep(Duration::from_millis(100));
         let deadline = Instant::now() + within;
         loop {
             let healthy = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
@@ -332,6 +334,39 @@ impl RedisCluster {
             .position(|n| n.owns_slot(slot))
             .expect("some master serves the slot");
         (owner, slot)
+    }
+
+    /// SIGKILLs node `i`, waits until the others flag it failed, then until a replica has
+    /// taken over its slots.
+    pub fn kill_and_fail_over(&mut self, i: usize, within: Duration) {
+        let me = format!("127.0.0.1:{}@", self.nodes[i].port);
+        self.nodes[i].kill();
+        let deadline = Instant::now() + within;
+        while !self.nodes.iter().filter(|n| n.child.is_some()).any(|n| {
+            n.cli(&["CLUSTER", "NODES"]).is_some_and(|nodes| {
+                nodes
+                    .lines()
+                    .any(|l| l.contains(&me) && l.contains("fail") && !l.contains("fail?"))
+            })
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster never noticed the dead master"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.until_healthy(deadline.saturating_duration_since(Instant::now()));
+    }
+
+    /// Some record's key (for a test that stored exactly one so far: that one).
+    pub fn any_key(&self) -> String {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .filter_map(|n| n.cli(&["--scan", "--pattern", "idem:*"]))
+            .flat_map(|keys| keys.lines().map(String::from).collect::<Vec<_>>())
+            .find(|k| !k.is_empty())
+            .expect("a stored record")
     }
 
     /// Moves `slot` from its master to another master, key by key, as an operator's
@@ -556,6 +591,15 @@ impl RedisSentinels {
             assert!(Instant::now() < deadline, "the sentinels never failed over");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Starts the master that was killed again, as a replica of the one the sentinels
+    /// promoted (as the sentinels would reconfigure it, without waiting for them).
+    pub fn rejoin_as_replica(&mut self, old: u16) {
+        let new = self.master_port().expect("a master");
+        let server = self.server(old);
+        server.extra = vec!["--replicaof".into(), "127.0.0.1".into(), new.to_string()];
+        server.restart();
     }
 
     pub fn server(&mut self, port: u16) -> &mut RedisServer {
