@@ -79,6 +79,89 @@ impl StoreFixture {
         }
     }
 
+    /// A Cluster of three masters with a replica each, so that a master can fail over.
+    pub fn cluster_with_replicas() -> StoreFixture {
+        StoreFixture {
+            dir: tempfile::tempdir().expect("tempdir"),
+            redis: None,
+            tls: None,
+            cluster: Some(RedisCluster::start(3, 1)),
+            sentinels: None,
+            postgres: None,
+        }
+    }
+
+    /// The faults a chaos run may inflict on this store (none on SQLite: it is a file).
+    pub fn faults(&self) -> &'static [&'static str] {
+        if self.redis.is_some() {
+            &["redis SIGKILL+restart", "redis SIGSTOP+SIGCONT"]
+        } else if self.postgres.is_some() {
+            &[
+                "postgres crash+restart",
+                "postgres SIGSTOP+SIGCONT",
+                "postgres connections killed",
+            ]
+        } else if self.sentinels.is_some() {
+            &["sentinel master SIGKILL+failover"]
+        } else if self.cluster.is_some() {
+            &["cluster master SIGKILL+failover"]
+        } else {
+            &[]
+        }
+    }
+
+    /// Inflicts one of `faults()`, then lets the store recover (bounded waits).
+    pub fn inflict(&mut self, fault: &str, rng: &mut impl rand::Rng) {
+        let pause = |rng: &mut dyn rand::RngCore, lo: u64, hi: u64| {
+            std::thread::sleep(Duration::from_millis(rand::Rng::random_range(rng, lo..hi)))
+        };
+        match fault {
+            "redis SIGKILL+restart" => {
+                self.redis().kill();
+                pause(rng, 100, 1_000);
+                self.redis().restart();
+            }
+            "redis SIGSTOP+SIGCONT" => {
+                self.redis().pause();
+                pause(rng, 300, 1_500);
+                self.redis().resume();
+            }
+            "postgres crash+restart" => {
+                self.postgres().crash();
+                pause(rng, 100, 1_000);
+                self.postgres().start_again();
+            }
+            "postgres SIGSTOP+SIGCONT" => {
+                self.postgres().pause();
+                pause(rng, 300, 1_500);
+                self.postgres().resume();
+            }
+            "postgres connections killed" => {
+                self.postgres().psql(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE application_name = 'idemproxy'",
+                );
+            }
+            "sentinel master SIGKILL+failover" => {
+                let s = self.sentinels.as_mut().expect("sentinels");
+                let old = s.master_port().expect("a master");
+                s.master().kill();
+                s.until_failed_over(old, Duration::from_secs(20));
+                s.rejoin_as_replica(old);
+                s.until_replicated(Duration::from_secs(20));
+            }
+            "cluster master SIGKILL+failover" => {
+                let c = self.cluster.as_mut().expect("cluster");
+                let masters: Vec<usize> = (0..c.nodes.len()).filter(|i| c.is_master(*i)).collect();
+                let victim = masters[rand::Rng::random_range(rng, 0..masters.len())];
+                c.kill_and_fail_over(victim, Duration::from_secs(20));
+                c.nodes[victim].restart();
+                c.until_healthy(Duration::from_secs(20));
+            }
+            other => panic!("no such store fault: {other}"),
+        }
+    }
+
     pub fn redis(&mut self) -> &mut RedisServer {
         self.redis.as_mut().expect("this fixture runs on Redis")
     }

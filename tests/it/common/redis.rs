@@ -336,6 +336,14 @@ impl RedisCluster {
         (owner, slot)
     }
 
+    /// Node `i` is running and a master now.
+    pub fn is_master(&self, i: usize) -> bool {
+        self.nodes[i].child.is_some()
+            && self.nodes[i]
+                .cli(&["ROLE"])
+                .is_some_and(|r| r.starts_with("master"))
+    }
+
     /// SIGKILLs node `i`, waits until the others flag it failed, then until a replica has
     /// taken over its slots.
     pub fn kill_and_fail_over(&mut self, i: usize, within: Duration) {
