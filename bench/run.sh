@@ -153,6 +153,10 @@ host = "api.bench.test"
 upstream = "http://api.bench.test"
 connect_to = "127.0.0.1:$P_HTTP"
 provider = "stripe"
+# The load generator sends one body under many keys: keyed on the client's key, each is a new
+# claim (the stripe profile's default, the whole request, would make every row after the first
+# request a replay).
+key_source = "client"
 [[routes]]
 name = "secure"
 host = "secure.bench.test"
