@@ -267,29 +267,46 @@ impl SentinelSetup {
         }
     }
 
-    /// Asks each sentinel in turn; the first answer wins.
-    async fn master_addr(&self) -> Result<(String, u16), String> {
+    /// Asks each sentinel in turn; the first answer wins. Connections to the sentinels are
+    /// kept in `conns` between polls (one per sentinel, dropped after an error).
+    async fn master_addr(
+        &self,
+        conns: &mut [Option<redis::aio::MultiplexedConnection>],
+    ) -> Result<(String, u16), String> {
         let mut errors = Vec::new();
-        for (host, port) in &self.sentinels {
+        for ((host, port), slot) in self.sentinels.iter().zip(conns.iter_mut()) {
+            let cached = slot.take();
             let ask = async {
-                let client =
-                    server_client(&format!("{}://{host}:{port}", self.scheme()), &self.files)?;
-                let config = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(Duration::from_millis(500)))
-                    .set_response_timeout(Some(Duration::from_millis(500)));
-                let mut conn = client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await?;
-                redis::cmd("SENTINEL")
+                let mut conn = match cached {
+                    Some(conn) => conn,
+                    None => {
+                        let client = server_client(
+                            &format!("{}://{host}:{port}", self.scheme()),
+                            &self.files,
+                        )?;
+                        let config = redis::AsyncConnectionConfig::new()
+                            .set_connection_timeout(Some(Duration::from_millis(500)))
+                            .set_response_timeout(Some(Duration::from_millis(500)));
+                        client
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await?
+                    }
+                };
+                let addr = redis::cmd("SENTINEL")
                     .arg("get-master-addr-by-name")
                     .arg(&self.master)
                     .query_async::<Option<(String, u16)>>(&mut conn)
-                    .await
+                    .await?;
+                Ok::<_, RedisError>((addr, conn))
             };
             match tokio::time::timeout(Duration::from_secs(1), ask).await {
-                Ok(Ok(Some(addr))) => return Ok(addr),
-                Ok(Ok(None)) => {
-                    errors.push(format!("{host}:{port} knows no master `{}`", self.master))
+                Ok(Ok((Some(addr), conn))) => {
+                    *slot = Some(conn);
+                    return Ok(addr);
+                }
+                Ok(Ok((None, conn))) => {
+                    *slot = Some(conn);
+                    errors.push(format!("{host}:{port} knows no master `{}`", self.master));
                 }
                 Ok(Err(e)) => errors.push(format!("{host}:{port}: {e}")),
                 Err(_) => errors.push(format!("{host}:{port}: no answer")),
@@ -320,8 +337,9 @@ impl SentinelSetup {
 /// Follows the master the sentinels name: polls them, and asks at once after an error.
 async fn watch_sentinels(node: Arc<Node>, setup: SentinelSetup) {
     let mut known: Option<(String, u16)> = None;
+    let mut conns = vec![None; setup.sentinels.len()];
     loop {
-        match setup.master_addr().await {
+        match setup.master_addr(&mut conns).await {
             Ok(addr) if known.as_ref() != Some(&addr) => match setup.connect(&addr) {
                 Ok(pair) => {
                     tracing::info!(master = %format!("{}:{}", addr.0, addr.1), "Redis master (from Sentinel)");
@@ -438,8 +456,10 @@ impl RedisStore {
                     suspect: Notify::new(),
                 });
                 // The first answer before serving, if the sentinels give one promptly.
+                let mut conns = vec![None; sentinels.len()];
                 if let Ok(Ok(addr)) =
-                    tokio::time::timeout(Duration::from_secs(2), setup.master_addr()).await
+                    tokio::time::timeout(Duration::from_secs(2), setup.master_addr(&mut conns))
+                        .await
                 {
                     *node.current.write().unwrap_or_else(|e| e.into_inner()) =
                         Some(setup.connect(&addr).map_err(open_err)?);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::common::client::{post, send, Reply};
 use crate::common::provider::{FakeProvider, ProviderOptions};
 use crate::common::proxy::{config_on, route, Proxy, StoreFixture};
-use crate::common::redis::{tls_lines, RedisCluster, RedisSentinels, RedisTls};
+use crate::common::redis::{tls_lines, RedisCluster, RedisSentinels, RedisServer, RedisTls};
 use crate::common::Backend;
 use idemproxy::config::Dur;
 use idemproxy::idempotency::record::{Record, RecordBody, State, Token};
@@ -519,4 +519,47 @@ async fn proxy_follows_a_sentinel_failover() {
         );
     }
     assert_eq!(provider.effects(), 21, "each key once");
+}
+
+/// With `redis_wait_replicas = 1` and the only replica gone, a claim reaches the master but no
+/// replica: the request must not be forwarded (a failover now would forget the claim), and
+/// the claim must not linger to block the retry once the replica is back. (Before, the core
+/// read the unreplicated claim back from the master and executed on it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_no_replica_acknowledged_is_not_acted_on() {
+    let provider = FakeProvider::start().await;
+    let master = RedisServer::start();
+    let replica_args = vec![
+        "--replicaof".to_string(),
+        "127.0.0.1".to_string(),
+        master.port.to_string(),
+    ];
+    let mut replica = RedisServer::start_args(replica_args);
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[store]\nurl = \"{}\"\nop_timeout = \"500ms\"\nredis_wait_replicas = 1\nredis_wait_timeout = \"100ms\"\n\n{}",
+        master.url(),
+        route("pay", provider.port(), "lease = \"2s\"")
+    );
+    let proxy = Proxy::start(&text);
+    post_until_ok(&[proxy.addr], "warm", Duration::from_secs(10)).await;
+
+    replica.kill();
+    let first = post(proxy.addr, "/pay/v1/charges", Some("k"), "{}").await;
+    assert_eq!(first.status, 503, "{}", first.text());
+    assert_eq!(first.header("x-idemproxy-error"), Some("store-unavailable"));
+    // Retries meet the unreplicated claim until its withdrawal lands, or are refused.
+    for _ in 0..3 {
+        let r = post(proxy.addr, "/pay/v1/charges", Some("k"), "{}").await;
+        assert!(matches!(r.status, 409 | 503), "{}: {}", r.status, r.text());
+    }
+    assert_eq!(
+        provider.effects(),
+        1,
+        "nothing forwarded on an unreplicated claim"
+    );
+
+    replica.restart();
+    let k = post_until_ok(&[proxy.addr], "k", Duration::from_secs(15)).await;
+    assert_eq!(k.replayed(), Some("false"));
+    assert_eq!(provider.effects(), 2, "warm and k, once each");
 }
