@@ -465,3 +465,59 @@ async fn a_role_without_rights_is_told_what_to_grant() {
         "{err}"
     );
 }
+
+/// `check-config` and `serve` run the same URL parser: a typo in any store URL is refused by
+/// both, naming the field and the forms expected; a good URL of each kind passes the check.
+#[test]
+fn store_url_typos_name_the_field_and_what_was_expected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idemproxy.toml");
+    let run = |cmd: &str, url: &str| {
+        std::fs::write(
+            &path,
+            format!("[server]\nlisten = \"127.0.0.1:0\"\n[store]\nurl = \"{url}\"\nop_timeout = \"500ms\"\n\n{}", route("pay", 1, "")),
+        )
+        .expect("write config");
+        std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .args([cmd, "--config"])
+            .arg(&path)
+            .current_dir(dir.path())
+            .output()
+            .expect("run idemproxy")
+    };
+    for (url, says) in [
+        (
+            "postgress://idem@db/claims",
+            "expected sqlite://PATH, postgres://",
+        ),
+        ("postgres://idem@db/claims?sslmode=verify", "verify-full"),
+        ("postgres://db:5432/claims", "names no user"),
+        ("redis+sentinal://h:26379/m", "expected sqlite://PATH"),
+        ("redis+sentinel://h:26379", "names no master"),
+        ("redis+cluster://h:70000", "is not a port"),
+        ("rediss://h:port/0", "expected rediss://"),
+    ] {
+        for cmd in ["check-config", "serve"] {
+            let out = run(cmd, url);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{cmd} accepted {url}");
+            assert!(
+                err.contains("store.url") && err.contains(says),
+                "{cmd} {url}: {err}"
+            );
+        }
+    }
+    for url in [
+        "postgres://idem@db.internal:5432/claims?sslmode=verify-full",
+        "rediss://cache.internal:6380/0",
+        "redis+sentinel://a:26379,b:26379/mymaster/1",
+        "redis+cluster://a:7000,b:7000",
+    ] {
+        let out = run("check-config", url);
+        assert!(
+            out.status.success(),
+            "{url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
