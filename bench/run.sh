@@ -5,6 +5,7 @@
 #
 #   bench/run.sh                      # defaults: 32 connections, 3 reps x 10 s per scenario
 #   BENCH_SECS=5 BENCH_REPS=1 bench/run.sh
+#   BENCH_ONLY='postgres|redis-tls' bench/run.sh   # the store rows beside the baselines
 #   BENCH_ONLY='redis: A' BENCH_BIN=/tmp/idemproxy-old bench/run.sh
 #                                     # the baselines plus the rows matching a regex, with
 #                                     # another build: run it for each build, alternating, to
@@ -99,6 +100,37 @@ taskset -c $PROXY_CPU redis-server --port "$P_REDIS" --bind 127.0.0.1 --save "" 
   --dir "$WORK" --logfile "$WORK/redis.log" & REDIS_PID=$!; PIDS+=($!)
 wait_port "$P_REDIS"
 
+# --- Redis over TLS (CPU 1): the same Redis settings, a TLS port only ---------------------------
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=127.0.0.1" \
+  -keyout "$WORK/redis.key" -out "$WORK/redis.csr" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > "$WORK/redis.ext"
+openssl x509 -req -in "$WORK/redis.csr" -CA "$WORK/bench-ca.pem" -CAkey "$WORK/bench-ca.key" -CAcreateserial \
+  -days 2 -extfile "$WORK/redis.ext" -out "$WORK/redis.pem" 2>/dev/null
+P_REDIS_TLS=$(free_port)
+mkdir -p "$WORK/redis-tls"
+taskset -c $PROXY_CPU redis-server --port 0 --tls-port "$P_REDIS_TLS" --tls-cert-file "$WORK/redis.pem" \
+  --tls-key-file "$WORK/redis.key" --tls-ca-cert-file "$WORK/bench-ca.pem" --tls-auth-clients no \
+  --bind 127.0.0.1 --save "" --appendonly yes --appendfsync everysec \
+  --dir "$WORK/redis-tls" --logfile "$WORK/redis-tls.log" & REDIS_TLS_PID=$!; PIDS+=($!)
+wait_port "$P_REDIS_TLS"
+
+# --- PostgreSQL (CPU 1): a private cluster, durable defaults (fsync, synchronous_commit on) ------
+PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+P_PG=""; PG_PID=""
+if [ -n "$PG_BIN" ] && [ -x "$PG_BIN/initdb" ]; then
+  PG_RUN=(); [ "$(id -u)" = 0 ] && PG_RUN=(setpriv --reuid=postgres --regid=postgres --init-groups)
+  mkdir -p "$WORK/pg"; [ "$(id -u)" = 0 ] && chown postgres: "$WORK/pg"
+  chmod 755 "$WORK"
+  "${PG_RUN[@]}" "$PG_BIN/initdb" -D "$WORK/pg/data" -U postgres -A trust -E UTF8 >/dev/null
+  P_PG=$(free_port)
+  taskset -c $PROXY_CPU "${PG_RUN[@]}" "$PG_BIN/postgres" -D "$WORK/pg/data" -p "$P_PG" \
+    -c listen_addresses=127.0.0.1 -c unix_socket_directories="$WORK/pg" -c shared_buffers=128MB \
+    -c max_connections=100 > "$WORK/pg/log" 2>&1 & PG_PID=$!; PIDS+=($!)
+  wait_port "$P_PG"
+else
+  echo "no PostgreSQL server binaries (apt-get install postgresql): postgres rows skipped" >&2
+fi
+
 # --- idemproxy configs -------------------------------------------------------------------------
 HAVE_TLS=0
 if "$BIN" ca init --help >/dev/null 2>&1; then
@@ -121,6 +153,10 @@ host = "api.bench.test"
 upstream = "http://api.bench.test"
 connect_to = "127.0.0.1:$P_HTTP"
 provider = "stripe"
+# The load generator sends one body under many keys: keyed on the client's key, each is a new
+# claim (the stripe profile's default, the whole request, would make every row after the first
+# request a replay).
+key_source = "client"
 [[routes]]
 name = "secure"
 host = "secure.bench.test"
@@ -188,11 +224,18 @@ echo "nginx reverse proxy" >&2
 CPU_PROXY=$NGINX_PROXY_PID; CPU_STORE=""
 measure "nginx reverse proxy (no idempotency)" "-" --addr "127.0.0.1:$P_NGINX" --keys none
 
-for store in redis sqlite; do
-  if [ $store = redis ]; then url="redis://127.0.0.1:$P_REDIS/0"; else url="sqlite://$WORK/claims-$RANDOM.db"; fi
-  write_config "$WORK/$store.toml" "$url"
+for store in redis sqlite postgres redis-tls; do
+  more=""
+  case $store in
+    redis) url="redis://127.0.0.1:$P_REDIS/0"; CPU_STORE=$REDIS_PID ;;
+    sqlite) url="sqlite://$WORK/claims-$RANDOM.db"; CPU_STORE="" ;;
+    postgres) [ -n "$P_PG" ] || continue
+      url="postgres://postgres@127.0.0.1:$P_PG/postgres?sslmode=disable"; CPU_STORE=$PG_PID ;;
+    redis-tls) url="rediss://127.0.0.1:$P_REDIS_TLS/0"; more="tls_ca = \"$WORK/bench-ca.pem\""; CPU_STORE=$REDIS_TLS_PID ;;
+  esac
+  write_config "$WORK/$store.toml" "$url" "$more"
   start_proxy "$WORK/$store.toml"
-  CPU_PROXY=$PROXY_PID; if [ $store = redis ]; then CPU_STORE=$REDIS_PID; else CPU_STORE=""; fi
+  CPU_PROXY=$PROXY_PID
   echo "idemproxy on $store ($PROXY_ADDR)" >&2
   # No Idempotency-Key: forwarded without touching the store. What the proxy costs before
   # any claim, the ceiling of every keyed row (measured once; the store plays no part).
@@ -270,7 +313,7 @@ direct = med["direct to provider"]; nginx = med["nginx reverse proxy (no idempot
 direct1 = med.get("direct to provider, 1 connection")
 tunnel = med.get("HTTPS_PROXY blind tunnel (baseline)")
 print(f"\n{conns} connections, {reps} x {secs}s per row (medians), load generator + provider pinned to CPU {load_cpu}, proxy + store to CPU {proxy_cpu}.\n")
-print("| scenario | req/s | × direct | × nginx | × tunnel | p50 ms | p99 ms | p50 added vs direct (ms) | proxy CPU µs/req | Redis CPU µs/req | errors | non-2xx | peak RSS MiB |")
+print("| scenario | req/s | × direct | × nginx | × tunnel | p50 ms | p99 ms | p50 added vs direct (ms) | proxy CPU µs/req | store CPU µs/req | errors | non-2xx | peak RSS MiB |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 fmt_us = lambda v: f"{v:.1f}" if v is not None else ""
 for n in names:
@@ -285,8 +328,9 @@ for n in names:
           f"{fmt_us(r['cpu_proxy'])} | {fmt_us(r['cpu_store'])} | {r['errors']} | {r['non2xx']} | {r['rss']} |")
 print("\nRows ending in \"1 connection\" run one connection instead (the latency one caller sees, nothing queued"
       " ahead of it); their ratio and added latency are against the direct row with one connection.")
-print("\nCPU µs/req: CPU time the proxy under test (its threads; nginx: its workers) and Redis (with its AOF"
-      " rewrite children) used during the row, over its requests. The embedded store runs inside the proxy process.")
+print("\nCPU µs/req: CPU time the proxy under test (its threads; nginx: its workers) and its store server (Redis with"
+      " its AOF rewrite children; PostgreSQL's postmaster and backends) used during the row, over its requests."
+      " The embedded store runs inside the proxy process.")
 print(f"\nidemproxy RSS with 1,000 idle keep-alive connections (after a warm replay run): {idle_rss} MiB")
 print(f"Redis SET NX PX round trip (redis-benchmark, {conns} clients): {rb}")
 PY

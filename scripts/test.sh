@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian machine: installs what the tests talk to
-# (redis-server, curl, Python requests/httpx, boto3 for the SES tests, PyYAML for the compose-file
-# check; for the worker matrix in tests/it/sdk_matrix.rs: the providers' Python SDKs, aiohttp and
-# mcp from PyPI, Node.js packages from npm into tests/node, Go and a JDK from Debian), then runs
-# every test. Each install is skipped when what it installs is already there.
+# (redis-server with TLS, PostgreSQL's server package, curl, Python requests/httpx, boto3 for the
+# SES tests, PyYAML for the compose-file check; for the worker matrix in tests/it/sdk_matrix.rs: the
+# providers' Python SDKs, aiohttp and mcp from PyPI, Node.js packages from npm into tests/node, Go
+# and a JDK from Debian), then runs every test. Each install is skipped when what it installs is
+# already there.
 # Extra arguments go to `cargo test` (e.g. scripts/test.sh --test core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,12 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+# The PostgreSQL tests start their own server (initdb + postgres on a free port, never the
+# system's service): they need the server binaries, psql and pg_isready.
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+command -v pgrep >/dev/null 2>&1 || missing+=(procps)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
@@ -47,5 +54,6 @@ fi
 # build, about 12 minutes on 2 cores) is opt-in so the suite stays well under 15 minutes:
 #   apt-get install buildah debootstrap && IDEMPROXY_TEST_IMAGE=1 scripts/test.sh
 
-# Tests start their own redis-server processes on free ports; nothing here uses port 6379.
+# Tests start their own redis-server, sentinel, cluster and postgres processes on free ports;
+# nothing here uses port 6379 or 5432.
 exec cargo test --locked "$@"

@@ -105,13 +105,7 @@ fn webhook(config: &Config) -> Result<Option<(http::Uri, UpstreamClient)>, Confi
 pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartError> {
     let parts = Parts::check(config)?;
     let metrics = Arc::new(Metrics::new());
-    let opened = store::open_both(
-        &config.store.url,
-        &config.store.namespace,
-        &config.store.sqlite_synchronous,
-        config.store.op_timeout.0,
-    )
-    .await?;
+    let opened = store::open_config(&config.store).await?;
     let store = TimedStore::wrap(
         SealedStore::wrap(opened.claims, parts.sealer.clone()),
         metrics.clone(),

@@ -165,7 +165,9 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// `sqlite://PATH` (embedded, default) or `redis://HOST:PORT[/DB]`.
+    /// `sqlite://PATH` (embedded, default), `postgres://USER@HOST:PORT/DB`,
+    /// `redis://HOST:PORT[/DB]`, `rediss://…` (TLS), `redis+sentinel://HOST:PORT,…/MASTER[/DB]`
+    /// or `redis+cluster://HOST:PORT,…` (see docs/stores.md).
     pub url: String,
     /// Prefix of every store key, so several deployments can share one Redis.
     pub namespace: String,
@@ -174,6 +176,23 @@ pub struct StoreConfig {
     /// SQLite `synchronous`: `full` (a power loss loses nothing acknowledged) or `normal`
     /// (a power loss may lose the last transactions; a process crash loses nothing).
     pub sqlite_synchronous: String,
+    /// PEM file of the CA that signs the store's server certificate (`rediss://…`, and
+    /// `postgres://…` with `sslmode=verify-ca|verify-full`). Default: the system's roots.
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate (chain) for mutual TLS with the store; with `tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// PostgreSQL: most connections one proxy opens (claims, settles and reads share them).
+    pub pool_size: usize,
+    /// PostgreSQL: how often expired rows are deleted (in batches, never blocking claims).
+    pub sweep_interval: Dur,
+    /// Redis (plain, TLS, Sentinel, Cluster): a claim or settle is acknowledged only once this
+    /// many replicas have it (`WAIT`), so a failover cannot lose it. 0 = off (the default):
+    /// replication is asynchronous and a failover may lose the last acknowledged writes.
+    pub redis_wait_replicas: u32,
+    /// How long `WAIT` waits for those replicas; short of them, the operation fails (503).
+    pub redis_wait_timeout: Dur,
 }
 
 impl Default for StoreConfig {
@@ -183,6 +202,13 @@ impl Default for StoreConfig {
             namespace: "idem".into(),
             op_timeout: Dur(Duration::from_secs(2)),
             sqlite_synchronous: "full".into(),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            pool_size: 16,
+            sweep_interval: Dur(Duration::from_secs(60)),
+            redis_wait_replicas: 0,
+            redis_wait_timeout: Dur(Duration::from_millis(200)),
         }
     }
 }
@@ -563,6 +589,32 @@ impl Config {
         }
     }
 
+    /// The store's TLS files must be readable PEM, the key given with its certificate.
+    fn validate_store_tls(&self) -> Result<(), ConfigError> {
+        let files = [
+            ("store.tls_ca", &self.store.tls_ca, "CERTIFICATE"),
+            ("store.tls_cert", &self.store.tls_cert, "CERTIFICATE"),
+            ("store.tls_key", &self.store.tls_key, "PRIVATE KEY"),
+        ];
+        for (field, path, label) in files {
+            let Some(path) = path else { continue };
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| self.invalid(field, format!("cannot read {}: {e}", path.display())))?;
+            if !text.contains("-----BEGIN ") || !text.contains(label) {
+                return Err(self.invalid(field, format!("{} holds no PEM {label}", path.display())));
+            }
+        }
+        match (&self.store.tls_cert, &self.store.tls_key) {
+            (Some(_), None) => {
+                Err(self.invalid("store.tls_key", "must be set together with store.tls_cert"))
+            }
+            (None, Some(_)) => {
+                Err(self.invalid("store.tls_cert", "must be set together with store.tls_key"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         parse_listen(&self.server.listen).map_err(|m| self.invalid("server.listen", m))?;
         if let Some(a) = &self.server.admin_listen {
@@ -597,6 +649,25 @@ impl Config {
         }
         if self.store.op_timeout.0.is_zero() {
             return Err(self.invalid("store.op_timeout", "must be greater than 0"));
+        }
+        self.validate_store_tls()?;
+        if self.store.pool_size == 0 {
+            return Err(self.invalid("store.pool_size", "must be greater than 0"));
+        }
+        if self.store.sweep_interval.0.is_zero() {
+            return Err(self.invalid("store.sweep_interval", "must be greater than 0"));
+        }
+        if self.store.redis_wait_replicas > 0
+            && (self.store.redis_wait_timeout.0.is_zero()
+                || self.store.redis_wait_timeout.0 >= self.store.op_timeout.0)
+        {
+            return Err(self.invalid(
+                "store.redis_wait_timeout",
+                format!(
+                    "must be greater than 0 and shorter than store.op_timeout ({:?})",
+                    self.store.op_timeout.0
+                ),
+            ));
         }
         if self.tls.connect_ports.is_empty() || self.tls.connect_ports.contains(&0) {
             return Err(self.invalid(

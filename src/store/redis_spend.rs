@@ -90,7 +90,7 @@ impl RedisStore {
     async fn raw_approval(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let mut cmd = redis::cmd("HGET");
         cmd.arg(self.approvals_key()).arg(id);
-        self.other(cmd).await
+        self.other(cmd, false).await
     }
 
     /// Writes `new` over `seen` (the raw value read; `None`: absent); `false` if it changed.
@@ -107,7 +107,7 @@ impl RedisStore {
             .arg(id)
             .arg(seen.unwrap_or(b""))
             .arg(new.encode());
-        Ok(self.other::<i64>(cmd).await? == 1)
+        Ok(self.other::<i64>(cmd, true).await? == 1)
     }
 }
 
@@ -133,7 +133,7 @@ impl SpendStore for RedisStore {
             Some((index, above)) => cmd.arg(index).arg(above),
             None => cmd.arg("").arg(""),
         };
-        let (verdict, index, spent): (String, i64, i64) = self.other(cmd).await?;
+        let (verdict, index, spent): (String, i64, i64) = self.other(cmd, true).await?;
         Ok(match verdict.as_str() {
             "existing" => Reserved::Existing,
             "added" => Reserved::Added,
@@ -158,7 +158,7 @@ impl SpendStore for RedisStore {
             cmd.arg(at).arg(amt);
         }
         cmd.arg(id);
-        self.other::<i64>(cmd).await.map(|_| ())
+        self.other::<i64>(cmd, true).await.map(|_| ())
     }
 
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
@@ -169,7 +169,7 @@ impl SpendStore for RedisStore {
             .arg(at)
             .arg(amt)
             .arg(now_ms.saturating_sub(window_ms));
-        self.other(cmd).await
+        self.other(cmd, false).await
     }
 
     async fn open_approval(
@@ -223,7 +223,7 @@ impl SpendStore for RedisStore {
     async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
         let mut cmd = redis::cmd("HVALS");
         cmd.arg(self.approvals_key());
-        let raw: Vec<Vec<u8>> = self.other(cmd).await?;
+        let raw: Vec<Vec<u8>> = self.other(cmd, false).await?;
         let mut all = raw
             .iter()
             .map(|r| Approval::decode(r))
@@ -238,7 +238,7 @@ impl SpendStore for RedisStore {
         if !old.is_empty() {
             let mut del = redis::cmd("HDEL");
             del.arg(self.approvals_key()).arg(old);
-            self.other::<i64>(del).await?;
+            self.other::<i64>(del, true).await?;
         }
         all.retain(|a| a.expires_ms >= gone_before);
         all.sort_by_key(|a| std::cmp::Reverse(a.created_ms));

@@ -1,18 +1,20 @@
 //! One conformance suite for every store backend: the same calls must behave the same on the
-//! embedded SQLite file and on a real Redis.
+//! embedded SQLite file, a real Redis (plain, TLS with client certificates, a 3-master Cluster,
+//! Sentinel with a replica) and a real PostgreSQL.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::proxy::StoreFixture;
 use crate::common::Backend;
 use idemproxy::idempotency::record::{Fence, Receipt, Record, RecordBody, State, Token};
-use idemproxy::store::{self, Expiry, Store};
+use idemproxy::store::{self, Expiry, SettleSink, Store};
 
 async fn open(fixture: &StoreFixture) -> Arc<dyn Store> {
-    store::open(&fixture.url(), "idem", "full")
+    store::open_config(&fixture.store_config())
         .await
         .expect("open store")
+        .claims
 }
 
 fn record(state: State) -> Record {
@@ -193,12 +195,76 @@ async fn list_by_state(backend: Backend) {
     s.ping().await.expect("ping");
 }
 
-both_backends!(
+/// What a settle feed delivered.
+#[derive(Default)]
+struct Heard {
+    scopes: Mutex<Vec<String>>,
+    missed: Mutex<usize>,
+}
+
+impl SettleSink for Heard {
+    fn settled(&self, scope: &str) {
+        self.scopes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(scope.to_string());
+    }
+    fn maybe_missed(&self) {
+        *self.missed.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+}
+
+/// A settle one proxy announces reaches another proxy's feed (Redis pub/sub, sharded on a
+/// Cluster; PostgreSQL LISTEN/NOTIFY). SQLite is one process's store: it has no feed.
+async fn settles_announced_reach_other_proxies(backend: Backend) {
+    if backend == Backend::Sqlite {
+        return;
+    }
+    let f = StoreFixture::new(backend);
+    let (listener, announcer) = (open(&f).await, open(&f).await);
+    let heard = Arc::new(Heard::default());
+    listener.listen_settled(heard.clone());
+    // The feed says when it (re)subscribed: until then announcements may be missed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while *heard.missed.lock().unwrap_or_else(|e| e.into_inner()) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the feed never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..5 {
+        announcer
+            .announce_settled(&format!("idem:t:s{i}"))
+            .await
+            .expect("announce");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = heard
+            .scopes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if got.len() == 5 {
+            assert_eq!(
+                got,
+                (0..5).map(|i| format!("idem:t:s{i}")).collect::<Vec<_>>()
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "heard only {got:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+every_store!(
     insert_if_absent_claims_once,
     concurrent_inserts_have_one_winner,
     transitions_are_fenced_by_token_and_state,
     records_expire_and_never_means_never,
     list_by_state,
+    settles_announced_reach_other_proxies,
 );
 
 /// Commands from concurrent callers share pipelined writes to Redis: each caller must still

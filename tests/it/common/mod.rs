@@ -5,6 +5,7 @@ pub mod client;
 pub mod connect;
 pub mod fakes;
 pub mod pki;
+pub mod postgres;
 pub mod provider;
 pub mod proxy;
 pub mod redis;
@@ -18,6 +19,13 @@ use std::time::{Duration, Instant};
 pub enum Backend {
     Sqlite,
     Redis,
+    /// `rediss://`, with mutual TLS.
+    RedisTls,
+    /// Three masters, no replicas.
+    RedisCluster,
+    /// A master, a replica and three sentinels.
+    RedisSentinel,
+    Postgres,
 }
 
 /// A port nobody listens on right now (for things that cannot bind port 0 themselves).
@@ -118,6 +126,39 @@ macro_rules! both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() { super::$name($crate::common::Backend::Redis).await }
+            )*
+        }
+    };
+}
+
+/// Runs one async test body against every store: `every_store!(name);` expects
+/// `async fn name(backend: Backend)` in the same file.
+#[macro_export]
+macro_rules! every_store {
+    ($($name:ident),* $(,)?) => {
+        $crate::both_backends!($($name),*);
+        mod redis_tls {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name($crate::common::Backend::RedisTls).await }
+            )*
+        }
+        mod redis_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name($crate::common::Backend::RedisCluster).await }
+            )*
+        }
+        mod redis_sentinel {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name($crate::common::Backend::RedisSentinel).await }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name($crate::common::Backend::Postgres).await }
             )*
         }
     };

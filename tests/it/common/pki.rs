@@ -50,6 +50,18 @@ impl TestPki {
         )
     }
 
+    /// A certificate for `names` and its key as PEM files `<stem>.pem` and `<stem>.key`
+    /// (a Redis server's, or a client's for mutual TLS).
+    pub fn write_leaf(&self, names: &[&str], stem: &Path) {
+        let params =
+            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("leaf params");
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params.signed_by(&key, &self.issuer).expect("leaf cert");
+        std::fs::write(stem.with_extension("pem"), cert.pem()).expect("write cert");
+        std::fs::write(stem.with_extension("key"), key.serialize_pem()).expect("write key");
+    }
+
     /// A TLS server for `names` offering `h2` and `http/1.1`.
     pub fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
         let (cert, key) = self.leaf(names);

@@ -7,33 +7,178 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::redis::RedisServer;
+use super::postgres::PostgresServer;
+use super::redis::{tls_lines, RedisCluster, RedisSentinels, RedisServer, RedisTls};
 use super::Backend;
 
-/// A store for proxies under test: a SQLite file in a temp dir, or a redis-server of its own.
+/// A store for proxies under test: a SQLite file in a temp dir, or servers of its own.
 pub struct StoreFixture {
     pub dir: tempfile::TempDir,
+    /// Plain or TLS.
     pub redis: Option<RedisServer>,
+    pub tls: Option<std::sync::Arc<RedisTls>>,
+    pub cluster: Option<RedisCluster>,
+    pub sentinels: Option<RedisSentinels>,
+    pub postgres: Option<PostgresServer>,
 }
 
 impl StoreFixture {
     pub fn new(backend: Backend) -> StoreFixture {
+        let tls = (backend == Backend::RedisTls).then(|| std::sync::Arc::new(RedisTls::new(true)));
         StoreFixture {
             dir: tempfile::tempdir().expect("tempdir"),
-            redis: (backend == Backend::Redis).then(RedisServer::start),
+            redis: match (backend, &tls) {
+                (Backend::Redis, _) => Some(RedisServer::start()),
+                (Backend::RedisTls, Some(tls)) => Some(RedisServer::start_tls(tls.clone())),
+                _ => None,
+            },
+            tls,
+            cluster: (backend == Backend::RedisCluster).then(|| RedisCluster::start(3, 0)),
+            sentinels: (backend == Backend::RedisSentinel).then(RedisSentinels::start),
+            postgres: (backend == Backend::Postgres).then(PostgresServer::start),
         }
     }
 
     pub fn url(&self) -> String {
-        match &self.redis {
-            Some(r) => r.url(),
-            None => format!("sqlite://{}", self.dir.path().join("claims.db").display()),
+        if let Some(r) = &self.redis {
+            return r.url();
+        }
+        if let Some(c) = &self.cluster {
+            return c.url();
+        }
+        if let Some(s) = &self.sentinels {
+            return s.url();
+        }
+        if let Some(p) = &self.postgres {
+            return p.url();
+        }
+        format!("sqlite://{}", self.dir.path().join("claims.db").display())
+    }
+
+    /// The `[store]` lines naming this store: its URL, and the TLS files it needs.
+    pub fn store_lines(&self) -> String {
+        let tls = self.tls.as_deref().map(tls_lines).unwrap_or_default();
+        format!("url = \"{}\"\n{tls}", self.url())
+    }
+
+    /// The same as the `[store]` section a proxy would read (op_timeout as `config` sets it).
+    pub fn store_config(&self) -> idemproxy::config::StoreConfig {
+        let (tls_ca, tls_cert, tls_key) = match self.tls.as_deref() {
+            Some(tls) => {
+                let (cert, key) = tls.client();
+                (Some(tls.ca()), Some(cert), Some(key))
+            }
+            None => (None, None, None),
+        };
+        idemproxy::config::StoreConfig {
+            url: self.url(),
+            tls_ca,
+            tls_cert,
+            tls_key,
+            ..Default::default()
+        }
+    }
+
+    /// A Cluster of three masters with a replica each, so that a master can fail over.
+    pub fn cluster_with_replicas() -> StoreFixture {
+        StoreFixture {
+            dir: tempfile::tempdir().expect("tempdir"),
+            redis: None,
+            tls: None,
+            cluster: Some(RedisCluster::start(3, 1)),
+            sentinels: None,
+            postgres: None,
+        }
+    }
+
+    /// The faults a chaos run may inflict on this store (none on SQLite: it is a file).
+    pub fn faults(&self) -> &'static [&'static str] {
+        if self.redis.is_some() {
+            &["redis SIGKILL+restart", "redis SIGSTOP+SIGCONT"]
+        } else if self.postgres.is_some() {
+            &[
+                "postgres crash+restart",
+                "postgres SIGSTOP+SIGCONT",
+                "postgres connections killed",
+            ]
+        } else if self.sentinels.is_some() {
+            &["sentinel master SIGKILL+failover"]
+        } else if self.cluster.is_some() {
+            &["cluster master SIGKILL+failover"]
+        } else {
+            &[]
+        }
+    }
+
+    /// Inflicts one of `faults()`, then lets the store recover (bounded waits).
+    pub fn inflict(&mut self, fault: &str, rng: &mut impl rand::Rng) {
+        let pause = |rng: &mut dyn rand::RngCore, lo: u64, hi: u64| {
+            std::thread::sleep(Duration::from_millis(rand::Rng::random_range(rng, lo..hi)))
+        };
+        match fault {
+            "redis SIGKILL+restart" => {
+                self.redis().kill();
+                pause(rng, 100, 1_000);
+                self.redis().restart();
+            }
+            "redis SIGSTOP+SIGCONT" => {
+                self.redis().pause();
+                pause(rng, 300, 1_500);
+                self.redis().resume();
+            }
+            "postgres crash+restart" => {
+                self.postgres().crash();
+                pause(rng, 100, 1_000);
+                self.postgres().start_again();
+            }
+            "postgres SIGSTOP+SIGCONT" => {
+                self.postgres().pause();
+                pause(rng, 300, 1_500);
+                self.postgres().resume();
+            }
+            "postgres connections killed" => {
+                self.postgres().psql(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE application_name = 'idemproxy'",
+                );
+            }
+            "sentinel master SIGKILL+failover" => {
+                let s = self.sentinels.as_mut().expect("sentinels");
+                let old = s.master_port().expect("a master");
+                s.master().kill();
+                s.until_failed_over(old, Duration::from_secs(20));
+                s.rejoin_as_replica(old);
+                s.until_replicated(Duration::from_secs(20));
+            }
+            "cluster master SIGKILL+failover" => {
+                let c = self.cluster.as_mut().expect("cluster");
+                let masters: Vec<usize> = (0..c.nodes.len()).filter(|i| c.is_master(*i)).collect();
+                let victim = masters[rand::Rng::random_range(rng, 0..masters.len())];
+                c.kill_and_fail_over(victim, Duration::from_secs(20));
+                c.nodes[victim].restart();
+                c.until_healthy(Duration::from_secs(20));
+            }
+            other => panic!("no such store fault: {other}"),
         }
     }
 
     pub fn redis(&mut self) -> &mut RedisServer {
         self.redis.as_mut().expect("this fixture runs on Redis")
     }
+
+    pub fn postgres(&mut self) -> &mut PostgresServer {
+        self.postgres
+            .as_mut()
+            .expect("this fixture runs on PostgreSQL")
+    }
+}
+
+/// A config on `store` (its URL and TLS files) with the given `[[routes]]` blocks.
+pub fn config_on(store: &StoreFixture, extra: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\n[store]\n{}op_timeout = \"500ms\"\n\n{extra}\n",
+        store.store_lines()
+    )
 }
 
 /// A config with one store and the given `[[routes]]` blocks (and any extra top-level TOML).

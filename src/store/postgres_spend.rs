@@ -1,0 +1,224 @@
+//! The spend port on PostgreSQL. A reservation is checked and written in one transaction
+//! that first takes a transaction-scoped advisory lock per counter (in a fixed order), so
+//! concurrent requests at a cap's edge are serialised per budget — on every proxy sharing
+//! the database — and never pass it together. Approvals are rows written compare-and-set on
+//! their version.
+
+use async_trait::async_trait;
+
+use super::postgres::{unavailable, PostgresStore, NOW};
+use super::StoreError;
+use crate::spend::port::{decide, Approval, Opened, Reservation, Reserved, SpendStore};
+
+impl PostgresStore {
+    fn counter(&self, key: &str) -> String {
+        format!("{}:{key}", self.namespace)
+    }
+
+    fn approval_key(&self, id: &str) -> String {
+        format!("{}:{id}", self.namespace)
+    }
+
+    async fn load_approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached("SELECT value FROM idemproxy_approvals WHERE id = $1")
+            .await
+            .map_err(unavailable)?;
+        let row = client
+            .query_opt(&stmt, &[&self.approval_key(id)])
+            .await
+            .map_err(unavailable)?;
+        row.map(|r| Approval::decode(&r.get::<_, Vec<u8>>(0)))
+            .transpose()
+    }
+}
+
+#[async_trait]
+impl SpendStore for PostgresStore {
+    async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let keys: Vec<String> = r.counters.iter().map(|c| self.counter(&c.key)).collect();
+        let mut locked = keys.clone();
+        locked.sort();
+        for k in &locked {
+            tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", &[k])
+                .await
+                .map_err(unavailable)?;
+        }
+        let existing: Option<i64> = match keys.first() {
+            Some(k) => tx
+                .query_opt(
+                    "SELECT amount FROM idemproxy_spend WHERE counter = $1 AND id = $2",
+                    &[k, &r.id],
+                )
+                .await
+                .map_err(unavailable)?
+                .map(|row| row.get(0)),
+            None => None,
+        };
+        let mut sums = Vec::with_capacity(keys.len());
+        for (k, c) in keys.iter().zip(&r.counters) {
+            let since = r.now_ms.saturating_sub(c.window_ms) as i64;
+            let sum: i64 = tx
+                .query_one(
+                    "SELECT COALESCE(SUM(amount), 0)::bigint FROM idemproxy_spend
+                     WHERE counter = $1 AND id <> $2 AND at_ms > $3",
+                    &[k, &r.id, &since],
+                )
+                .await
+                .map_err(unavailable)?
+                .get(0);
+            sums.push(sum);
+        }
+        let verdict = decide(r, existing, |i| sums.get(i).copied().unwrap_or(0));
+        if verdict == Reserved::Added {
+            let (now, expires) = (r.now_ms as i64, r.now_ms.saturating_add(r.keep_ms) as i64);
+            for k in &keys {
+                tx.execute(
+                    "DELETE FROM idemproxy_spend WHERE counter = $1 AND expires_at <= $2",
+                    &[k, &now],
+                )
+                .await
+                .map_err(unavailable)?;
+                tx.execute(
+                    "INSERT INTO idemproxy_spend (counter, id, amount, at_ms, expires_at)
+                     VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (counter, id) DO UPDATE SET amount = excluded.amount,
+                         at_ms = excluded.at_ms, expires_at = excluded.expires_at",
+                    &[k, &r.id, &r.amount, &now, &expires],
+                )
+                .await
+                .map_err(unavailable)?;
+            }
+        }
+        tx.commit().await.map_err(unavailable)?;
+        Ok(verdict)
+    }
+
+    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
+        let keys: Vec<String> = counters.iter().map(|c| self.counter(c)).collect();
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM idemproxy_spend WHERE counter = ANY($1) AND id = $2",
+                &[&keys, &id],
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
+        let client = self.client().await?;
+        let since = now_ms.saturating_sub(window_ms) as i64;
+        Ok(client
+            .query_one(
+                "SELECT COALESCE(SUM(amount), 0)::bigint FROM idemproxy_spend
+                 WHERE counter = $1 AND at_ms > $2",
+                &[&self.counter(counter), &since],
+            )
+            .await
+            .map_err(unavailable)?
+            .get(0))
+    }
+
+    async fn open_approval(
+        &self,
+        a: &Approval,
+        now_ms: u64,
+    ) -> Result<(Approval, Opened), StoreError> {
+        for _ in 0..5 {
+            let found = self.load_approval(&a.id).await?;
+            let opened = match &found {
+                Some(f) if !f.expired(now_ms) => return Ok((f.clone(), Opened::Existing)),
+                Some(_) => Opened::ReplacedExpired,
+                None => Opened::New,
+            };
+            let client = self.client().await?;
+            let key = self.approval_key(&a.id);
+            let (created, expires) = (a.created_ms as i64, a.expires_ms as i64);
+            let written = match found {
+                None => client
+                    .execute(
+                        "INSERT INTO idemproxy_approvals (id, created_ms, expires_at, value)
+                         VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
+                        &[&key, &created, &expires, &a.encode()],
+                    )
+                    .await
+                    .map_err(unavailable)?,
+                Some(old) => client
+                    .execute(
+                        "UPDATE idemproxy_approvals SET created_ms = $2, expires_at = $3, value = $4
+                         WHERE id = $1 AND value = $5",
+                        &[&key, &created, &expires, &a.encode(), &old.encode()],
+                    )
+                    .await
+                    .map_err(unavailable)?,
+            };
+            if written == 1 {
+                return Ok((a.clone(), opened));
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "approval {} kept changing while it was opened",
+            a.id
+        )))
+    }
+
+    async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
+        self.load_approval(id).await
+    }
+
+    async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
+        let Some(old) = self.load_approval(&a.id).await? else {
+            return Ok(false);
+        };
+        if old.version != a.version {
+            return Ok(false);
+        }
+        let mut next = a.clone();
+        next.version += 1;
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE idemproxy_approvals SET value = $2, expires_at = $3
+                 WHERE id = $1 AND value = $4",
+                &[
+                    &self.approval_key(&a.id),
+                    &next.encode(),
+                    &(next.expires_ms as i64),
+                    &old.encode(),
+                ],
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(n == 1)
+    }
+
+    async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
+        let client = self.client().await?;
+        // Kept a day past expiry (a late retry is told it expired), then deleted.
+        let day = 24 * 3600 * 1000i64;
+        client
+            .execute(
+                &format!("DELETE FROM idemproxy_approvals WHERE expires_at < {NOW} - $1"),
+                &[&day],
+            )
+            .await
+            .map_err(unavailable)?;
+        let prefix = format!("{}:", self.namespace);
+        let rows = client
+            .query(
+                "SELECT value FROM idemproxy_approvals WHERE starts_with(id, $1)
+                 ORDER BY created_ms DESC LIMIT $2",
+                &[&prefix, &(limit as i64)],
+            )
+            .await
+            .map_err(unavailable)?;
+        rows.iter()
+            .map(|r| Approval::decode(&r.get::<_, Vec<u8>>(0)))
+            .collect()
+    }
+}
