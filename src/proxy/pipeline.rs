@@ -164,7 +164,7 @@ async fn protect(
     let executed = forward(app, route, claim, policy, request, admitted).await?;
     trace.forward = Some(forward_started.elapsed());
     trace.settled(&executed);
-    settle_spend(app, route, tenant, ticket, &executed.outcome);
+    settle_spend(app, route, tenant, ticket, &executed.outcome).await;
     respond(executed, key.as_str())
 }
 
@@ -209,12 +209,18 @@ async fn spend(
 
 /// Takes the reservation back when the outcome says the payment did not happen; counts the
 /// spend when it did (or may have).
-fn settle_spend(app: &App, route: &Route, tenant: &str, ticket: Option<Ticket>, outcome: &Outcome) {
+async fn settle_spend(
+    app: &App,
+    route: &Route,
+    tenant: &str,
+    ticket: Option<Ticket>,
+    outcome: &Outcome,
+) {
     let Some(ticket) = ticket else {
         return;
     };
     match outcome {
-        Outcome::Released | Outcome::Declined => ticket.refund(),
+        Outcome::Released | Outcome::Declined => ticket.refund().await,
         Outcome::Committed | Outcome::Unknown(_) | Outcome::Duplicate(_) => {
             if let (true, Some(asked)) = (ticket.added, ticket.asked) {
                 let (currency, major) = asked.major();

@@ -125,10 +125,16 @@ impl Ticket {
     }
 
     /// The operation did not happen (released, declined): take the reservation back, even
-    /// one an earlier attempt made.
-    pub fn refund(mut self) {
-        self.kept = false;
-        self.added = true;
+    /// one an earlier attempt made — before the client gets its answer, so a retry sent at
+    /// once finds its budget back.
+    pub async fn refund(mut self) {
+        self.kept = true;
+        if let Some(store) = self.store.take() {
+            if let Err(e) = store.refund(&self.id, &self.counters).await {
+                // Counted but not spent: the window ages it out; never the other way round.
+                tracing::warn!(error = %e, "could not take back a spend reservation");
+            }
+        }
     }
 }
 

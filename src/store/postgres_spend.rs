@@ -43,9 +43,12 @@ impl SpendStore for PostgresStore {
         let mut locked = keys.clone();
         locked.sort();
         for k in &locked {
-            tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", &[k])
-                .await
-                .map_err(unavailable)?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                &[k],
+            )
+            .await
+            .map_err(unavailable)?;
         }
         let existing: Option<i64> = match keys.first() {
             Some(k) => tx

@@ -547,10 +547,6 @@ impl RedisStore {
         }
     }
 
-    /// `EVALSHA`; a server that lost its script cache (restart, failover, `SCRIPT FLUSH`)
-    /// gets the whole script once (`EVAL`, which caches it again): NOSCRIPT means it did
-    /// not run.
-
     /// A command of another port on this connection (spend): its reply. `writes`: it may
     /// change data, so `WAIT` (when configured) covers it.
     pub(super) async fn other<T: FromRedisValue>(
@@ -566,6 +562,10 @@ impl RedisStore {
     pub(super) fn key(&self, name: &str) -> String {
         format!("{}:{name}", self.namespace)
     }
+
+    /// `EVALSHA`; a server that lost its script cache (restart, failover, `SCRIPT FLUSH`)
+    /// gets the whole script once (`EVAL`, which caches it again): NOSCRIPT means it did
+    /// not run.
     async fn run_script(
         &self,
         script: &Script,

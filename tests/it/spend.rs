@@ -10,7 +10,7 @@ use base64::Engine as _;
 
 use crate::common::client::{send, Reply};
 use crate::common::provider::{Behavior, FakeProvider};
-use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::proxy::{config_on, route, Proxy, StoreFixture};
 use crate::common::{eventually_async, Backend};
 
 const ADMIN_TOKEN: &str = "adm-spend-token";
@@ -27,8 +27,8 @@ fn pay_route(provider: &FakeProvider, spend: &str) -> String {
 }
 
 fn start(store: &StoreFixture, routes: &str, extra: &str) -> Proxy {
-    let text = config(
-        &store.url(),
+    let text = config_on(
+        store,
         &format!("{routes}\n[admin]\ntoken_env = \"IDEMPROXY_ADMIN_TOKEN\"\n{extra}"),
     )
     .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
@@ -453,13 +453,21 @@ async fn bad_amounts_and_runs_are_refused_with_nothing_forwarded(backend: Backen
     assert_eq!(provider.effects(), 0);
 }
 
+/// The budget and approval mechanics each store implements on its own: on every store.
+mod on_every_store {
+    use super::*;
+
+    every_store!(
+        caps_per_request_and_per_run,
+        fifty_concurrent_payments_at_the_cap_never_pass_it,
+        a_payment_that_did_not_happen_gives_its_budget_back,
+        an_approval_after_the_wait_lets_the_retry_execute_once,
+    );
+}
+
 both_backends!(
-    caps_per_request_and_per_run,
     a_rolling_window_per_tenant,
-    fifty_concurrent_payments_at_the_cap_never_pass_it,
-    a_payment_that_did_not_happen_gives_its_budget_back,
     an_approval_within_the_wait_forwards_the_parked_request,
-    an_approval_after_the_wait_lets_the_retry_execute_once,
     a_denial_answers_every_retry,
     a_split_payment_needs_approval_once_the_run_passes_the_threshold,
     the_webhook_hears_of_each_new_approval,
