@@ -51,8 +51,10 @@ async fn open(
             });
         }
         let route = route.clone();
+        // The run the proxy user names (`tenant.run`) belongs to every request in the tunnel.
+        let run = crate::auth::run_of_proxy_user(req.headers());
         let upgrade = hyper::upgrade::on(req);
-        let serve = intercept::serve(app.clone(), route, target, upgrade, tenant);
+        let serve = intercept::serve(app.clone(), route, target, upgrade, tenant, run);
         tokio::spawn(async move {
             let _slot = slot;
             serve.await

@@ -36,6 +36,7 @@ pub async fn serve(
     target: Target,
     upgrade: OnUpgrade,
     tenant: String,
+    run: Option<String>,
 ) {
     let Some(watcher) = app.connect.watcher() else {
         tracing::debug!(%target, "shutting down; intercepted connection not served");
@@ -58,6 +59,7 @@ pub async fn serve(
     // Requests inside the tunnel carry no Proxy-Authorization: they belong to the tenant
     // that opened it.
     let tenant: Arc<str> = tenant.into();
+    let run: Option<Arc<str>> = run.map(Into::into);
     let first = FirstRequest::default();
     let seen = first.clone();
     let svc = service_fn(move |req: Request<Incoming>| {
@@ -65,6 +67,11 @@ pub async fn serve(
         let app = app.clone();
         let route = route.clone();
         let tenant = tenant.clone();
+        let mut req = req;
+        if let Some(run) = &run {
+            req.extensions_mut()
+                .insert(crate::proxy::spending::TunnelRun(run.clone()));
+        }
         async move { Ok::<_, Infallible>(request(&app, &route, req, &tenant).await) }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());

@@ -192,7 +192,8 @@ async fn spend(
         body,
         tenant,
     };
-    match spending::admit(app.spend.as_deref(), route, rules, &view, scope).await {
+    let tunnel = parts.extensions.get::<spending::TunnelRun>();
+    match spending::admit(app.spend.as_deref(), route, rules, &view, tunnel, scope).await {
         Ok(ticket) => {
             trace.spend = Some(ticket.describe());
             Ok(Some(ticket))

@@ -12,6 +12,11 @@ use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::budget::{PriceError, Spender};
 use crate::spend::gate::{Ask, Gate, Refusal, Ticket};
 
+/// The run the proxy user named on the CONNECT that opened an intercepted tunnel: requests
+/// inside it carry no `Proxy-Authorization` of their own.
+#[derive(Debug, Clone)]
+pub struct TunnelRun(pub std::sync::Arc<str>);
+
 /// Longest run id accepted (from the proxy user or a header).
 pub const MAX_RUN_LEN: usize = 64;
 
@@ -99,11 +104,12 @@ pub async fn admit(
     route: &Route,
     spend: &RouteSpend,
     view: &RequestView<'_>,
+    tunnel: Option<&TunnelRun>,
     scope: &str,
 ) -> Result<Ticket, SpendError> {
     let gate = gate.ok_or(SpendError::NoGate)?;
     let price = spend.budget.price(view)?;
-    let run = run_of(spend, view.headers)?.unwrap_or_else(|| view.tenant.to_string());
+    let run = run_of(spend, view.headers, tunnel)?.unwrap_or_else(|| view.tenant.to_string());
     let ask = Ask {
         scope,
         who: Spender {
@@ -121,10 +127,16 @@ pub async fn admit(
 }
 
 /// The request's run, from the first source that has one.
-fn run_of(spend: &RouteSpend, headers: &HeaderMap) -> Result<Option<String>, SpendError> {
+fn run_of(
+    spend: &RouteSpend,
+    headers: &HeaderMap,
+    tunnel: Option<&TunnelRun>,
+) -> Result<Option<String>, SpendError> {
     for source in &spend.run_from {
         let found = match source {
-            RunSource::ProxyUser => crate::auth::run_of_proxy_user(headers),
+            RunSource::ProxyUser => {
+                crate::auth::run_of_proxy_user(headers).or_else(|| tunnel.map(|t| t.0.to_string()))
+            }
             RunSource::Header(name) => match headers.get(name) {
                 Some(v) => Some(
                     v.to_str()

@@ -51,9 +51,14 @@ const MIGRATIONS: &[&str] = &[
          amount     bigint NOT NULL,
          at_ms      bigint NOT NULL,
          expires_at bigint NOT NULL,
+         in_window  boolean NOT NULL,
          PRIMARY KEY (counter, id)
      );
-     CREATE INDEX idemproxy_spend_window ON idemproxy_spend (counter, at_ms);
+     CREATE INDEX idemproxy_spend_window ON idemproxy_spend (counter, in_window, at_ms);
+     CREATE TABLE idemproxy_spend_totals (
+         counter text COLLATE \"C\" PRIMARY KEY,
+         total   bigint NOT NULL
+     );
      CREATE TABLE idemproxy_approvals (
          id         text COLLATE \"C\" PRIMARY KEY,
          created_ms bigint NOT NULL,

@@ -1,14 +1,71 @@
 //! The spend port on PostgreSQL. A reservation is checked and written in one transaction
 //! that first takes a transaction-scoped advisory lock per counter (in a fixed order), so
 //! concurrent requests at a cap's edge are serialised per budget — on every proxy sharing
-//! the database — and never pass it together. Approvals are rows written compare-and-set on
-//! their version.
+//! the database — and never pass it together. Each counter keeps the running total of its
+//! window (`idemproxy_spend_totals`), so a check costs the same however many payments share
+//! the budget. Approvals are rows written compare-and-set.
 
 use async_trait::async_trait;
+use tokio_postgres::Transaction;
 
 use super::postgres::{unavailable, PostgresStore, NOW};
 use super::StoreError;
 use crate::spend::port::{decide, Approval, Opened, Reservation, Reserved, SpendStore};
+
+/// Moves the reservations the window left behind out of the counter's total.
+async fn age(tx: &Transaction<'_>, counter: &str, until: i64) -> Result<(), StoreError> {
+    let gone: i64 = tx
+        .query_one(
+            "WITH aged AS (
+                 UPDATE idemproxy_spend SET in_window = false
+                 WHERE counter = $1 AND in_window AND at_ms <= $2
+                 RETURNING amount)
+             SELECT COALESCE(SUM(amount), 0)::bigint FROM aged",
+            &[&counter, &until],
+        )
+        .await
+        .map_err(unavailable)?
+        .get(0);
+    add_total(tx, counter, -gone).await
+}
+
+async fn add_total(tx: &Transaction<'_>, counter: &str, delta: i64) -> Result<(), StoreError> {
+    if delta != 0 {
+        tx.execute(
+            "INSERT INTO idemproxy_spend_totals (counter, total) VALUES ($1, $2)
+             ON CONFLICT (counter) DO UPDATE SET total = idemproxy_spend_totals.total + excluded.total",
+            &[&counter, &delta],
+        )
+        .await
+        .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
+async fn total(tx: &Transaction<'_>, counter: &str) -> Result<i64, StoreError> {
+    Ok(tx
+        .query_opt(
+            "SELECT total FROM idemproxy_spend_totals WHERE counter = $1",
+            &[&counter],
+        )
+        .await
+        .map_err(unavailable)?
+        .map(|row| row.get(0))
+        .unwrap_or(0))
+}
+
+/// `id`'s amount in the counter's window (0 when it has none there).
+async fn own(tx: &Transaction<'_>, counter: &str, id: &str) -> Result<i64, StoreError> {
+    Ok(tx
+        .query_opt(
+            "SELECT amount FROM idemproxy_spend WHERE counter = $1 AND id = $2 AND in_window",
+            &[&counter, &id],
+        )
+        .await
+        .map_err(unavailable)?
+        .map(|row| row.get(0))
+        .unwrap_or(0))
+}
 
 impl PostgresStore {
     fn counter(&self, key: &str) -> String {
@@ -62,34 +119,31 @@ impl SpendStore for PostgresStore {
             None => None,
         };
         let mut sums = Vec::with_capacity(keys.len());
+        let mut owns = Vec::with_capacity(keys.len());
         for (k, c) in keys.iter().zip(&r.counters) {
-            let since = r.now_ms.saturating_sub(c.window_ms) as i64;
-            let sum: i64 = tx
-                .query_one(
-                    "SELECT COALESCE(SUM(amount), 0)::bigint FROM idemproxy_spend
-                     WHERE counter = $1 AND id <> $2 AND at_ms > $3",
-                    &[k, &r.id, &since],
-                )
-                .await
-                .map_err(unavailable)?
-                .get(0);
-            sums.push(sum);
+            let until = r.now_ms.saturating_sub(c.window_ms) as i64;
+            age(&tx, k, until).await?;
+            let mine = own(&tx, k, &r.id).await?;
+            sums.push(total(&tx, k).await? - mine);
+            owns.push(mine);
         }
         let verdict = decide(r, existing, |i| sums.get(i).copied().unwrap_or(0));
         if verdict == Reserved::Added {
             let (now, expires) = (r.now_ms as i64, r.now_ms.saturating_add(r.keep_ms) as i64);
-            for k in &keys {
+            for (k, mine) in keys.iter().zip(owns) {
+                add_total(&tx, k, r.amount - mine).await?;
                 tx.execute(
-                    "DELETE FROM idemproxy_spend WHERE counter = $1 AND expires_at <= $2",
+                    "DELETE FROM idemproxy_spend
+                     WHERE counter = $1 AND expires_at <= $2 AND NOT in_window",
                     &[k, &now],
                 )
                 .await
                 .map_err(unavailable)?;
                 tx.execute(
-                    "INSERT INTO idemproxy_spend (counter, id, amount, at_ms, expires_at)
-                     VALUES ($1, $2, $3, $4, $5)
+                    "INSERT INTO idemproxy_spend (counter, id, amount, at_ms, expires_at, in_window)
+                     VALUES ($1, $2, $3, $4, $5, true)
                      ON CONFLICT (counter, id) DO UPDATE SET amount = excluded.amount,
-                         at_ms = excluded.at_ms, expires_at = excluded.expires_at",
+                         at_ms = excluded.at_ms, expires_at = excluded.expires_at, in_window = true",
                     &[k, &r.id, &r.amount, &now, &expires],
                 )
                 .await
@@ -101,16 +155,29 @@ impl SpendStore for PostgresStore {
     }
 
     async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
-        let keys: Vec<String> = counters.iter().map(|c| self.counter(c)).collect();
-        let client = self.client().await?;
-        client
-            .execute(
-                "DELETE FROM idemproxy_spend WHERE counter = ANY($1) AND id = $2",
-                &[&keys, &id],
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(unavailable)?;
+        let mut keys: Vec<String> = counters.iter().map(|c| self.counter(c)).collect();
+        keys.sort();
+        for k in &keys {
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                &[k],
             )
             .await
             .map_err(unavailable)?;
-        Ok(())
+        }
+        for k in &keys {
+            let back = own(&tx, k, id).await?;
+            add_total(&tx, k, -back).await?;
+            tx.execute(
+                "DELETE FROM idemproxy_spend WHERE counter = $1 AND id = $2",
+                &[k, &id],
+            )
+            .await
+            .map_err(unavailable)?;
+        }
+        tx.commit().await.map_err(unavailable)
     }
 
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {

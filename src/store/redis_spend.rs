@@ -1,6 +1,5 @@
-//! The spend port on Redis. A counter is a sorted set (operation id → when reserved) and a
-//! hash (id → amount); one script checks every counter of a request and reserves on all of
-//! them, so concurrent requests at a cap's edge cannot pass it together. A request's
+//! The spend port on Redis. One script checks every counter of a request and reserves on all
+//! of them, so concurrent requests at a cap's edge cannot pass it together. A request's
 //! counters share a `{route/tenant}` hash tag, so on a Cluster they live in one slot and the
 //! script runs on one master. Approvals are one hash, written compare-and-set.
 
@@ -10,27 +9,51 @@ use super::redis::RedisStore;
 use super::StoreError;
 use crate::spend::port::{Approval, Opened, Reservation, Reserved, SpendStore};
 
-/// KEYS: (at, amt) per counter. ARGV: id, amount, now, keep, n, then (cap, window) per
-/// counter ('' for no cap), then approval counter index ('' for none) and threshold.
-/// Entries older than `keep` are dropped on the way. Sums skip `id`'s own entry, so a
-/// changed amount is checked afresh; an unchanged one is not checked at all.
+// A counter is four keys: `win` (sorted set: the ids reserved within its window, by time),
+// `tot` (the sum of their amounts, kept as they come and go), `amt` (hash: id → amount, for
+// as long as reservations are kept) and `kept` (sorted set: every kept id, by time). Checking a
+// budget is then one read of `tot`, after moving the ids the window left behind out of it:
+// each reservation is added and aged out once, however many share the budget.
+
+/// Ages a counter: KEYS win, tot, amt, kept (offset `o`); window and keep in ms; `now`.
+const AGE: &str = r#"
+local function age(o, now, window, keep)
+  local win, tot, amt, kept = KEYS[o], KEYS[o + 1], KEYS[o + 2], KEYS[o + 3]
+  local gone = redis.call('ZRANGEBYSCORE', win, '-inf', now - window)
+  if #gone > 0 then
+    local sum = 0
+    for _, m in ipairs(gone) do sum = sum + tonumber(redis.call('HGET', amt, m) or '0') end
+    redis.call('DECRBY', tot, sum)
+    redis.call('ZREMRANGEBYSCORE', win, '-inf', now - window)
+  end
+  local old = redis.call('ZRANGEBYSCORE', kept, '-inf', now - keep)
+  if #old > 0 then
+    for _, m in ipairs(old) do redis.call('HDEL', amt, m) end
+    redis.call('ZREMRANGEBYSCORE', kept, '-inf', now - keep)
+  end
+end
+local function within(o, id)
+  if redis.call('ZSCORE', KEYS[o], id) then
+    return tonumber(redis.call('HGET', KEYS[o + 2], id) or '0')
+  end
+  return 0
+end
+"#;
+
+/// KEYS: (win, tot, amt, kept) per counter. ARGV: id, amount, now, keep, n, then (cap,
+/// window) per counter ('' for no cap), then approval counter index ('' for none) and
+/// threshold. Sums leave out `id`'s own reservation, so a changed amount is checked afresh;
+/// an unchanged one is not checked at all.
 const RESERVE: &str = r#"
 local id, amount, now, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local n = tonumber(ARGV[5])
-local existing = redis.call('HGET', KEYS[2], id)
+local existing = redis.call('HGET', KEYS[3], id)
 if existing and tonumber(existing) == amount then return {'existing', 0, 0} end
 local sums = {}
 for i = 1, n do
-  local at, amt = KEYS[2 * i - 1], KEYS[2 * i]
-  local old = redis.call('ZRANGEBYSCORE', at, '-inf', now - keep)
-  for _, m in ipairs(old) do redis.call('HDEL', amt, m) end
-  redis.call('ZREMRANGEBYSCORE', at, '-inf', now - keep)
-  local window = tonumber(ARGV[5 + 2 * i])
-  local sum = 0
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', at, '(' .. (now - window), '+inf')) do
-    if m ~= id then sum = sum + tonumber(redis.call('HGET', amt, m) or '0') end
-  end
-  sums[i] = sum
+  local o = 4 * i - 3
+  age(o, now, tonumber(ARGV[5 + 2 * i]), keep)
+  sums[i] = tonumber(redis.call('GET', KEYS[o + 1]) or '0') - within(o, id)
 end
 for i = 1, n do
   local cap = ARGV[4 + 2 * i]
@@ -41,25 +64,31 @@ if ai ~= '' and sums[tonumber(ai) + 1] + amount > tonumber(above) then
   return {'approval', 0, sums[tonumber(ai) + 1]}
 end
 for i = 1, n do
-  redis.call('ZADD', KEYS[2 * i - 1], now, id)
-  redis.call('HSET', KEYS[2 * i], id, amount)
-  redis.call('PEXPIRE', KEYS[2 * i - 1], keep)
-  redis.call('PEXPIRE', KEYS[2 * i], keep)
+  local o = 4 * i - 3
+  redis.call('INCRBY', KEYS[o + 1], amount - within(o, id))
+  redis.call('ZADD', KEYS[o], now, id)
+  redis.call('HSET', KEYS[o + 2], id, amount)
+  redis.call('ZADD', KEYS[o + 3], now, id)
+  for k = 0, 3 do redis.call('PEXPIRE', KEYS[o + k], keep) end
 end
 return {'added', 0, 0}
 "#;
 
-/// KEYS: (at, amt) per counter. ARGV: id.
+/// KEYS: (win, tot, amt, kept) per counter. ARGV: id.
 const REFUND: &str = r#"
-for i = 1, #KEYS / 2 do
-  redis.call('ZREM', KEYS[2 * i - 1], ARGV[1])
-  redis.call('HDEL', KEYS[2 * i], ARGV[1])
+for i = 1, #KEYS / 4 do
+  local o = 4 * i - 3
+  local back = within(o, ARGV[1])
+  if back ~= 0 then redis.call('DECRBY', KEYS[o + 1], back) end
+  redis.call('ZREM', KEYS[o], ARGV[1])
+  redis.call('HDEL', KEYS[o + 2], ARGV[1])
+  redis.call('ZREM', KEYS[o + 3], ARGV[1])
 end
 return 1
 "#;
 
-/// KEYS: at, amt. ARGV: since.
-const SPENT: &str = r#"
+/// KEYS: win, amt. ARGV: since. (Operators' view: a plain sum, nothing changed.)
+const SPENT_READ: &str = r#"
 local sum = 0
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf')) do
   sum = sum + tonumber(redis.call('HGET', KEYS[2], m) or '0')
@@ -76,11 +105,9 @@ return 1
 "#;
 
 impl RedisStore {
-    fn counter_keys(&self, counter: &str) -> (String, String) {
-        (
-            self.key(&format!("spend:{counter}:at")),
-            self.key(&format!("spend:{counter}:amt")),
-        )
+    /// `win`, `tot`, `amt`, `kept` of a counter.
+    fn counter_keys(&self, counter: &str) -> [String; 4] {
+        ["win", "tot", "amt", "kept"].map(|part| self.key(&format!("spend:{counter}:{part}")))
     }
 
     fn approvals_key(&self) -> String {
@@ -115,10 +142,9 @@ impl RedisStore {
 impl SpendStore for RedisStore {
     async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(RESERVE).arg(r.counters.len() * 2);
+        cmd.arg(format!("{AGE}{RESERVE}")).arg(r.counters.len() * 4);
         for c in &r.counters {
-            let (at, amt) = self.counter_keys(&c.key);
-            cmd.arg(at).arg(amt);
+            cmd.arg(&self.counter_keys(&c.key)[..]);
         }
         cmd.arg(&r.id)
             .arg(r.amount)
@@ -152,22 +178,22 @@ impl SpendStore for RedisStore {
 
     async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(REFUND).arg(counters.len() * 2);
+        cmd.arg(format!("{AGE}{REFUND}")).arg(counters.len() * 4);
         for c in counters {
-            let (at, amt) = self.counter_keys(c);
-            cmd.arg(at).arg(amt);
+            cmd.arg(&self.counter_keys(c)[..]);
         }
         cmd.arg(id);
         self.other::<i64>(cmd, true).await.map(|_| ())
     }
 
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
-        let (at, amt) = self.counter_keys(counter);
+        // Read-only: ages nothing (the keep is not known here), sums the window directly.
+        let keys = self.counter_keys(counter);
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(SPENT)
+        cmd.arg(SPENT_READ)
             .arg(2)
-            .arg(at)
-            .arg(amt)
+            .arg(&keys[0])
+            .arg(&keys[2])
             .arg(now_ms.saturating_sub(window_ms));
         self.other(cmd, false).await
     }

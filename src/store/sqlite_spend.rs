@@ -1,6 +1,8 @@
-//! The spend port on the SQLite file: reservations and approvals in two more tables, in the
-//! same batched transactions as claims (the writer thread serialises them, so a check and
-//! its reservation are one step).
+//! The spend port on the SQLite file: reservations and approvals in more tables, in the same
+//! batched transactions as claims (the writer thread serialises them, so a check and its
+//! reservation are one step). Each counter keeps the running total of the reservations in
+//! its window (`spend_totals`): a reservation is added to it once and aged out of it once, so
+//! checking a budget costs the same however many payments share it.
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
@@ -17,9 +19,14 @@ pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
              amount     INTEGER NOT NULL,
              at_ms      INTEGER NOT NULL,
              expires_at INTEGER NOT NULL,
+             in_window  INTEGER NOT NULL,
              PRIMARY KEY (counter, id)
          );
-         CREATE INDEX IF NOT EXISTS spend_window ON spend(counter, at_ms);
+         CREATE INDEX IF NOT EXISTS spend_window ON spend(counter, in_window, at_ms);
+         CREATE TABLE IF NOT EXISTS spend_totals (
+             counter TEXT PRIMARY KEY,
+             total   INTEGER NOT NULL
+         );
          CREATE TABLE IF NOT EXISTS approvals (
              id         TEXT PRIMARY KEY,
              created_ms INTEGER NOT NULL,
@@ -33,8 +40,12 @@ pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
 pub(super) fn sweep(conn: &Connection, now: i64) {
     // Approvals are kept a day past expiry, so a late retry is told it expired.
     let day = 24 * 3600 * 1000;
+    // Only rows already aged out of their window: the others still count in a total.
     let result = conn
-        .execute("DELETE FROM spend WHERE expires_at <= ?1", params![now])
+        .execute(
+            "DELETE FROM spend WHERE expires_at <= ?1 AND in_window = 0",
+            params![now],
+        )
         .and_then(|_| {
             conn.execute(
                 "DELETE FROM approvals WHERE expires_at <= ?1",
@@ -46,11 +57,57 @@ pub(super) fn sweep(conn: &Connection, now: i64) {
     }
 }
 
-fn spent(tx: &Transaction<'_>, counter: &str, except: &str, since: i64) -> rusqlite::Result<i64> {
+/// What a counter holds within `since` (operators' view: a plain sum).
+fn spent(tx: &Transaction<'_>, counter: &str, since: i64) -> rusqlite::Result<i64> {
     tx.prepare_cached(
-        "SELECT COALESCE(SUM(amount), 0) FROM spend WHERE counter = ?1 AND id <> ?2 AND at_ms > ?3",
+        "SELECT COALESCE(SUM(amount), 0) FROM spend WHERE counter = ?1 AND at_ms > ?2",
     )?
-    .query_row(params![counter, except, since], |row| row.get(0))
+    .query_row(params![counter, since], |row| row.get(0))
+}
+
+/// Moves the reservations the window left behind out of the counter's total.
+fn age(tx: &Transaction<'_>, counter: &str, until: i64) -> rusqlite::Result<()> {
+    let gone: i64 = tx
+        .prepare_cached(
+            "SELECT COALESCE(SUM(amount), 0) FROM spend
+             WHERE counter = ?1 AND in_window = 1 AND at_ms <= ?2",
+        )?
+        .query_row(params![counter, until], |row| row.get(0))?;
+    tx.prepare_cached(
+        "UPDATE spend SET in_window = 0 WHERE counter = ?1 AND in_window = 1 AND at_ms <= ?2",
+    )?
+    .execute(params![counter, until])?;
+    add_total(tx, counter, -gone)
+}
+
+fn add_total(tx: &Transaction<'_>, counter: &str, delta: i64) -> rusqlite::Result<()> {
+    if delta != 0 {
+        tx.prepare_cached(
+            "INSERT INTO spend_totals (counter, total) VALUES (?1, ?2)
+             ON CONFLICT(counter) DO UPDATE SET total = total + excluded.total",
+        )?
+        .execute(params![counter, delta])?;
+    }
+    Ok(())
+}
+
+fn total(tx: &Transaction<'_>, counter: &str) -> rusqlite::Result<i64> {
+    Ok(tx
+        .prepare_cached("SELECT total FROM spend_totals WHERE counter = ?1")?
+        .query_row(params![counter], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// `id`'s amount in the counter's window (0 when it has none there).
+fn own(tx: &Transaction<'_>, counter: &str, id: &str) -> rusqlite::Result<i64> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT amount FROM spend WHERE counter = ?1 AND id = ?2 AND in_window = 1",
+        )?
+        .query_row(params![counter, id], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0))
 }
 
 fn reserve(tx: &Transaction<'_>, r: &Reservation) -> rusqlite::Result<Reserved> {
@@ -62,18 +119,23 @@ fn reserve(tx: &Transaction<'_>, r: &Reservation) -> rusqlite::Result<Reserved> 
         None => None,
     };
     let mut sums = Vec::with_capacity(r.counters.len());
+    let mut owns = Vec::with_capacity(r.counters.len());
     for c in &r.counters {
-        let since = r.now_ms.saturating_sub(c.window_ms) as i64;
-        sums.push(spent(tx, &c.key, &r.id, since)?);
+        age(tx, &c.key, r.now_ms.saturating_sub(c.window_ms) as i64)?;
+        let mine = own(tx, &c.key, &r.id)?;
+        sums.push(total(tx, &c.key)? - mine);
+        owns.push(mine);
     }
     let verdict = decide(r, existing, |i| sums.get(i).copied().unwrap_or(0));
     if verdict == Reserved::Added {
         let expires = r.now_ms.saturating_add(r.keep_ms) as i64;
-        for c in &r.counters {
+        for (c, mine) in r.counters.iter().zip(owns) {
+            add_total(tx, &c.key, r.amount - mine)?;
             tx.prepare_cached(
-                "INSERT INTO spend (counter, id, amount, at_ms, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)
+                "INSERT INTO spend (counter, id, amount, at_ms, expires_at, in_window)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 1)
                  ON CONFLICT(counter, id) DO UPDATE SET amount = excluded.amount,
-                     at_ms = excluded.at_ms, expires_at = excluded.expires_at",
+                     at_ms = excluded.at_ms, expires_at = excluded.expires_at, in_window = 1",
             )?
             .execute(params![c.key, r.id, r.amount, r.now_ms as i64, expires])?;
         }
@@ -117,6 +179,8 @@ impl SpendStore for SqliteStore {
         let (id, counters) = (id.to_string(), counters.to_vec());
         self.run_other(move |tx, _| {
             for c in &counters {
+                let back = own(tx, c, &id)?;
+                add_total(tx, c, -back)?;
                 tx.prepare_cached("DELETE FROM spend WHERE counter = ?1 AND id = ?2")?
                     .execute(params![c, id])?;
             }
@@ -128,7 +192,7 @@ impl SpendStore for SqliteStore {
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
         let counter = counter.to_string();
         let since = now_ms.saturating_sub(window_ms) as i64;
-        self.run_other(move |tx, _| spent(tx, &counter, "", since))
+        self.run_other(move |tx, _| spent(tx, &counter, since))
             .await
     }
 

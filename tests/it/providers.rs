@@ -365,6 +365,8 @@ fn check_config_in(path: &std::path::Path, dir: &std::path::Path) -> std::proces
         .args(["check-config", "--config"])
         .arg(path)
         .current_dir(dir)
+        // The secrets the examples name (payments-budget.toml's tenant).
+        .env("IDEMPROXY_AGENTS_SECRET", "example-secret")
         .output()
         .expect("run idemproxy check-config")
 }

@@ -453,6 +453,58 @@ async fn bad_amounts_and_runs_are_refused_with_nothing_forwarded(backend: Backen
     assert_eq!(provider.effects(), 0);
 }
 
+/// Through `HTTPS_PROXY` the run rides in the proxy URL's user (`tenant.run`), sent once on
+/// the CONNECT: every request in the tunnel counts against that run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_named_in_the_https_proxy_url_owns_the_tunnels_payments() {
+    use crate::common::pki::{ProxyCa, TestPki};
+    use crate::common::provider::ProviderOptions;
+    const HOST: &str = "api.pay.test";
+    let pki = TestPki::new("pay CA");
+    let provider =
+        FakeProvider::start_https(ProviderOptions::default(), pki.server_config(&[HOST])).await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let ca = ProxyCa::init("http://unused:8080");
+    let routes = format!(
+        "[[routes]]\nname = \"pay\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\nupstream_ca = {:?}\nhonours_key = false\n[routes.spend]\noperations = [\"POST /v1/payments\"]\namount = [\"{{body.amount}}\"]\ncurrency = \"usd\"\nunit = \"minor\"\ncaps_currency = \"usd\"\nper_run = \"100.00\"\n{}",
+        provider.port(),
+        pki.ca_path().display().to_string(),
+        ca.tls_config(""),
+    );
+    let proxy = Proxy::start(&config_on(&store, &routes));
+    let pay = |run: &'static str, key: &'static str| {
+        let (addr, ca_path) = (proxy.addr, ca.cert.clone());
+        async move {
+            let out = tokio::process::Command::new("curl")
+                .args([
+                    "-sS",
+                    "--max-time",
+                    "20",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                ])
+                .arg("-x")
+                .arg(format!("http://default.{run}:x@{addr}"))
+                .arg("--cacert")
+                .arg(&ca_path)
+                .args(["-H", "content-type: application/json", "-H"])
+                .arg(format!("idempotency-key: {key}"))
+                .args(["-d", r#"{"amount":6000}"#])
+                .arg(format!("https://{HOST}/v1/payments"))
+                .output()
+                .await
+                .expect("curl");
+            String::from_utf8_lossy(&out.stdout).to_string()
+        }
+    };
+    assert_eq!(pay("run-a", "t1").await, "200");
+    assert_eq!(pay("run-a", "t2").await, "403", "run-a's budget is spent");
+    assert_eq!(pay("run-b", "t3").await, "200", "run-b has its own");
+    assert_eq!(provider.effects(), 2);
+}
+
 /// The budget and approval mechanics each store implements on its own: on every store.
 mod on_every_store {
     use super::*;

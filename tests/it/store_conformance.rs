@@ -8,6 +8,9 @@ use std::time::Duration;
 use crate::common::proxy::StoreFixture;
 use crate::common::Backend;
 use idemproxy::idempotency::record::{Fence, Receipt, Record, RecordBody, State, Token};
+use idemproxy::spend::port::{
+    Approval, ApprovalState, CapName, Counter, Opened, Reservation, Reserved, SpendStore,
+};
 use idemproxy::store::{self, Expiry, SettleSink, Store};
 
 async fn open(fixture: &StoreFixture) -> Arc<dyn Store> {
@@ -258,7 +261,193 @@ async fn settles_announced_reach_other_proxies(backend: Backend) {
     }
 }
 
+// --- the spend port, on the same stores --------------------------------------------------
+
+async fn open_spend(fixture: &StoreFixture) -> Arc<dyn SpendStore> {
+    store::open_config(&fixture.store_config())
+        .await
+        .expect("open store")
+        .spend
+}
+
+/// A reservation of `amount` for `id` against one run counter capped at `cap`, `window` ms,
+/// at the store-independent time `now` (the callers pass the clock: tests move it at will).
+fn reservation(id: &str, amount: i64, cap: i64, now: u64) -> Reservation {
+    Reservation {
+        id: id.into(),
+        amount,
+        counters: vec![Counter {
+            key: format!("{{conf/t}}/run/{}", std::process::id()),
+            cap: Some(cap),
+            window_ms: 1_000,
+            name: CapName::PerRun,
+        }],
+        approval: None,
+        now_ms: now,
+        keep_ms: 10_000,
+    }
+}
+
+async fn spend_counts_once_per_operation_within_its_window(backend: Backend) {
+    let fixture = StoreFixture::new(backend);
+    let s = open_spend(&fixture).await;
+    let t = 1_000_000u64;
+    assert_eq!(
+        s.reserve(&reservation("a", 60, 100, t)).await.expect("a"),
+        Reserved::Added
+    );
+    assert_eq!(
+        s.reserve(&reservation("a", 60, 100, t + 10))
+            .await
+            .expect("again"),
+        Reserved::Existing
+    );
+    assert_eq!(
+        s.reserve(&reservation("b", 60, 100, t + 500))
+            .await
+            .expect("b"),
+        Reserved::OverCap {
+            index: 0,
+            spent: 60
+        }
+    );
+    // `a` leaves the window: `b` fits; `a` is still known (a retry is not counted anew).
+    assert_eq!(
+        s.reserve(&reservation("b", 60, 100, t + 1_100))
+            .await
+            .expect("b later"),
+        Reserved::Added
+    );
+    assert_eq!(
+        s.reserve(&reservation("a", 60, 100, t + 1_200))
+            .await
+            .expect("a retry"),
+        Reserved::Existing
+    );
+    // Refunding `a` (already out of the window) gives nothing back twice.
+    s.refund("a", &[reservation("a", 0, 0, 0).counters[0].key.clone()])
+        .await
+        .expect("refund a");
+    assert_eq!(
+        s.reserve(&reservation("c", 40, 100, t + 1_300))
+            .await
+            .expect("c"),
+        Reserved::Added
+    );
+    assert_eq!(
+        s.reserve(&reservation("d", 1, 100, t + 1_400))
+            .await
+            .expect("d"),
+        Reserved::OverCap {
+            index: 0,
+            spent: 100
+        }
+    );
+    // Refunding `c` (in the window) gives its 40 back.
+    s.refund("c", &[reservation("c", 0, 0, 0).counters[0].key.clone()])
+        .await
+        .expect("refund c");
+    assert_eq!(
+        s.reserve(&reservation("d", 40, 100, t + 1_500))
+            .await
+            .expect("d"),
+        Reserved::Added
+    );
+    // A changed amount for the same operation is checked afresh, without counting itself.
+    assert_eq!(
+        s.reserve(&reservation("d", 41, 100, t + 1_600))
+            .await
+            .expect("d more"),
+        Reserved::OverCap {
+            index: 0,
+            spent: 60
+        }
+    );
+}
+
+async fn concurrent_reservations_never_pass_the_cap(backend: Backend) {
+    let fixture = StoreFixture::new(backend);
+    let s = open_spend(&fixture).await;
+    let now = 5_000_000u64;
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            s.reserve(&reservation(&format!("op{i}"), 10, 100, now))
+                .await
+        }));
+    }
+    let mut added = 0;
+    for t in tasks {
+        if t.await.expect("task").expect("reserve") == Reserved::Added {
+            added += 1;
+        }
+    }
+    assert_eq!(added, 10);
+}
+
+async fn approvals_are_opened_once_and_decided_compare_and_set(backend: Backend) {
+    let fixture = StoreFixture::new(backend);
+    let s = open_spend(&fixture).await;
+    // Times near now: listing forgets approvals a day past their expiry.
+    let t = store::now_ms();
+    let mut a = Approval {
+        id: format!("apr_conf{}", std::process::id()),
+        route: "r".into(),
+        tenant: "t".into(),
+        run: "x".into(),
+        amount: "600.00 USD".into(),
+        counted_minor: 60_000,
+        currency: "USD".into(),
+        method: "POST".into(),
+        path: "/v1/p".into(),
+        body: b"{}".to_vec(),
+        body_sealed: false,
+        why: "test".into(),
+        state: ApprovalState::Pending,
+        created_ms: t,
+        expires_ms: t + 1_000,
+        decided_by: None,
+        reason: None,
+        decided_ms: None,
+        version: 0,
+    };
+    let (first, opened) = s.open_approval(&a, t).await.expect("open");
+    assert_eq!((opened, first.state), (Opened::New, ApprovalState::Pending));
+    let mut other = a.clone();
+    other.why = "another request".into();
+    let (again, opened) = s.open_approval(&other, t + 500).await.expect("open again");
+    assert_eq!((opened, again.why.as_str()), (Opened::Existing, "test"));
+    a.state = ApprovalState::Approved;
+    assert!(s.update_approval(&a).await.expect("approve"));
+    assert!(
+        !s.update_approval(&a).await.expect("stale"),
+        "a stale version is refused"
+    );
+    let stored = s.approval(&a.id).await.expect("get").expect("there");
+    assert_eq!((stored.state, stored.version), (ApprovalState::Approved, 1));
+    // Past its expiry the next request replaces it.
+    let mut late = a.clone();
+    late.state = ApprovalState::Pending;
+    late.created_ms = t + 2_000;
+    late.expires_ms = t + 3_000;
+    let (replaced, opened) = s.open_approval(&late, t + 2_000).await.expect("reopen");
+    assert_eq!(
+        (opened, replaced.created_ms),
+        (Opened::ReplacedExpired, t + 2_000)
+    );
+    assert!(s
+        .approvals(10)
+        .await
+        .expect("list")
+        .iter()
+        .any(|x| x.id == a.id));
+}
+
 every_store!(
+    spend_counts_once_per_operation_within_its_window,
+    concurrent_reservations_never_pass_the_cap,
+    approvals_are_opened_once_and_decided_compare_and_set,
     insert_if_absent_claims_once,
     concurrent_inserts_have_one_winner,
     transitions_are_fenced_by_token_and_state,
