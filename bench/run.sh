@@ -157,6 +157,21 @@ provider = "stripe"
 # claim (the stripe profile's default, the whole request, would make every row after the first
 # request a replay).
 key_source = "client"
+# The same route with spend control: every request is a payment that is priced, checked
+# against a run and a tenant budget (never reached) and reserved before its claim.
+[[routes]]
+name = "capped"
+prefix = "/capped"
+host = "capped.bench.test"
+upstream = "http://api.bench.test"
+connect_to = "127.0.0.1:$P_HTTP"
+provider = "stripe"
+key_source = "client"
+[routes.spend]
+caps_currency = "usd"
+per_run = "1000000000.00"
+per_tenant = "1000000000.00"
+approve_above = "1000000.00"
 [[routes]]
 name = "secure"
 host = "secure.bench.test"
@@ -243,6 +258,8 @@ for store in redis sqlite postgres redis-tls; do
     measure "idemproxy, no key (forwarding only)" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys none
   fi
   measure "idemproxy $store: A new key per request" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
+  # The same with spend caps on the route (a reservation before each claim).
+  measure "idemproxy $store: A, capped route" peak --addr "$PROXY_ADDR" --path /capped/v1/charges --keys unique
   ROW_CONNS=1 measure "idemproxy $store: A, 1 connection" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
   measure "idemproxy $store: B replay (one key)" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys fixed
   stop_proxy

@@ -558,6 +558,32 @@ impl RedisStore {
         self.query(cmd, effect).await
     }
 
+    /// A script of another port (spend): `EVALSHA` with `keys` and `args`; a server that
+    /// lost its script cache gets the whole script once (NOSCRIPT means it did not run).
+    pub(super) async fn other_script<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        source: &str,
+        keys: &[String],
+        args: &[String],
+        writes: bool,
+    ) -> Result<T, StoreError> {
+        let effect = if writes { Effect::Wrote } else { Effect::Read };
+        let sha = script.get_hash();
+        let invocation = |name: &str, body: &str| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+            cmd
+        };
+        match self.exec(invocation("EVALSHA", sha), effect).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                self.query(invocation("EVAL", source), effect).await
+            }
+            Err(e) => Err(self.failed(e)),
+            Ok(value) => reply(value),
+        }
+    }
+
     /// Names a key of another port under this store's namespace.
     pub(super) fn key(&self, name: &str) -> String {
         format!("{}:{name}", self.namespace)

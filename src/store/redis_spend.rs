@@ -3,7 +3,10 @@
 //! counters share a `{route/tenant}` hash tag, so on a Cluster they live in one slot and the
 //! script runs on one master. Approvals are one hash, written compare-and-set.
 
+use std::sync::LazyLock;
+
 use async_trait::async_trait;
+use redis::Script;
 
 use super::redis::RedisStore;
 use super::StoreError;
@@ -49,11 +52,12 @@ local id, amount, now, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ton
 local n = tonumber(ARGV[5])
 local existing = redis.call('HGET', KEYS[3], id)
 if existing and tonumber(existing) == amount then return {'existing', 0, 0} end
-local sums = {}
+local sums, mine = {}, {}
 for i = 1, n do
   local o = 4 * i - 3
   age(o, now, tonumber(ARGV[5 + 2 * i]), keep)
-  sums[i] = tonumber(redis.call('GET', KEYS[o + 1]) or '0') - within(o, id)
+  mine[i] = within(o, id)
+  sums[i] = tonumber(redis.call('GET', KEYS[o + 1]) or '0') - mine[i]
 end
 for i = 1, n do
   local cap = ARGV[4 + 2 * i]
@@ -65,7 +69,7 @@ if ai ~= '' and sums[tonumber(ai) + 1] + amount > tonumber(above) then
 end
 for i = 1, n do
   local o = 4 * i - 3
-  redis.call('INCRBY', KEYS[o + 1], amount - within(o, id))
+  redis.call('INCRBY', KEYS[o + 1], amount - mine[i])
   redis.call('ZADD', KEYS[o], now, id)
   redis.call('HSET', KEYS[o + 2], id, amount)
   redis.call('ZADD', KEYS[o + 3], now, id)
@@ -104,6 +108,12 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 return 1
 "#;
 
+/// The scripts as sent (with the helpers they use) and their digests, computed once.
+static RESERVE_SRC: LazyLock<String> = LazyLock::new(|| format!("{AGE}{RESERVE}"));
+static RESERVE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&RESERVE_SRC));
+static REFUND_SRC: LazyLock<String> = LazyLock::new(|| format!("{AGE}{REFUND}"));
+static REFUND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&REFUND_SRC));
+
 impl RedisStore {
     /// `win`, `tot`, `amt`, `kept` of a counter.
     fn counter_keys(&self, counter: &str) -> [String; 4] {
@@ -141,25 +151,29 @@ impl RedisStore {
 #[async_trait]
 impl SpendStore for RedisStore {
     async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(format!("{AGE}{RESERVE}")).arg(r.counters.len() * 4);
+        let keys: Vec<String> = r
+            .counters
+            .iter()
+            .flat_map(|c| self.counter_keys(&c.key))
+            .collect();
+        let mut args = vec![
+            r.id.clone(),
+            r.amount.to_string(),
+            r.now_ms.to_string(),
+            r.keep_ms.to_string(),
+            r.counters.len().to_string(),
+        ];
         for c in &r.counters {
-            cmd.arg(&self.counter_keys(&c.key)[..]);
-        }
-        cmd.arg(&r.id)
-            .arg(r.amount)
-            .arg(r.now_ms)
-            .arg(r.keep_ms)
-            .arg(r.counters.len());
-        for c in &r.counters {
-            cmd.arg(c.cap.map(|c| c.to_string()).unwrap_or_default())
-                .arg(c.window_ms);
+            args.push(c.cap.map(|c| c.to_string()).unwrap_or_default());
+            args.push(c.window_ms.to_string());
         }
         match r.approval {
-            Some((index, above)) => cmd.arg(index).arg(above),
-            None => cmd.arg("").arg(""),
-        };
-        let (verdict, index, spent): (String, i64, i64) = self.other(cmd, true).await?;
+            Some((index, above)) => args.extend([index.to_string(), above.to_string()]),
+            None => args.extend([String::new(), String::new()]),
+        }
+        let (verdict, index, spent): (String, i64, i64) = self
+            .other_script(&RESERVE_SCRIPT, &RESERVE_SRC, &keys, &args, true)
+            .await?;
         Ok(match verdict.as_str() {
             "existing" => Reserved::Existing,
             "added" => Reserved::Added,
@@ -177,13 +191,10 @@ impl SpendStore for RedisStore {
     }
 
     async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(format!("{AGE}{REFUND}")).arg(counters.len() * 4);
-        for c in counters {
-            cmd.arg(&self.counter_keys(c)[..]);
-        }
-        cmd.arg(id);
-        self.other::<i64>(cmd, true).await.map(|_| ())
+        let keys: Vec<String> = counters.iter().flat_map(|c| self.counter_keys(c)).collect();
+        self.other_script::<i64>(&REFUND_SCRIPT, &REFUND_SRC, &keys, &[id.to_string()], true)
+            .await
+            .map(|_| ())
     }
 
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {

@@ -67,12 +67,17 @@ fn spent(tx: &Transaction<'_>, counter: &str, since: i64) -> rusqlite::Result<i6
 
 /// Moves the reservations the window left behind out of the counter's total.
 fn age(tx: &Transaction<'_>, counter: &str, until: i64) -> rusqlite::Result<()> {
-    let gone: i64 = tx
+    let (rows, gone): (i64, i64) = tx
         .prepare_cached(
-            "SELECT COALESCE(SUM(amount), 0) FROM spend
+            "SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM spend
              WHERE counter = ?1 AND in_window = 1 AND at_ms <= ?2",
         )?
-        .query_row(params![counter, until], |row| row.get(0))?;
+        .query_row(params![counter, until], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })?;
+    if rows == 0 {
+        return Ok(());
+    }
     tx.prepare_cached(
         "UPDATE spend SET in_window = 0 WHERE counter = ?1 AND in_window = 1 AND at_ms <= ?2",
     )?
