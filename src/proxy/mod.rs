@@ -20,6 +20,7 @@ pub mod pipeline;
 pub mod receipt;
 pub mod routed;
 pub mod server;
+pub mod tls_advice;
 pub mod tunnel;
 pub mod upstream;
 
