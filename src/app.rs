@@ -102,3 +102,24 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
     };
     Ok((Arc::new(app), parts.admin))
 }
+
+/// The start-up (and reload) warning for routes only HTTPS interception can reach when no CA
+/// is configured: their CONNECTs are refused. A config whose routes all have a base-URL
+/// prefix and name no host of their own needs no CA, and gets no warning.
+pub fn interception_warning(config: &Config, has_ca: bool) -> Option<String> {
+    if has_ca {
+        return None;
+    }
+    let needing: Vec<&str> = config
+        .routes
+        .iter()
+        .filter(|r| r.prefix.is_none() || r.host.is_some())
+        .map(|r| r.name.as_str())
+        .collect();
+    (!needing.is_empty()).then(|| {
+        format!(
+            "no [tls] CA configured: CONNECT (HTTPS_PROXY) to the hosts of routes {} is refused with 403; run `idemproxy ca init`, or use their base URL (prefix)",
+            needing.join(", ")
+        )
+    })
+}

@@ -251,8 +251,8 @@ fn run_serve(path: PathBuf, on_listening: Option<OnListening>) -> anyhow::Result
         if let Some(warning) = app.claims.store().durability_warning().await {
             tracing::warn!("{warning}");
         }
-        if app.connect.leaves.is_none() && !app.routes.all().is_empty() {
-            tracing::warn!("no [tls] CA configured: CONNECT (HTTPS_PROXY) to routed hosts is refused with 403; run `idemproxy ca init`");
+        if let Some(warning) = idemproxy::app::interception_warning(&config, app.connect.leaves.is_some()) {
+            tracing::warn!("{warning}");
         }
         let addr = parse_listen(&config.server.listen).map_err(|m| config.invalid("server.listen", m))?;
         let listener = tokio::net::TcpListener::bind(addr)

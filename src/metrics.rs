@@ -66,6 +66,7 @@ pub struct Metrics {
     forwards_refused: Family<Labels, Counter>,
     lookups: Family<Labels, Counter>,
     unknown_resolved: Family<Labels, Counter>,
+    connect_refused: Family<Labels, Counter>,
     /// Claims this process holds while their upstream call runs.
     pub claims_in_flight: Gauge,
     /// Set at scrape time from the store (shared by every replica).
@@ -124,6 +125,11 @@ impl Metrics {
             "unknown_resolved",
             "Held (UNKNOWN) operations resolved, by route and by whom: lookup (the provider was asked), operator (the admin API), expired (the hold ended and a retry executed)",
         );
+        let connect_refused = counters(
+            &mut registry,
+            "connect_refused",
+            "CONNECT requests refused, and intercepted tunnels whose client broke off the TLS handshake, by reason (see docs/troubleshooting.md)",
+        );
         let claims_in_flight = Gauge::default();
         registry.register(
             "claims_in_flight",
@@ -153,6 +159,7 @@ impl Metrics {
             forwards_refused,
             lookups,
             unknown_resolved,
+            connect_refused,
             claims_in_flight,
             unknown_claims,
             cert_cache_entries,
@@ -201,6 +208,13 @@ impl Metrics {
                 ("route".into(), route.into()),
                 ("by".into(), by.into()),
             ])
+            .inc();
+    }
+
+    /// `reason` is one of a fixed set (`ConnectError::reason`, `intercept`): never a host.
+    pub fn connect_refused(&self, reason: &'static str) {
+        self.connect_refused
+            .get_or_create(&vec![("reason".into(), reason.into())])
             .inc();
     }
 

@@ -40,6 +40,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
         Ok(tenant) => tenant,
         Err(e) => {
             app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);
+            if req.method() == Method::CONNECT {
+                // Clients hide a refused CONNECT's answer; see `connect::handle`.
+                app.metrics.connect_refused("proxy_auth");
+                tracing::info!(authority = %req.uri(), reason = "proxy_auth", status = 407, "CONNECT refused: {e}");
+            }
             return Ok(crate::auth::challenge(&e));
         }
     };

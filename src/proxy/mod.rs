@@ -8,6 +8,7 @@ pub mod connect;
 pub mod connect_policy;
 pub mod connection;
 pub mod dispatch;
+pub mod drain;
 pub mod egress;
 pub mod error;
 pub mod headers;
