@@ -14,7 +14,7 @@ use crate::proxy::connect_policy::ConnectPolicy;
 use crate::proxy::egress::Egress;
 use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 use crate::proxy::App;
-use crate::routes::Routes;
+use crate::routes::{RouteTable, Routes};
 use crate::store::sealed::{SealedStore, Sealer};
 use crate::store::timed::TimedStore;
 use crate::store::{self, StoreError, StoreUrl};
@@ -80,7 +80,7 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
     .await?;
     let store = TimedStore::wrap(SealedStore::wrap(store, parts.sealer), metrics.clone());
     let app = App {
-        routes: parts.routes,
+        routes: RouteTable::new(parts.routes),
         claims: Arc::new(
             Claims::new(store, config.store.op_timeout.0)
                 .with_receipt_cache(config.server.receipt_cache_bytes),

@@ -67,6 +67,7 @@ pub struct Metrics {
     lookups: Family<Labels, Counter>,
     unknown_resolved: Family<Labels, Counter>,
     connect_refused: Family<Labels, Counter>,
+    config_reloads: Family<Labels, Counter>,
     /// Claims this process holds while their upstream call runs.
     pub claims_in_flight: Gauge,
     /// Set at scrape time from the store (shared by every replica).
@@ -130,6 +131,11 @@ impl Metrics {
             "connect_refused",
             "CONNECT requests refused, and intercepted tunnels whose client broke off the TLS handshake, by reason (see docs/troubleshooting.md)",
         );
+        let config_reloads = counters(
+            &mut registry,
+            "config_reloads",
+            "Config reloads (SIGHUP or the admin API) by result: applied, invalid (the file does not validate), needs_restart (a section only a restart applies changed)",
+        );
         let claims_in_flight = Gauge::default();
         registry.register(
             "claims_in_flight",
@@ -160,6 +166,7 @@ impl Metrics {
             lookups,
             unknown_resolved,
             connect_refused,
+            config_reloads,
             claims_in_flight,
             unknown_claims,
             cert_cache_entries,
@@ -215,6 +222,12 @@ impl Metrics {
     pub fn connect_refused(&self, reason: &'static str) {
         self.connect_refused
             .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc();
+    }
+
+    pub fn config_reload(&self, result: &'static str) {
+        self.config_reloads
+            .get_or_create(&vec![("result".into(), result.into())])
             .inc();
     }
 

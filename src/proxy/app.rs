@@ -11,10 +11,11 @@ use crate::auth::Tenants;
 use crate::idempotency::claims::Claims;
 use crate::identity::minted_keys::MintedKeys;
 use crate::metrics::Metrics;
-use crate::routes::Routes;
+use crate::routes::RouteTable;
 
 pub struct App {
-    pub routes: Routes,
+    /// Replaced whole by a config reload (`crate::reload`).
+    pub routes: RouteTable,
     pub claims: Arc<Claims>,
     pub namespace: String,
     pub max_body_bytes: usize,

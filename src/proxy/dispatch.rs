@@ -68,7 +68,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
                     80
                 });
             match app.routes.by_host(host, port) {
-                Some(route) => to_route(&app, route, req, &path_and_query, &tenant).await,
+                Some(route) => to_route(&app, &route, req, &path_and_query, &tenant).await,
                 None if names_this_proxy(&req, host, port) => {
                     base_url(&app, req, &path_and_query, &tenant).await
                 }
@@ -110,7 +110,7 @@ async fn base_url(
     match app.routes.by_prefix(path_and_query) {
         Some((route, rest)) => {
             let rest = rest.to_string();
-            to_route(app, route, req, &rest, tenant).await
+            to_route(app, &route, req, &rest, tenant).await
         }
         None => {
             app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);

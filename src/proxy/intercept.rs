@@ -273,7 +273,7 @@ async fn request(
         .map(|p| p.as_str())
         .unwrap_or("/")
         .to_string();
-    routed::to_route(app, route, req, &path_and_query, tenant).await
+    routed::to_route(app, &route, req, &path_and_query, tenant).await
 }
 
 /// A request on a connection opened for a host that a config reload has since taken out of
