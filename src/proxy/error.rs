@@ -152,7 +152,7 @@ impl ProxyError {
             ProxyError::Upstream {
                 error: UpstreamError::Tls(_),
                 ..
-            } => "Upstream certificate rejected",
+            } => "Upstream TLS handshake failed",
             ProxyError::Upstream {
                 error: UpstreamError::Connect(_),
                 ..

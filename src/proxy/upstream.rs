@@ -23,8 +23,8 @@ pub enum UpstreamError {
     /// Nothing of the request left the proxy.
     #[error("cannot connect to the upstream: {0}")]
     Connect(String),
-    /// The upstream's certificate did not verify; nothing was sent.
-    #[error("the upstream's TLS certificate was rejected: {0}")]
+    /// The TLS handshake failed (most often: the certificate did not verify); nothing was sent.
+    #[error("the TLS handshake with the upstream failed: {0}")]
     Tls(String),
     #[error("the upstream did not answer within {0:?}")]
     Timeout(Duration),
