@@ -281,6 +281,7 @@ async fn upstream_tls_failures_say_what_to_do_and_the_advice_works() {
     let unknown = FakeProvider::start_https(no_keys(), pki.server_config(&["unknown.test"])).await;
     let wrongname = FakeProvider::start_https(no_keys(), pki.server_config(&["other.test"])).await;
     let expired = FakeProvider::start_https(no_keys(), pki.expired_leaf(&["expired.test"])).await;
+    let plain = FakeProvider::start().await;
     // The `unknown` route trusts another CA, from a file that is fixed in place later.
     let unknown_ca = dir.path().join("unknown-ca.pem");
     std::fs::copy(TestPki::new("another CA").ca_path(), &unknown_ca).expect("copy CA");
@@ -300,6 +301,7 @@ async fn upstream_tls_failures_say_what_to_do_and_the_advice_works() {
                 &pki.ca_path(),
             ),
             https_route("expired", "expired.test", expired.port(), &pki.ca_path()),
+            https_route("plain", "plain.test", plain.port(), &pki.ca_path()),
         ]
         .join("\n")
     };
@@ -331,6 +333,7 @@ async fn upstream_tls_failures_say_what_to_do_and_the_advice_works() {
         ),
         ("wrongname", "subjectAltName DNS:wrongname.test"),
         ("expired", "expired on 2021-01-01"),
+        ("plain", "did not answer with TLS"),
     ] {
         let r = charge(name).await;
         assert_eq!(r.header("x-idemproxy-error"), Some("upstream-tls-failed"));
