@@ -58,8 +58,8 @@ impl RequestOutcome {
 pub struct Metrics {
     registry: Registry,
     requests: Family<Labels, Counter>,
-    upstream_seconds: Family<Labels, Histogram>,
-    store_seconds: Family<Labels, Histogram>,
+    upstream_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    store_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     store_errors: Family<Labels, Counter>,
     minted_keys: Family<Labels, Counter>,
     replays_of_other_requests: Family<Labels, Counter>,
@@ -91,22 +91,18 @@ impl Metrics {
             "Requests on the proxy listener by route and outcome",
         );
         // 1 ms … ~65 s.
-        let upstream_seconds = Family::<Labels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.001, 2.0, 17))
-        });
-        registry.register(
+        let upstream_seconds = histograms(
+            &mut registry,
             "upstream_duration_seconds",
             "Upstream call duration (send and whole response) by route",
-            upstream_seconds.clone(),
+            || Histogram::new(exponential_buckets(0.001, 2.0, 17)),
         );
         // 0.1 ms … ~3.3 s.
-        let store_seconds = Family::<Labels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.0001, 2.0, 16))
-        });
-        registry.register(
+        let store_seconds = histograms(
+            &mut registry,
             "store_operation_duration_seconds",
             "Store operation duration by operation",
-            store_seconds.clone(),
+            || Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
         );
         let store_errors = counters(
             &mut registry,
@@ -136,23 +132,16 @@ impl Metrics {
             "config_reloads",
             "Config reloads (SIGHUP or the admin API) by result: applied, invalid (the file does not validate), needs_restart (a section only a restart applies changed)",
         );
-        let claims_in_flight = Gauge::default();
-        registry.register(
+        let claims_in_flight = gauge(
+            &mut registry,
             "claims_in_flight",
             "Claims this process holds while their upstream call runs",
-            claims_in_flight.clone(),
         );
-        let unknown_claims = Gauge::default();
-        registry.register(
-            "unknown_claims",
-            "UNKNOWN claims in the store waiting for an operator or their hold (capped at the admin list limit)",
-            unknown_claims.clone(),
-        );
-        let cert_cache_entries = Gauge::default();
-        registry.register(
+        let unknown_claims = gauge(&mut registry, "unknown_claims", "UNKNOWN claims in the store waiting for an operator or their hold (capped at the admin list limit)");
+        let cert_cache_entries = gauge(
+            &mut registry,
             "cert_cache_entries",
             "Leaf certificates cached for TLS interception",
-            cert_cache_entries.clone(),
         );
         Metrics {
             registry,
@@ -262,6 +251,24 @@ fn counters(registry: &mut Registry, name: &str, help: &str) -> Family<Labels, C
     let family = Family::<Labels, Counter>::default();
     registry.register(name, help, family.clone());
     family
+}
+
+/// A histogram family by labels, registered.
+fn histograms(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    make: fn() -> Histogram,
+) -> Family<Labels, Histogram, fn() -> Histogram> {
+    let family = Family::new_with_constructor(make);
+    registry.register(name, help, family.clone());
+    family
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
+    let gauge = Gauge::default();
+    registry.register(name, help, gauge.clone());
+    gauge
 }
 
 /// Counts a claim as in flight until dropped (also when the request future is cancelled).
