@@ -170,16 +170,17 @@ where
         .client_hello()
         .server_name()
         .map(|s| s.trim_end_matches('.').to_ascii_lowercase());
-    let name = match sni {
+    // The certificate names the host without IPv6 brackets; routes match it as CONNECT did.
+    let (name, host) = match sni {
         Some(sni) if sni != target.name() => {
             if app.routes.by_host(&sni, target.port).is_none() {
                 app.metrics.connect_refused("sni_not_routed");
                 tracing::warn!(%target, %sni, reason = "sni_not_routed", "TLS server name is not a routed host; closing");
                 return None;
             }
-            sni
+            (sni.clone(), sni)
         }
-        _ => target.name().to_string(),
+        _ => (target.name().to_string(), target.host.clone()),
     };
     let config = match leaves.server_config(&name).await {
         Ok(config) => config,
@@ -190,7 +191,7 @@ where
         }
     };
     match tokio::time::timeout(timeout, start.into_stream(config)).await {
-        Ok(Ok(tls)) => Some((tls, name)),
+        Ok(Ok(tls)) => Some((tls, host)),
         Ok(Err(e)) => {
             broke_off(app, target, "client_tls_failed", format_args!("TLS handshake with the client failed: {e}. A client that does not trust the proxy's CA breaks off here: give it tls.ca_cert (or the ca-bundle.pem `idemproxy ca init` wrote)"));
             None
