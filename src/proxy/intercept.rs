@@ -163,25 +163,7 @@ where
         }
     };
 
-    // The certificate names the host the client asked for by SNI, else the CONNECT host. A
-    // different SNI must be a routed host too: the proxy never mints certificates for hosts
-    // it does not protect.
-    let sni = start
-        .client_hello()
-        .server_name()
-        .map(|s| s.trim_end_matches('.').to_ascii_lowercase());
-    // The certificate names the host without IPv6 brackets; routes match it as CONNECT did.
-    let (name, host) = match sni {
-        Some(sni) if sni != target.name() => {
-            if app.routes.by_host(&sni, target.port).is_none() {
-                app.metrics.connect_refused("sni_not_routed");
-                tracing::warn!(%target, %sni, reason = "sni_not_routed", "TLS server name is not a routed host; closing");
-                return None;
-            }
-            (sni.clone(), sni)
-        }
-        _ => (target.name().to_string(), target.host.clone()),
-    };
+    let (name, host) = names(app, target, start.client_hello().server_name())?;
     let config = match leaves.server_config(&name).await {
         Ok(config) => config,
         Err(e) => {
@@ -205,6 +187,26 @@ where
             );
             None
         }
+    }
+}
+
+/// The name the certificate is for and the host the requests are routed by: the host the
+/// client asked for by SNI, else the CONNECT host. A different SNI must be a routed host
+/// too: the proxy never mints certificates for hosts it does not protect (`None`).
+fn names(app: &App, target: &Target, sni: Option<&str>) -> Option<(String, String)> {
+    let sni = sni.map(|s| s.trim_end_matches('.').to_ascii_lowercase());
+    match sni {
+        Some(sni) if sni != target.name() => {
+            if app.routes.by_host(&sni, target.port).is_none() {
+                app.metrics.connect_refused("sni_not_routed");
+                tracing::warn!(%target, %sni, reason = "sni_not_routed", "TLS server name is not a routed host; closing");
+                return None;
+            }
+            Some((sni.clone(), sni))
+        }
+        // The certificate names the host without IPv6 brackets; routes match it as CONNECT
+        // did, with them.
+        _ => Some((target.name().to_string(), target.host.clone())),
     }
 }
 
