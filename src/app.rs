@@ -15,7 +15,7 @@ use crate::proxy::connect_policy::ConnectPolicy;
 use crate::proxy::egress::Egress;
 use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 use crate::proxy::App;
-use crate::routes::Routes;
+use crate::routes::{RouteTable, Routes};
 use crate::spend::gate::{Announcer, Gate};
 use crate::spend::port::Bounded;
 use crate::store::sealed::{SealedStore, Sealer};
@@ -114,23 +114,19 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
         Claims::new(store, config.store.op_timeout.0)
             .with_receipt_cache(config.server.receipt_cache_bytes),
     );
-    let spend = parts
-        .routes
-        .all()
-        .iter()
-        .any(|r| r.spend.is_some())
-        .then(|| {
-            let store = SealedSpend::wrap(
-                Bounded::wrap(opened.spend, config.store.op_timeout.0),
-                parts.sealer.clone(),
-            );
-            let announcer = parts.webhook.clone().map(|(url, client)| {
-                Arc::new(Webhook::start(url, client, metrics.clone())) as Arc<dyn Announcer>
-            });
-            Arc::new(Gate::new(store, claims.clone(), announcer, metrics.clone()))
+    // Built whether or not a route has spend rules now: a reload may add some.
+    let spend = {
+        let store = SealedSpend::wrap(
+            Bounded::wrap(opened.spend, config.store.op_timeout.0),
+            parts.sealer.clone(),
+        );
+        let announcer = parts.webhook.clone().map(|(url, client)| {
+            Arc::new(Webhook::start(url, client, metrics.clone())) as Arc<dyn Announcer>
         });
+        Arc::new(Gate::new(store, claims.clone(), announcer, metrics.clone()))
+    };
     let app = App {
-        routes: parts.routes,
+        routes: RouteTable::new(parts.routes),
         claims,
         namespace: config.store.namespace.clone(),
         max_body_bytes: config.server.max_body_bytes,
@@ -149,4 +145,25 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
         spend,
     };
     Ok((Arc::new(app), parts.admin))
+}
+
+/// The start-up (and reload) warning for routes only HTTPS interception can reach when no CA
+/// is configured: their CONNECTs are refused. A config whose routes all have a base-URL
+/// prefix and name no host of their own needs no CA, and gets no warning.
+pub fn interception_warning(config: &Config, has_ca: bool) -> Option<String> {
+    if has_ca {
+        return None;
+    }
+    let needing: Vec<&str> = config
+        .routes
+        .iter()
+        .filter(|r| r.prefix.is_none() || r.host.is_some())
+        .map(|r| r.name.as_str())
+        .collect();
+    (!needing.is_empty()).then(|| {
+        format!(
+            "no [tls] CA configured: CONNECT (HTTPS_PROXY) to the hosts of routes {} is refused with 403; run `idemproxy ca init`, or use their base URL (prefix)",
+            needing.join(", ")
+        )
+    })
 }

@@ -16,10 +16,11 @@ pub use crate::identity::{KeySource, MissingKey, DEFAULT_TENANT};
 /// A config problem, always naming the file and the field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{file}: cannot read: {source}")]
+    #[error("{file}: cannot read: {error}")]
     Read {
         file: PathBuf,
-        source: std::io::Error,
+        // Not `source`: the message says it already, and a source is printed again.
+        error: std::io::Error,
     },
     #[error("{file}: {message}")]
     Parse { file: PathBuf, message: String },
@@ -564,9 +565,9 @@ impl<'de> Deserialize<'de> for Dur {
 impl Config {
     /// Reads and validates a config file. Every error names the file and the field.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             file: path.to_path_buf(),
-            source,
+            error,
         })?;
         Self::parse(&text, path)
     }

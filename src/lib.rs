@@ -12,6 +12,7 @@ pub mod identity;
 pub mod metrics;
 pub mod providers;
 pub mod proxy;
+pub mod reload;
 pub mod routes;
 pub mod spend;
 pub mod store;

@@ -3,11 +3,13 @@
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use idemproxy::config::{parse_listen, Config};
 use idemproxy::proxy::server::{serve, ServerOptions};
+use idemproxy::reload::Reloader;
 use idemproxy::tls::init::InitOptions;
 
 // mimalloc: fewer cycles per allocation than glibc malloc on the request path (see bench/).
@@ -258,60 +260,109 @@ type OnListening = Box<dyn FnOnce(std::net::SocketAddr) -> anyhow::Result<()> + 
 fn run_serve(path: PathBuf, on_listening: Option<OnListening>) -> anyhow::Result<()> {
     let config = Config::load(&path)?;
     let runtime = runtime_for(&config)?;
-    runtime.block_on(async move {
-        let (app, admin_settings) = idemproxy::app::build(&config).await?;
-        if let Some(warning) = app.claims.store().durability_warning().await {
-            tracing::warn!("{warning}");
-        }
-        if app.connect.leaves.is_none() && !app.routes.all().is_empty() {
-            tracing::warn!("no [tls] CA configured: CONNECT (HTTPS_PROXY) to routed hosts is refused with 403; run `idemproxy ca init`");
-        }
-        let addr = parse_listen(&config.server.listen).map_err(|m| config.invalid("server.listen", m))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("{}: server.listen: cannot listen on {addr}", path.display()))?;
-        let local = listener.local_addr().context("listener has no local address")?;
-        let admin_addr = match &config.server.admin_listen {
-            Some(a) => {
-                let addr = parse_listen(a).map_err(|m| config.invalid("server.admin_listen", m))?;
-                let admin_listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
-                    format!("{}: server.admin_listen: cannot listen on {addr}", path.display())
-                })?;
-                let admin_local = admin_listener
-                    .local_addr()
-                    .context("admin listener has no local address")?;
-                let admin = idemproxy::admin::Admin::new(app.clone(), admin_settings);
-                if !admin.key_api_enabled() {
-                    tracing::warn!("admin key API disabled: no token in admin.token_env / admin.token_sha256");
-                }
-                tokio::spawn(idemproxy::admin::serve(std::sync::Arc::new(admin), admin_listener));
-                Some(admin_local)
+    runtime.block_on(serve_config(path, config, on_listening))
+}
+
+async fn serve_config(
+    path: PathBuf,
+    config: Config,
+    on_listening: Option<OnListening>,
+) -> anyhow::Result<()> {
+    let (app, admin_settings) = idemproxy::app::build(&config).await?;
+    if let Some(warning) = app.claims.store().durability_warning().await {
+        tracing::warn!("{warning}");
+    }
+    if let Some(warning) =
+        idemproxy::app::interception_warning(&config, app.connect.leaves.is_some())
+    {
+        tracing::warn!("{warning}");
+    }
+    let reloader = Arc::new(Reloader::new(path.clone(), app.clone(), config.clone()));
+    // Before the listening line: until then SIGHUP would still end the process.
+    reload_on_sighup(reloader.clone());
+    let addr =
+        parse_listen(&config.server.listen).map_err(|m| config.invalid("server.listen", m))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("{}: server.listen: cannot listen on {addr}", path.display()))?;
+    let local = listener
+        .local_addr()
+        .context("listener has no local address")?;
+    let admin = idemproxy::admin::Admin::new(app.clone(), admin_settings).with_reload(reloader);
+    let admin_addr = start_admin(&config, &path, admin).await?;
+    // Tests and scripts read this line to find the ports when the config asks for port 0.
+    match admin_addr {
+        Some(admin) => println!("idemproxy listening proxy={local} admin={admin}"),
+        None => println!("idemproxy listening proxy={local}"),
+    }
+    tracing::info!(%local, store = %config.store.url, routes = config.routes.len(), "idemproxy started");
+    if let Some(hook) = on_listening {
+        hook(local)?;
+    }
+    let opts = ServerOptions {
+        header_read_timeout: config.server.header_read_timeout.0,
+        shutdown_grace: config.server.shutdown_grace.0,
+        max_connections: config.server.max_connections,
+        max_header_bytes: config.server.max_header_bytes,
+    };
+    let grace = opts.shutdown_grace;
+    serve(app.clone(), listener, opts, shutdown_signal()).await;
+    // Intercepted HTTPS connections are not the listener's; let their requests settle too.
+    if !app.connect.drain_intercepted(grace).await {
+        tracing::warn!("grace period over for intercepted HTTPS connections; unsettled claims become UNKNOWN when their leases run out");
+    }
+    Ok(())
+}
+
+/// The admin listener, when the config names one; returns its address.
+async fn start_admin(
+    config: &Config,
+    path: &std::path::Path,
+    admin: idemproxy::admin::Admin,
+) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    let Some(listen) = &config.server.admin_listen else {
+        return Ok(None);
+    };
+    let addr = parse_listen(listen).map_err(|m| config.invalid("server.admin_listen", m))?;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        format!(
+            "{}: server.admin_listen: cannot listen on {addr}",
+            path.display()
+        )
+    })?;
+    let local = listener
+        .local_addr()
+        .context("admin listener has no local address")?;
+    if !admin.key_api_enabled() {
+        tracing::warn!("admin key API disabled: no token in admin.token_env / admin.token_sha256");
+    }
+    tokio::spawn(idemproxy::admin::serve(Arc::new(admin), listener));
+    Ok(Some(local))
+}
+
+/// SIGHUP re-reads the config file (see `idemproxy::reload`).
+fn reload_on_sighup(reloader: Arc<Reloader>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; reload through the admin API (POST /v1/reload)");
+                return;
             }
-            None => None,
         };
-        // Tests and scripts read this line to find the ports when the config asks for port 0.
-        match admin_addr {
-            Some(admin) => println!("idemproxy listening proxy={local} admin={admin}"),
-            None => println!("idemproxy listening proxy={local}"),
-        }
-        tracing::info!(%local, store = %config.store.url, routes = config.routes.len(), "idemproxy started");
-        if let Some(hook) = on_listening {
-            hook(local)?;
-        }
-        let opts = ServerOptions {
-            header_read_timeout: config.server.header_read_timeout.0,
-            shutdown_grace: config.server.shutdown_grace.0,
-            max_connections: config.server.max_connections,
-            max_header_bytes: config.server.max_header_bytes,
-        };
-        let grace = opts.shutdown_grace;
-        serve(app.clone(), listener, opts, shutdown_signal()).await;
-        // Intercepted HTTPS connections are not the listener's; let their requests settle too.
-        if !app.connect.drain_intercepted(grace).await {
-            tracing::warn!("grace period over for intercepted HTTPS connections; unsettled claims become UNKNOWN when their leases run out");
-        }
-        Ok(())
-    })
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let reloader = reloader.clone();
+                // Reads files and certificates: off the runtime's threads. The outcome is
+                // logged and counted there.
+                let _ = tokio::task::spawn_blocking(move || reloader.reload_logged("SIGHUP")).await;
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    drop(reloader);
 }
 
 /// Runs a client command (keys, healthcheck) on a small runtime of its own.

@@ -58,8 +58,8 @@ impl RequestOutcome {
 pub struct Metrics {
     registry: Registry,
     requests: Family<Labels, Counter>,
-    upstream_seconds: Family<Labels, Histogram>,
-    store_seconds: Family<Labels, Histogram>,
+    upstream_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    store_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     store_errors: Family<Labels, Counter>,
     minted_keys: Family<Labels, Counter>,
     replays_of_other_requests: Family<Labels, Counter>,
@@ -72,6 +72,8 @@ pub struct Metrics {
     approval_notices: Family<Labels, Counter>,
     /// Set at scrape time from the store: approvals waiting for a person.
     pub approvals_pending: Gauge,
+    connect_refused: Family<Labels, Counter>,
+    config_reloads: Family<Labels, Counter>,
     /// Claims this process holds while their upstream call runs.
     pub claims_in_flight: Gauge,
     /// Set at scrape time from the store (shared by every replica).
@@ -95,22 +97,18 @@ impl Metrics {
             "Requests on the proxy listener by route and outcome",
         );
         // 1 ms … ~65 s.
-        let upstream_seconds = Family::<Labels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.001, 2.0, 17))
-        });
-        registry.register(
+        let upstream_seconds = histograms(
+            &mut registry,
             "upstream_duration_seconds",
             "Upstream call duration (send and whole response) by route",
-            upstream_seconds.clone(),
+            || Histogram::new(exponential_buckets(0.001, 2.0, 17)),
         );
         // 0.1 ms … ~3.3 s.
-        let store_seconds = Family::<Labels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.0001, 2.0, 16))
-        });
-        registry.register(
+        let store_seconds = histograms(
+            &mut registry,
             "store_operation_duration_seconds",
             "Store operation duration by operation",
-            store_seconds.clone(),
+            || Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
         );
         let store_errors = counters(
             &mut registry,
@@ -151,29 +149,31 @@ impl Metrics {
             "approval_notices",
             "Approval notices to the webhook, by result: sent, failed (after every retry), dropped (queue full)",
         );
-        let approvals_pending = Gauge::default();
-        registry.register(
+        let approvals_pending = gauge(
+            &mut registry,
             "approvals_pending",
             "Approvals waiting for a person (read from the store at each scrape)",
-            approvals_pending.clone(),
         );
-        let claims_in_flight = Gauge::default();
-        registry.register(
+        let connect_refused = counters(
+            &mut registry,
+            "connect_refused",
+            "CONNECT requests refused, and intercepted tunnels whose client broke off the TLS handshake, by reason (see docs/troubleshooting.md)",
+        );
+        let config_reloads = counters(
+            &mut registry,
+            "config_reloads",
+            "Config reloads (SIGHUP or the admin API) by result: applied, invalid (the file does not validate), needs_restart (a section only a restart applies changed)",
+        );
+        let claims_in_flight = gauge(
+            &mut registry,
             "claims_in_flight",
             "Claims this process holds while their upstream call runs",
-            claims_in_flight.clone(),
         );
-        let unknown_claims = Gauge::default();
-        registry.register(
-            "unknown_claims",
-            "UNKNOWN claims in the store waiting for an operator or their hold (capped at the admin list limit)",
-            unknown_claims.clone(),
-        );
-        let cert_cache_entries = Gauge::default();
-        registry.register(
+        let unknown_claims = gauge(&mut registry, "unknown_claims", "UNKNOWN claims in the store waiting for an operator or their hold (capped at the admin list limit)");
+        let cert_cache_entries = gauge(
+            &mut registry,
             "cert_cache_entries",
             "Leaf certificates cached for TLS interception",
-            cert_cache_entries.clone(),
         );
         Metrics {
             registry,
@@ -191,6 +191,8 @@ impl Metrics {
             approvals,
             approval_notices,
             approvals_pending,
+            connect_refused,
+            config_reloads,
             claims_in_flight,
             unknown_claims,
             cert_cache_entries,
@@ -277,6 +279,19 @@ impl Metrics {
             .inc();
     }
 
+    /// `reason` is one of a fixed set (`ConnectError::reason`, `intercept`): never a host.
+    pub fn connect_refused(&self, reason: &'static str) {
+        self.connect_refused
+            .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc();
+    }
+
+    pub fn config_reload(&self, result: &'static str) {
+        self.config_reloads
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc();
+    }
+
     pub fn upstream(&self, route: &str, seconds: f64) {
         self.upstream_seconds
             .get_or_create(&vec![("route".into(), route.into())])
@@ -308,6 +323,24 @@ fn counters(registry: &mut Registry, name: &str, help: &str) -> Family<Labels, C
     let family = Family::<Labels, Counter>::default();
     registry.register(name, help, family.clone());
     family
+}
+
+/// A histogram family by labels, registered.
+fn histograms(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    make: fn() -> Histogram,
+) -> Family<Labels, Histogram, fn() -> Histogram> {
+    let family = Family::new_with_constructor(make);
+    registry.register(name, help, family.clone());
+    family
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
+    let gauge = Gauge::default();
+    registry.register(name, help, gauge.clone());
+    gauge
 }
 
 /// Counts a claim as in flight until dropped (also when the request future is cancelled).

@@ -98,10 +98,11 @@ pub enum CliError {
     NoToken(String),
     #[error("`{0}` is not a header like `Name: value`")]
     Header(String),
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {}: {error}", path.display())]
     Read {
         path: std::path::PathBuf,
-        source: std::io::Error,
+        // Not `source`: the message says it already, and a source is printed again.
+        error: std::io::Error,
     },
     #[error(transparent)]
     Client(#[from] ClientError),
@@ -184,7 +185,7 @@ pub async fn run(args: KeysArgs) -> Result<String, CliError> {
                     use base64::Engine as _;
                     let bytes = std::fs::read(path).map_err(|source| CliError::Read {
                         path: path.clone(),
-                        source,
+                        error: source,
                     })?;
                     receipt["body_base64"] = base64::engine::general_purpose::STANDARD
                         .encode(bytes)

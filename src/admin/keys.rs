@@ -395,7 +395,13 @@ fn scope_of(admin: &Admin, l: LookupFields) -> Result<String, Box<Response<Body>
             "give scope, or route and key (and tenant and credentials if the client sent them)",
         ));
     };
-    let Some(route) = admin.app.routes.all().iter().find(|r| r.name == route_name) else {
+    let Some(route) = admin
+        .app
+        .routes
+        .all()
+        .into_iter()
+        .find(|r| r.name == route_name)
+    else {
         return Err(refuse(&format!("no route is named `{route_name}`")));
     };
     let mut headers = HeaderMap::new();

@@ -60,12 +60,20 @@ impl AdminSettings {
     }
 }
 
+/// Re-reads the config file. `serve` wires in `crate::reload::Reloader`, which admin cannot
+/// name: the reloader builds on the app wiring, and that builds on [`AdminSettings`].
+pub trait Reload: Send + Sync {
+    /// The names of the routes now in effect, or the problem to answer with.
+    fn reload(&self) -> Result<Vec<String>, Problem>;
+}
+
 /// Everything the admin handlers need besides the app.
 pub struct Admin {
     app: Arc<App>,
     /// SHA-256 of the bearer token; `None`: the key API is disabled.
     token_hash: Option<[u8; 32]>,
     list_limit: usize,
+    reload: Option<Arc<dyn Reload>>,
 }
 
 impl Admin {
@@ -74,7 +82,14 @@ impl Admin {
             app,
             token_hash: settings.token_hash,
             list_limit: settings.list_limit,
+            reload: None,
         }
+    }
+
+    /// Serves `POST /v1/reload` with `reload`.
+    pub fn with_reload(mut self, reload: Arc<dyn Reload>) -> Admin {
+        self.reload = Some(reload);
+        self
     }
 
     pub fn key_api_enabled(&self) -> bool {
@@ -125,6 +140,15 @@ impl Admin {
             (Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
             (Method::GET, "/readyz") => self.readyz().await,
             (Method::GET, "/metrics") => self.metrics().await,
+            (Method::POST, "/v1/reload") => match self.authorized(&req) {
+                Err(resp) => *resp,
+                Ok(()) => self.reload().await,
+            },
+            (_, "/v1/reload") => problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Use POST.",
+            ),
             (_, p) if p.starts_with("/v1/keys") => match self.authorized(&req) {
                 Err(resp) => *resp,
                 Ok(()) => keys::handle(&self, req).await,
@@ -141,10 +165,33 @@ impl Admin {
             _ => problem(
                 StatusCode::NOT_FOUND,
                 "not-found",
-                "Admin endpoints: /healthz, /readyz, /metrics, /v1/keys (show, resolve, reconcile), /v1/approvals (approve, deny).",
+                "Admin endpoints: /healthz, /readyz, /metrics, /v1/keys (show, resolve, reconcile), /v1/approvals (approve, deny), /v1/reload.",
             ),
         };
         Ok(resp)
+    }
+
+    /// Re-reads the config file off the runtime's threads (it reads files and certificates).
+    async fn reload(&self) -> Response<Body> {
+        let Some(reload) = self.reload.clone() else {
+            return problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "reload-unavailable",
+                "This admin listener has no config to reload.",
+            );
+        };
+        match tokio::task::spawn_blocking(move || reload.reload()).await {
+            Ok(Ok(routes)) => json(
+                StatusCode::OK,
+                &serde_json::json!({"reloaded": true, "routes": routes}),
+            ),
+            Ok(Err(refused)) => refused.into_response(),
+            Err(e) => problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "reload-failed",
+                &format!("the reload did not finish: {e}"),
+            ),
+        }
     }
 
     /// Ready when the store answers. The CA is loaded (and checked against its key) at
@@ -188,9 +235,9 @@ impl Admin {
                 tracing::debug!("cannot count UNKNOWN claims for /metrics; keeping the last value")
             }
         }
-        if let Some(gate) = &self.app.spend {
+        {
             let now = self.app.claims.clock().now_ms();
-            if let Ok(all) = gate.store().approvals(self.list_limit).await {
+            if let Ok(all) = self.app.spend.store().approvals(self.list_limit).await {
                 let pending = all
                     .iter()
                     .filter(|a| {

@@ -11,11 +11,12 @@ use crate::auth::Tenants;
 use crate::idempotency::claims::Claims;
 use crate::identity::minted_keys::MintedKeys;
 use crate::metrics::Metrics;
-use crate::routes::Routes;
+use crate::routes::RouteTable;
 use crate::spend::gate::Gate;
 
 pub struct App {
-    pub routes: Routes,
+    /// Replaced whole by a config reload (`crate::reload`).
+    pub routes: RouteTable,
     pub claims: Arc<Claims>,
     pub namespace: String,
     pub max_body_bytes: usize,
@@ -31,6 +32,6 @@ pub struct App {
     /// Bounds on protected requests being forwarded.
     pub admission: Admission,
     pub minted_keys: MintedKeys,
-    /// Caps and approvals, when any route has `[routes.spend]`.
-    pub spend: Option<Arc<Gate>>,
+    /// Caps and approvals for the routes with `[routes.spend]`.
+    pub spend: Arc<Gate>,
 }

@@ -22,13 +22,29 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// answer is an empty 200 and the connection is handed, once upgraded, to the interceptor or
 /// a blind tunnel.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>, tenant: String) -> Response<Body> {
-    match open(app.clone(), req, tenant).await {
+    // Kept for the log line: clients show only the status of a refused CONNECT, never its
+    // body, so the log and the metric are where its reason can be seen.
+    let authority = req.uri().to_string();
+    match open(app.clone(), req, tenant.clone()).await {
         Ok(resp) => resp,
         Err(e) => {
-            app.metrics.request("-", RequestOutcome::Rejected);
+            refused(&app, &e, &authority, &tenant);
             e.into_response()
         }
     }
+}
+
+fn refused(app: &App, e: &ConnectError, authority: &str, tenant: &str) {
+    app.metrics.request("-", RequestOutcome::Rejected);
+    app.metrics.connect_refused(e.reason());
+    tracing::info!(
+        authority,
+        tenant,
+        reason = e.reason(),
+        status = e.status().as_u16(),
+        "CONNECT refused: {e}. {}",
+        e.advice()
+    );
 }
 
 async fn open(
@@ -50,11 +66,10 @@ async fn open(
                 host: target.to_string(),
             });
         }
-        let route = route.clone();
         // The run the proxy user names (`tenant.run`) belongs to every request in the tunnel.
         let run = crate::auth::run_of_proxy_user(req.headers());
         let upgrade = hyper::upgrade::on(req);
-        let serve = intercept::serve(app.clone(), route, target, upgrade, tenant, run);
+        let serve = intercept::serve(app.clone(), target, upgrade, tenant, run);
         tokio::spawn(async move {
             let _slot = slot;
             serve.await

@@ -1,12 +1,11 @@
 //! What CONNECT may reach and why one is refused: the settings built at start-up (ports,
 //! unknown hosts, the CA that intercepts), the target a CONNECT names, and its refusals.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use http::{Response, StatusCode, Uri};
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 
+use super::drain::{Intercepted, Pass};
 use crate::config::{Config, ConfigError, UnknownHosts};
 use crate::http::body::Body;
 use crate::http::problem::Problem;
@@ -25,9 +24,8 @@ pub struct ConnectPolicy {
     /// `server.max_header_bytes`, applied inside intercepted connections too.
     pub max_header_bytes: usize,
     /// Intercepted connections outlive the CONNECT request that opened them, so the
-    /// listener's graceful shutdown never sees them; they are watched here instead.
-    /// `None` once shutdown has begun.
-    intercepted: Mutex<Option<GracefulShutdown>>,
+    /// listener's graceful shutdown never sees them; they are drained here instead.
+    intercepted: Intercepted,
 }
 
 impl ConnectPolicy {
@@ -48,30 +46,20 @@ impl ConnectPolicy {
             handshake_timeout: config.server.header_read_timeout.0,
             tunnel_idle_timeout: config.tls.tunnel_idle_timeout.0,
             max_header_bytes: config.server.max_header_bytes,
-            intercepted: Mutex::new(Some(GracefulShutdown::new())),
+            intercepted: Intercepted::default(),
         })
     }
 
-    /// A watcher for a new intercepted connection; `None` when the proxy is shutting down.
-    pub fn watcher(&self) -> Option<Watcher> {
-        self.lock_intercepted()
-            .as_ref()
-            .map(GracefulShutdown::watcher)
+    /// A pass for an intercepted connection about to serve requests; `None` when the proxy
+    /// is shutting down.
+    pub fn enter(&self) -> Option<Pass> {
+        self.intercepted.enter()
     }
 
-    /// Asks every intercepted connection to finish its in-flight requests and close, and
-    /// waits up to `grace` for them. Returns whether they all finished.
+    /// Asks every intercepted connection to finish its in-flight requests and close (an idle
+    /// one closes at once), and waits up to `grace` for them. Returns whether they all did.
     pub async fn drain_intercepted(&self, grace: Duration) -> bool {
-        let Some(graceful) = self.lock_intercepted().take() else {
-            return true;
-        };
-        tokio::time::timeout(grace, graceful.shutdown())
-            .await
-            .is_ok()
-    }
-
-    fn lock_intercepted(&self) -> std::sync::MutexGuard<'_, Option<GracefulShutdown>> {
-        self.intercepted.lock().unwrap_or_else(|e| e.into_inner())
+        self.intercepted.drain(grace).await
     }
 }
 
@@ -121,6 +109,19 @@ impl ConnectError {
             ConnectError::NoCa { .. } => "interception-not-configured",
             ConnectError::EgressRefused(_) => "egress-refused",
             ConnectError::Unreachable { .. } => "tunnel-target-unreachable",
+        }
+    }
+
+    /// The metric label: a small fixed set, so a scrape never grows with the hosts asked for.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ConnectError::BadTarget(_) => "bad_target",
+            ConnectError::PortNotAllowed(_) => "port_not_allowed",
+            ConnectError::RouteOnOtherPort { .. } => "route_on_other_port",
+            ConnectError::HostDenied(_) => "host_denied",
+            ConnectError::NoCa { .. } => "no_ca",
+            ConnectError::EgressRefused(_) => "egress_refused",
+            ConnectError::Unreachable { .. } => "unreachable",
         }
     }
 

@@ -40,6 +40,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
         Ok(tenant) => tenant,
         Err(e) => {
             app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);
+            if req.method() == Method::CONNECT {
+                // Clients hide a refused CONNECT's answer; see `connect::handle`.
+                app.metrics.connect_refused("proxy_auth");
+                tracing::info!(authority = %req.uri(), reason = "proxy_auth", status = 407, "CONNECT refused: {e}");
+            }
             return Ok(crate::auth::challenge(&e));
         }
     };
@@ -63,7 +68,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
                     80
                 });
             match app.routes.by_host(host, port) {
-                Some(route) => to_route(&app, route, req, &path_and_query, &tenant).await,
+                Some(route) => to_route(&app, &route, req, &path_and_query, &tenant).await,
                 None if names_this_proxy(&req, host, port) => {
                     base_url(&app, req, &path_and_query, &tenant).await
                 }
@@ -105,7 +110,7 @@ async fn base_url(
     match app.routes.by_prefix(path_and_query) {
         Some((route, rest)) => {
             let rest = rest.to_string();
-            to_route(app, route, req, &rest, tenant).await
+            to_route(app, &route, req, &rest, tenant).await
         }
         None => {
             app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);

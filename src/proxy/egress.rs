@@ -29,7 +29,7 @@ pub struct Egress {
 pub enum EgressError {
     #[error("{host}:{port} is not on the egress allow-list")]
     NotAllowed { host: String, port: u16 },
-    #[error("{host}:{port} resolves to {addr}, an internal address; name it in [egress] allow to reach it")]
+    #[error("{host}:{port} resolves to {addr}, an internal address")]
     Internal {
         host: String,
         port: u16,

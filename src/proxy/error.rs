@@ -13,6 +13,10 @@ use crate::idempotency::outcome::Outcome;
 use crate::idempotency::store::StoreError;
 use crate::identity::IdentityError;
 
+/// A failed upstream handshake is a set-up problem: retrying alone does not help.
+const TLS_RETRY: &str =
+    "Nothing reached the provider, and a retry fails the same way until this is fixed.";
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error(transparent)]
@@ -157,7 +161,7 @@ impl ProxyError {
             ProxyError::Upstream {
                 error: UpstreamError::Tls(_),
                 ..
-            } => "Upstream certificate rejected",
+            } => "Upstream TLS handshake failed",
             ProxyError::Upstream {
                 error: UpstreamError::Connect(_),
                 ..
@@ -198,10 +202,12 @@ impl ProxyError {
             ProxyError::OutcomeUnknown { retry_after: None } => "The first request may have taken effect at the provider, so it is not sent again. Check the provider and resolve the key through the admin API (commit the real receipt, or release it to let the retry execute).".into(),
             ProxyError::StoreUnavailable(_) => "Nothing was forwarded. Retry shortly with the same key.".into(),
             ProxyError::Upstream { claim, error } => match claim {
+                None if matches!(error, UpstreamError::Tls(_)) => TLS_RETRY.into(),
                 None => "Retry later.".into(),
                 Some((_, Recorded::NotOurs | Recorded::Unconfirmed)) => "The proxy could not record the outcome: the store did not answer (it keeps trying in the background) or another request took the claim over after its lease lapsed. Retries with this key get 409 until the claim settles or lapses into an unknown outcome.".into(),
                 Some((Outcome::Unknown(_) | Outcome::Duplicate(_), _)) => "The request may have taken effect at the provider; retries with this key are held (409 outcome-unknown) until the hold period ends or an operator resolves it.".into(),
                 Some(_) if error.may_have_been_sent() => "The provider deduplicates on the key passed down, so retry with the same key.".into(),
+                Some(_) if matches!(error, UpstreamError::Tls(_)) => TLS_RETRY.into(),
                 Some(_) => "Nothing reached the provider. Retry with the same key.".into(),
             },
             ProxyError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),

@@ -9,6 +9,7 @@ pub mod connect;
 pub mod connect_policy;
 pub mod connection;
 pub mod dispatch;
+pub mod drain;
 pub mod egress;
 pub mod error;
 pub mod headers;
@@ -22,6 +23,7 @@ pub mod receipt;
 pub mod routed;
 pub mod server;
 pub mod spending;
+pub mod tls_advice;
 pub mod tunnel;
 pub mod upstream;
 

@@ -193,7 +193,7 @@ async fn spend(
         tenant,
     };
     let tunnel = parts.extensions.get::<spending::TunnelRun>();
-    match spending::admit(app.spend.as_deref(), route, rules, &view, tunnel, scope).await {
+    match spending::admit(&app.spend, route, rules, &view, tunnel, scope).await {
         Ok(ticket) => {
             trace.spend = Some(ticket.describe());
             Ok(Some(ticket))

@@ -29,8 +29,6 @@ pub enum SpendError {
     Run(String),
     #[error(transparent)]
     Refused(#[from] Refusal),
-    #[error("this route has spend rules but the proxy has no spend gate")]
-    NoGate,
 }
 
 impl SpendError {
@@ -43,9 +41,7 @@ impl SpendError {
             SpendError::Refused(Refusal::Pending { .. } | Refusal::Mismatch { .. }) => {
                 StatusCode::CONFLICT
             }
-            SpendError::Refused(Refusal::Store(_)) | SpendError::NoGate => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            SpendError::Refused(Refusal::Store(_)) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -57,7 +53,7 @@ impl SpendError {
             SpendError::Refused(Refusal::Pending { .. }) => "approval-pending",
             SpendError::Refused(Refusal::Denied { .. }) => "approval-denied",
             SpendError::Refused(Refusal::Mismatch { .. }) => "approval-mismatch",
-            SpendError::Refused(Refusal::Store(_)) | SpendError::NoGate => "store-unavailable",
+            SpendError::Refused(Refusal::Store(_)) => "store-unavailable",
         }
     }
 
@@ -69,7 +65,7 @@ impl SpendError {
             SpendError::Refused(Refusal::Pending { .. }) => "Nothing was forwarded yet: retry with the same idempotency key; once approved, the retry executes it (once).",
             SpendError::Refused(Refusal::Denied { .. }) => "Nothing was forwarded, and every retry gets this answer.",
             SpendError::Refused(Refusal::Mismatch { .. }) => "Nothing was forwarded: use a new idempotency key for a different payment.",
-            SpendError::Refused(Refusal::Store(_)) | SpendError::NoGate => "Nothing was forwarded; retry later.",
+            SpendError::Refused(Refusal::Store(_)) => "Nothing was forwarded; retry later.",
         }
     }
 
@@ -100,14 +96,13 @@ pub fn applies<'r>(route: &'r Route, method: &Method, path: &str) -> Option<&'r 
 
 /// Admits a money-moving request through the spend gate (caps, approvals, reservation).
 pub async fn admit(
-    gate: Option<&Gate>,
+    gate: &Gate,
     route: &Route,
     spend: &RouteSpend,
     view: &RequestView<'_>,
     tunnel: Option<&TunnelRun>,
     scope: &str,
 ) -> Result<Ticket, SpendError> {
-    let gate = gate.ok_or(SpendError::NoGate)?;
     let price = spend.budget.price(view)?;
     let run = run_of(spend, view.headers, tunnel)?.unwrap_or_else(|| view.tenant.to_string());
     let ask = Ask {

@@ -23,8 +23,8 @@ pub enum UpstreamError {
     /// Nothing of the request left the proxy.
     #[error("cannot connect to the upstream: {0}")]
     Connect(String),
-    /// The upstream's certificate did not verify; nothing was sent.
-    #[error("the upstream's TLS certificate was rejected: {0}")]
+    /// The TLS handshake failed (most often: the certificate did not verify); nothing was sent.
+    #[error("the TLS handshake with the upstream failed: {0}")]
     Tls(String),
     #[error("the upstream did not answer within {0:?}")]
     Timeout(Duration),
@@ -134,15 +134,35 @@ impl UpstreamClient {
     }
 
     pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
-        self.client.request(req).await.map_err(classify)
+        // For the advice on a failed handshake, which names the host.
+        let authority = req.uri().authority().cloned();
+        self.client
+            .request(req)
+            .await
+            .map_err(|e| classify(e, authority.as_ref()))
     }
 }
 
-/// Sorts a client error into "nothing was sent" (connect, TLS) and "may have been sent".
-fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
+/// Sorts a client error into "nothing was sent" (connect, TLS) and "may have been sent". A
+/// TLS failure says what most likely caused it and what fixes it, and is logged: it is a
+/// set-up problem that every retry runs into again.
+fn classify(
+    e: hyper_util::client::legacy::Error,
+    authority: Option<&http::uri::Authority>,
+) -> UpstreamError {
     let chain = error_chain(&e);
-    if chain_has::<rustls::Error>(&e) {
-        return UpstreamError::Tls(chain);
+    if let Some(tls) = find_in_chain::<rustls::Error>(&e) {
+        let host = authority.map_or("the upstream", |a| {
+            a.host().trim_start_matches('[').trim_end_matches(']')
+        });
+        let advice = super::tls_advice::advice(tls, host);
+        // The problem detail adds its own full stop.
+        let message = format!("{chain}. {}", advice.trim_end_matches('.'));
+        tracing::warn!(
+            upstream = host,
+            "TLS handshake with the upstream failed: {message}"
+        );
+        return UpstreamError::Tls(message);
     }
     if e.is_connect() {
         return UpstreamError::Connect(chain);
@@ -161,19 +181,21 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
-fn chain_has<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+fn find_in_chain<'e, T: std::error::Error + 'static>(
+    e: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e T> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
-        if err.is::<T>() {
-            return true;
+        if let Some(found) = err.downcast_ref::<T>() {
+            return Some(found);
         }
         // rustls errors reach us wrapped in io::Error, twice over from hyper-rustls
         // (`io::Error::other(io_error)`), and io::Error::source skips the wrapped error.
         if let Some(io) = err.downcast_ref::<std::io::Error>() {
             let mut inner = io.get_ref();
             while let Some(e) = inner {
-                if e.is::<T>() {
-                    return true;
+                if let Some(found) = e.downcast_ref::<T>() {
+                    return Some(found);
                 }
                 inner = e
                     .downcast_ref::<std::io::Error>()
@@ -182,7 +204,7 @@ fn chain_has<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'stati
         }
         cur = err.source();
     }
-    false
+    None
 }
 
 /// A connector that dials `connect_to` instead of the URI's authority. It sits inside the

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use http::uri::{Authority, Scheme};
 use http::{Method, Uri};
 
@@ -175,5 +176,42 @@ impl Routes {
         self.routes
             .iter()
             .find(|r| r.host.eq_ignore_ascii_case(host) && r.port.is_some_and(|p| p != port))
+    }
+}
+
+/// The routes a running proxy uses, replaced whole when its config is reloaded. A request
+/// keeps the route it matched for its whole life, so a reload never changes one under way.
+pub struct RouteTable(ArcSwap<Routes>);
+
+impl RouteTable {
+    pub fn new(routes: Routes) -> RouteTable {
+        RouteTable(ArcSwap::from_pointee(routes))
+    }
+
+    /// From now on, requests match these routes.
+    pub fn replace(&self, routes: Routes) {
+        self.0.store(Arc::new(routes));
+    }
+
+    pub fn all(&self) -> Vec<Arc<Route>> {
+        self.0.load().all().to_vec()
+    }
+
+    /// See [`Routes::by_prefix`].
+    pub fn by_prefix<'p>(&self, path: &'p str) -> Option<(Arc<Route>, &'p str)> {
+        self.0
+            .load()
+            .by_prefix(path)
+            .map(|(route, rest)| (route.clone(), rest))
+    }
+
+    /// See [`Routes::by_host`].
+    pub fn by_host(&self, host: &str, port: u16) -> Option<Arc<Route>> {
+        self.0.load().by_host(host, port).cloned()
+    }
+
+    /// See [`Routes::on_other_port`].
+    pub fn on_other_port(&self, host: &str, port: u16) -> Option<Arc<Route>> {
+        self.0.load().on_other_port(host, port).cloned()
     }
 }

@@ -21,10 +21,11 @@ const BACKDATE: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaError {
-    #[error("{}: cannot read: {source}", path.display())]
+    #[error("{}: cannot read: {error}", path.display())]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        // Not `source`: the message says it already, and a source is printed again.
+        error: std::io::Error,
     },
     #[error("{}: {message}", path.display())]
     Invalid { path: PathBuf, message: String },
@@ -105,7 +106,7 @@ impl CertAuthority {
         let read = |path: &Path| {
             std::fs::read_to_string(path).map_err(|source| CaError::Read {
                 path: path.to_path_buf(),
-                source,
+                error: source,
             })
         };
         let invalid = |path: &Path, message: String| CaError::Invalid {

@@ -70,7 +70,7 @@ pub fn init(opts: &InitOptions) -> Result<Written, InitError> {
         Some(path) => Some(
             std::fs::read_to_string(path).map_err(|source| CaError::Read {
                 path: path.clone(),
-                source,
+                error: source,
             })?,
         ),
         None => SYSTEM_BUNDLES

@@ -10,6 +10,7 @@ mod core;
 mod deploy_files;
 mod derived_keys;
 mod faults;
+mod first_five;
 mod https;
 mod identity;
 mod image;

@@ -62,6 +62,21 @@ impl TestPki {
         std::fs::write(stem.with_extension("key"), key.serialize_pem()).expect("write key");
     }
 
+    /// A server certificate for `names` that expired in 2021.
+    pub fn expired_leaf(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
+        let mut params =
+            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("leaf params");
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params.signed_by(&key, &self.issuer).expect("leaf cert");
+        server_config(
+            cert.der().clone(),
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+    }
+
     /// A TLS server for `names` offering `h2` and `http/1.1`.
     pub fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
         let (cert, key) = self.leaf(names);

@@ -312,6 +312,21 @@ impl Proxy {
         c.wait().expect("wait for proxy")
     }
 
+    /// SIGHUP: the proxy re-reads its config file.
+    pub fn hangup(&self) {
+        let c = self.child.as_ref().expect("proxy is running");
+        let status = Command::new("kill")
+            .args(["-HUP", &c.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -HUP failed");
+    }
+
+    /// Replaces the config file the proxy was started on (for a reload or a restart).
+    pub fn write_config(&self, text: &str) {
+        std::fs::write(&self.config_path, text).expect("write config");
+    }
+
     /// Starts again on the same config and store (on a new port).
     pub fn restart(&mut self) {
         self.kill();
