@@ -473,7 +473,7 @@ async fn proxy_follows_a_sentinel_failover() {
     let killed = Instant::now();
     // Once promoted, the old master comes back as a replica (WAIT 1 needs one).
     let setup = tokio::task::spawn_blocking(move || {
-        setup.until_failed_over(old, Duration::from_secs(20));
+        setup.until_failed_over(old, Duration::from_secs(45));
         setup.rejoin_as_replica(old);
         setup
     })
@@ -493,8 +493,10 @@ async fn proxy_follows_a_sentinel_failover() {
             break r;
         }
         assert!(matches!(r.status, 409 | 503), "{}: {}", r.status, r.text());
+        // Measured alone: 7-18 s (WAIT 1 blocks writes until the old master rejoins);
+        // the whole suite on 2 cores makes it slower.
         assert!(
-            killed.elapsed() < Duration::from_secs(20),
+            killed.elapsed() < Duration::from_secs(45),
             "never recovered"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
