@@ -223,7 +223,7 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
          CREATE INDEX IF NOT EXISTS records_expires_at ON records(expires_at);
          CREATE INDEX IF NOT EXISTS records_unknown ON records(scope) WHERE state = 'U';",
     )?;
-    super::sqlite_spend::create_schema(conn)?;
+    create_spend_schema(conn)?;
     // Files written by earlier versions keep their records: moved over in the same transaction.
     let old_layout: bool = conn.query_row(
         "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'claims'",
@@ -238,6 +238,53 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
         )?;
     }
     conn.execute_batch("COMMIT;")
+}
+
+/// The spend port's tables (`sqlite_spend`): reservations, running totals, approvals.
+fn create_spend_schema(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS spend (
+             counter    TEXT NOT NULL,
+             id         TEXT NOT NULL,
+             amount     INTEGER NOT NULL,
+             at_ms      INTEGER NOT NULL,
+             expires_at INTEGER NOT NULL,
+             in_window  INTEGER NOT NULL,
+             PRIMARY KEY (counter, id)
+         );
+         CREATE INDEX IF NOT EXISTS spend_window ON spend(counter, in_window, at_ms);
+         CREATE TABLE IF NOT EXISTS spend_totals (
+             counter TEXT PRIMARY KEY,
+             total   INTEGER NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS approvals (
+             id         TEXT PRIMARY KEY,
+             created_ms INTEGER NOT NULL,
+             expires_at INTEGER NOT NULL,
+             value      BLOB NOT NULL
+         );",
+    )
+}
+
+/// Deletes reservations and approvals past their time (with the claims' sweep).
+fn sweep_spend(conn: &Connection, now: i64) {
+    // Approvals are kept a day past expiry, so a late retry is told it expired.
+    let day = 24 * 3600 * 1000;
+    // Only rows already aged out of their window: the others still count in a total.
+    let result = conn
+        .execute(
+            "DELETE FROM spend WHERE expires_at <= ?1 AND in_window = 0",
+            params![now],
+        )
+        .and_then(|_| {
+            conn.execute(
+                "DELETE FROM approvals WHERE expires_at <= ?1",
+                params![now - day],
+            )
+        });
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "sweeping expired spend rows failed");
+    }
 }
 
 fn expires_at(expiry: Expiry) -> Option<i64> {
@@ -370,7 +417,7 @@ fn sweep(conn: &Connection) -> bool {
                  WHERE expires_at IS NOT NULL AND expires_at <= ?1 LIMIT ?2)",
         )
         .and_then(|mut stmt| stmt.execute(params![now_ms() as i64, SWEEP_CHUNK as i64]));
-    super::sqlite_spend::sweep(conn, now_ms() as i64);
+    sweep_spend(conn, now_ms() as i64);
     match deleted {
         Ok(n) => n == SWEEP_CHUNK,
         Err(e) => {

@@ -5,57 +5,11 @@
 //! checking a budget costs the same however many payments share it.
 
 use async_trait::async_trait;
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::{params, OptionalExtension, Transaction};
 
 use super::sqlite::SqliteStore;
 use super::StoreError;
 use crate::spend::port::{decide, Approval, Opened, Reservation, Reserved, SpendStore};
-
-pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS spend (
-             counter    TEXT NOT NULL,
-             id         TEXT NOT NULL,
-             amount     INTEGER NOT NULL,
-             at_ms      INTEGER NOT NULL,
-             expires_at INTEGER NOT NULL,
-             in_window  INTEGER NOT NULL,
-             PRIMARY KEY (counter, id)
-         );
-         CREATE INDEX IF NOT EXISTS spend_window ON spend(counter, in_window, at_ms);
-         CREATE TABLE IF NOT EXISTS spend_totals (
-             counter TEXT PRIMARY KEY,
-             total   INTEGER NOT NULL
-         );
-         CREATE TABLE IF NOT EXISTS approvals (
-             id         TEXT PRIMARY KEY,
-             created_ms INTEGER NOT NULL,
-             expires_at INTEGER NOT NULL,
-             value      BLOB NOT NULL
-         );",
-    )
-}
-
-/// Deletes reservations and approvals past their time (with the claims' sweep).
-pub(super) fn sweep(conn: &Connection, now: i64) {
-    // Approvals are kept a day past expiry, so a late retry is told it expired.
-    let day = 24 * 3600 * 1000;
-    // Only rows already aged out of their window: the others still count in a total.
-    let result = conn
-        .execute(
-            "DELETE FROM spend WHERE expires_at <= ?1 AND in_window = 0",
-            params![now],
-        )
-        .and_then(|_| {
-            conn.execute(
-                "DELETE FROM approvals WHERE expires_at <= ?1",
-                params![now - day],
-            )
-        });
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "sweeping expired spend rows failed");
-    }
-}
 
 /// What a counter holds within `since` (operators' view: a plain sum).
 fn spent(tx: &Transaction<'_>, counter: &str, since: i64) -> rusqlite::Result<i64> {
