@@ -6,8 +6,9 @@ use http::Method;
 
 use super::client::{call, ClientError};
 
+/// Where the admin API is, and the token for it.
 #[derive(Debug, Args)]
-pub struct KeysArgs {
+pub struct AdminTarget {
     /// Base URL of the admin listener.
     #[arg(
         long,
@@ -18,6 +19,18 @@ pub struct KeysArgs {
     /// Environment variable holding the admin token.
     #[arg(long, default_value = "IDEMPROXY_ADMIN_TOKEN")]
     pub token_env: String,
+}
+
+impl AdminTarget {
+    fn token(&self) -> Result<String, CliError> {
+        std::env::var(&self.token_env).map_err(|_| CliError::NoToken(self.token_env.clone()))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct KeysArgs {
+    #[command(flatten)]
+    pub target: AdminTarget,
     #[command(subcommand)]
     pub command: KeysCommand,
 }
@@ -144,8 +157,7 @@ fn lookup_json(l: &LookupArgs) -> Result<serde_json::Map<String, serde_json::Val
 
 /// Runs the command; returns the API's JSON answer, pretty-printed.
 pub async fn run(args: KeysArgs) -> Result<String, CliError> {
-    let token =
-        std::env::var(&args.token_env).map_err(|_| CliError::NoToken(args.token_env.clone()))?;
+    let token = args.target.token()?;
     let (method, path, body) = match &args.command {
         KeysCommand::List { state, limit } => {
             let mut path = format!("/v1/keys?state={state}");
@@ -216,7 +228,7 @@ pub async fn run(args: KeysArgs) -> Result<String, CliError> {
             )
         }
     };
-    send(&args.admin, &token, method, &path, body).await
+    send(&args.target.admin, &token, method, &path, body).await
 }
 
 /// One admin API call; the JSON answer pretty-printed, or the refusal.
@@ -243,16 +255,8 @@ async fn send(
 
 #[derive(Debug, Args)]
 pub struct ApprovalsArgs {
-    /// Base URL of the admin listener.
-    #[arg(
-        long,
-        env = "IDEMPROXY_ADMIN_URL",
-        default_value = "http://127.0.0.1:9090"
-    )]
-    pub admin: String,
-    /// Environment variable holding the admin token.
-    #[arg(long, default_value = "IDEMPROXY_ADMIN_TOKEN")]
-    pub token_env: String,
+    #[command(flatten)]
+    pub target: AdminTarget,
     #[command(subcommand)]
     pub command: ApprovalsCommand,
 }
@@ -291,8 +295,7 @@ pub enum ApprovalsCommand {
 
 /// Runs `idemproxy approvals …`; returns the API's JSON answer, pretty-printed.
 pub async fn run_approvals(args: ApprovalsArgs) -> Result<String, CliError> {
-    let token =
-        std::env::var(&args.token_env).map_err(|_| CliError::NoToken(args.token_env.clone()))?;
+    let token = args.target.token()?;
     let decision = |id: &str, by: &str, reason: Option<&str>| {
         Some(serde_json::json!({"id": id, "by": by, "reason": reason}))
     };
@@ -315,7 +318,7 @@ pub async fn run_approvals(args: ApprovalsArgs) -> Result<String, CliError> {
             decision(id, by, Some(reason)),
         ),
     };
-    send(&args.admin, &token, method, &path, body).await
+    send(&args.target.admin, &token, method, &path, body).await
 }
 
 /// `idemproxy healthcheck`: exit 0 when `url` answers 200.
