@@ -311,7 +311,35 @@ async fn a_denial_answers_every_retry(backend: Backend) {
         "approval-pending"
     );
     let id = pending_approval(&proxy).await;
-    assert_eq!(decide(&proxy, &id, "deny", "not ordered").await.status, 200);
+    // From a shell, as an operator decides.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .arg("approvals")
+            .arg("--admin")
+            .arg(proxy.admin_url())
+            .args(args)
+            .env("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)
+            .output()
+            .expect("idemproxy approvals");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (ok, listed) = cli(&["list"]);
+    assert!(
+        ok && listed.contains(&id) && listed.contains("600.00 USD"),
+        "{listed}"
+    );
+    let (ok, out) = cli(&[
+        "deny",
+        &id,
+        "--by",
+        "ana@example.test",
+        "--reason",
+        "not ordered",
+    ]);
+    assert!(ok && out.contains("\"denied\""), "{out}");
     for _ in 0..3 {
         let r = pay(&proxy, "big-3", "r", "60000", "usd").await;
         assert_eq!(
