@@ -6,14 +6,17 @@
 //!
 //! This proxy's memory only: a fleet notices when both requests reach the same proxy.
 
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::time::Duration;
 
 use moka::sync::Cache;
-use sha2::{Digest, Sha256};
 
 pub struct MintedKeys {
-    /// `(route, tenant, account, operation)` hashed → the client key hashed.
-    seen: Cache<[u8; 32], [u8; 32]>,
+    /// `(route, tenant, account, operation)` hashed → the client key hashed. A collision can
+    /// only cost a spurious warning, so a keyed 64-bit hash will do: this runs on every
+    /// request, and SHA-256 here was a measurable share of a replay's CPU.
+    seen: Cache<u64, u64>,
+    hasher: RandomState,
 }
 
 impl Default for MintedKeys {
@@ -29,6 +32,7 @@ impl MintedKeys {
                 .max_capacity(capacity)
                 .time_to_live(window)
                 .build(),
+            hasher: RandomState::new(),
         }
     }
 
@@ -42,23 +46,24 @@ impl MintedKeys {
         operation: &str,
         client_key: &str,
     ) -> bool {
-        let id = hash(&[route, tenant, account, operation]);
-        let key = hash(&[client_key]);
+        let id = self.hash(&[route, tenant, account, operation]);
+        let key = self.hash(&[client_key]);
         let before = self.seen.get(&id);
         if before != Some(key) {
             self.seen.insert(id, key);
         }
         before.is_some_and(|k| k != key)
     }
-}
 
-fn hash(parts: &[&str]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update((p.len() as u64).to_be_bytes());
-        h.update(p.as_bytes());
+    fn hash(&self, parts: &[&str]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        for p in parts {
+            // Length-prefixed, so ("ab", "c") and ("a", "bc") differ.
+            h.write_usize(p.len());
+            h.write(p.as_bytes());
+        }
+        h.finish()
     }
-    h.finalize().into()
 }
 
 #[cfg(test)]

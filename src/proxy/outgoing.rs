@@ -1,7 +1,8 @@
 //! The request as the provider gets it: end-to-end headers, the buffered body, and the key
 //! passed down in the provider's own form. Everything that could refuse the request is
 //! checked when it is prepared, before anything is claimed; the key (which may depend on the
-//! claim) is filled in afterwards.
+//! claim) is filled in afterwards. The headers are copied only when the request is built:
+//! most protected requests are replays, which never go out.
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, Uri, Version};
@@ -15,40 +16,40 @@ use crate::identity::DEFAULT_TENANT;
 use crate::proxy::error::ProxyError;
 use crate::routes::Route;
 
-pub struct Outgoing {
+pub struct Outgoing<'a> {
     method: http::Method,
     uri: Uri,
-    headers: HeaderMap,
+    /// The client's headers, as received.
+    headers: &'a HeaderMap,
+    /// The client's `key_header`, removed on the way out unless a signature covers it.
+    drop_header: Option<http::HeaderName>,
     body: Bytes,
     /// Where the key goes: a header, or a slot in the body.
     key_header: Option<http::HeaderName>,
     slot: Option<BodySlot>,
 }
 
-impl Outgoing {
+impl<'a> Outgoing<'a> {
     /// Prepares `parts` + `body` for `route`'s upstream at `uri`. `client_key` is the key the
     /// client set in the provider's own field, if any.
     pub fn prepare(
         route: &Route,
-        parts: &http::request::Parts,
+        parts: &'a http::request::Parts,
         uri: Uri,
         body: Bytes,
         tenant: &str,
         client_key: Option<&str>,
-    ) -> Result<Outgoing, ProxyError> {
+    ) -> Result<Outgoing<'a>, ProxyError> {
         let identity = &route.identity;
-        let mut headers = parts.headers.clone();
         if identity.signing == Signing::SigV4 {
             check_signed_host(route, parts)?;
         }
-        for_upstream(&mut headers, true);
-        if !signs_header(
+        let drop_header = (!signs_header(
             identity.signing,
             &parts.headers,
             identity.key_header.as_str(),
-        ) {
-            headers.remove(&identity.key_header);
-        }
+        ))
+        .then(|| identity.key_header.clone());
         // A signed body keeps the client's own key: within a tenant the provider-level key
         // must be the proxy's to set, and a signed one can only be refused, not rewritten.
         if identity.signing.body_signed() && tenant != DEFAULT_TENANT {
@@ -78,7 +79,8 @@ impl Outgoing {
         Ok(Outgoing {
             method: parts.method.clone(),
             uri,
-            headers,
+            headers: &parts.headers,
+            drop_header,
             body,
             key_header,
             slot,
@@ -88,6 +90,10 @@ impl Outgoing {
     /// The request, with `key` passed down where the provider takes it (`None`: as sent).
     pub fn request(&self, key: Option<&str>) -> Request<Body> {
         let mut headers = self.headers.clone();
+        for_upstream(&mut headers, true);
+        if let Some(name) = &self.drop_header {
+            headers.remove(name);
+        }
         let mut body = self.body.clone();
         if let Some(key) = key {
             if let Some(name) = &self.key_header {

@@ -584,7 +584,7 @@ async fn call(
 /// down buffered; the response streams back, marked with why it was not protected.
 async fn forward_unprotected(
     route: &Route,
-    outgoing: &Outgoing,
+    outgoing: &Outgoing<'_>,
     key: Option<&str>,
     why: &str,
 ) -> Result<Response<Body>, ProxyError> {
