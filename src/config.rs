@@ -617,6 +617,13 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_server()?;
+        self.validate_store()?;
+        self.validate_tls()?;
+        self.validate_route_names()
+    }
+
+    fn validate_server(&self) -> Result<(), ConfigError> {
         parse_listen(&self.server.listen).map_err(|m| self.invalid("server.listen", m))?;
         if let Some(a) = &self.server.admin_listen {
             parse_listen(a).map_err(|m| self.invalid("server.admin_listen", m))?;
@@ -642,6 +649,10 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    fn validate_store(&self) -> Result<(), ConfigError> {
         if !matches!(self.store.sqlite_synchronous.as_str(), "full" | "normal") {
             return Err(self.invalid("store.sqlite_synchronous", "must be `full` or `normal`"));
         }
@@ -670,6 +681,10 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    fn validate_tls(&self) -> Result<(), ConfigError> {
         if self.tls.connect_ports.is_empty() || self.tls.connect_ports.contains(&0) {
             return Err(self.invalid(
                 "tls.connect_ports",
@@ -688,6 +703,10 @@ impl Config {
             }
             _ => {}
         }
+        Ok(())
+    }
+
+    fn validate_route_names(&self) -> Result<(), ConfigError> {
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {
             if !names.insert(r.name.as_str()) {

@@ -90,113 +90,145 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("idemproxy");
-        let requests = counters(
-            &mut registry,
+        let mut m = Metrics {
+            registry: Registry::with_prefix("idemproxy"),
+            requests: Family::default(),
+            // 1 ms … ~65 s.
+            upstream_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 17))
+            }),
+            // 0.1 ms … ~3.3 s.
+            store_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+            }),
+            store_errors: Family::default(),
+            minted_keys: Family::default(),
+            replays_of_other_requests: Family::default(),
+            forwards_refused: Family::default(),
+            lookups: Family::default(),
+            unknown_resolved: Family::default(),
+            spend: Family::default(),
+            spend_refused: Family::default(),
+            approvals: Family::default(),
+            approval_notices: Family::default(),
+            approvals_pending: Gauge::default(),
+            connect_refused: Family::default(),
+            config_reloads: Family::default(),
+            claims_in_flight: Gauge::default(),
+            unknown_claims: Gauge::default(),
+            cert_cache_entries: Gauge::default(),
+        };
+        // The exposition lists metrics in the order they are registered.
+        m.register_requests();
+        m.register_store();
+        m.register_claims();
+        m.register_spend();
+        m.register_connect_and_reload();
+        m.register_outstanding();
+        m
+    }
+
+    fn register_requests(&mut self) {
+        let r = &mut self.registry;
+        r.register(
             "requests",
             "Requests on the proxy listener by route and outcome",
+            self.requests.clone(),
         );
-        // 1 ms … ~65 s.
-        let upstream_seconds = histograms(
-            &mut registry,
+        r.register(
             "upstream_duration_seconds",
             "Upstream call duration (send and whole response) by route",
-            || Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            self.upstream_seconds.clone(),
         );
-        // 0.1 ms … ~3.3 s.
-        let store_seconds = histograms(
-            &mut registry,
+    }
+
+    fn register_store(&mut self) {
+        let r = &mut self.registry;
+        r.register(
             "store_operation_duration_seconds",
             "Store operation duration by operation",
-            || Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            self.store_seconds.clone(),
         );
-        let store_errors = counters(
-            &mut registry,
+        r.register(
             "store_errors",
             "Store operations that failed or timed out, by operation",
+            self.store_errors.clone(),
         );
-        let minted_keys = counters(&mut registry, "client_minted_keys", "Requests for an operation seen shortly before under another client key: the client mints a key per call, so its key cannot catch a re-run. By route");
-        let replays_of_other_requests = counters(&mut registry, "replays_of_reworded_requests", "Receipts of a derived operation replayed to a request whose details differ from the first (an agent re-run that reworded the call). By route");
-        let forwards_refused = counters(&mut registry, "forwards_refused", "Protected requests refused before anything was claimed because server.max_forwards or server.max_forward_bytes was reached, by limit");
-        let lookups = counters(
-            &mut registry,
+    }
+
+    fn register_claims(&mut self) {
+        let r = &mut self.registry;
+        r.register("client_minted_keys", "Requests for an operation seen shortly before under another client key: the client mints a key per call, so its key cannot catch a re-run. By route", self.minted_keys.clone());
+        r.register("replays_of_reworded_requests", "Receipts of a derived operation replayed to a request whose details differ from the first (an agent re-run that reworded the call). By route", self.replays_of_other_requests.clone());
+        r.register("forwards_refused", "Protected requests refused before anything was claimed because server.max_forwards or server.max_forward_bytes was reached, by limit", self.forwards_refused.clone());
+        r.register(
             "lookups",
             "Lookups at the provider for held operations, by route and verdict (found, not_found, unclear)",
+            self.lookups.clone(),
         );
-        let unknown_resolved = counters(
-            &mut registry,
+        r.register(
             "unknown_resolved",
             "Held (UNKNOWN) operations resolved, by route and by whom: lookup (the provider was asked), operator (the admin API), expired (the hold ended and a retry executed)",
+            self.unknown_resolved.clone(),
         );
-        let spend = Family::<Labels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register(
+    }
+
+    fn register_spend(&mut self) {
+        let r = &mut self.registry;
+        r.register(
             "spend",
             "Money sent to providers (reservations kept: the payment happened or may have), in major units, by route, tenant and currency",
-            spend.clone(),
+            self.spend.clone(),
         );
-        let spend_refused = counters(
-            &mut registry,
+        r.register(
             "spend_refused",
             "Payments refused by a spend cap, by route and cap (per_request, per_run, per_tenant)",
+            self.spend_refused.clone(),
         );
-        let approvals = counters(
-            &mut registry,
+        r.register(
             "approvals",
             "Approvals by route and event: requested, approved, denied, expired",
+            self.approvals.clone(),
         );
-        let approval_notices = counters(
-            &mut registry,
+        r.register(
             "approval_notices",
             "Approval notices to the webhook, by result: sent, failed (after every retry), dropped (queue full)",
+            self.approval_notices.clone(),
         );
-        let approvals_pending = gauge(
-            &mut registry,
+        r.register(
             "approvals_pending",
             "Approvals waiting for a person (read from the store at each scrape)",
+            self.approvals_pending.clone(),
         );
-        let connect_refused = counters(
-            &mut registry,
+    }
+
+    fn register_connect_and_reload(&mut self) {
+        let r = &mut self.registry;
+        r.register(
             "connect_refused",
             "CONNECT requests refused, and intercepted tunnels whose client broke off the TLS handshake, by reason (see docs/troubleshooting.md)",
+            self.connect_refused.clone(),
         );
-        let config_reloads = counters(
-            &mut registry,
+        r.register(
             "config_reloads",
             "Config reloads (SIGHUP or the admin API) by result: applied, invalid (the file does not validate), needs_restart (a section only a restart applies changed)",
+            self.config_reloads.clone(),
         );
-        let claims_in_flight = gauge(
-            &mut registry,
+    }
+
+    fn register_outstanding(&mut self) {
+        let r = &mut self.registry;
+        r.register(
             "claims_in_flight",
             "Claims this process holds while their upstream call runs",
+            self.claims_in_flight.clone(),
         );
-        let unknown_claims = gauge(&mut registry, "unknown_claims", "UNKNOWN claims in the store waiting for an operator or their hold (capped at the admin list limit)");
-        let cert_cache_entries = gauge(
-            &mut registry,
+        r.register("unknown_claims", "UNKNOWN claims in the store waiting for an operator or their hold (capped at the admin list limit)", self.unknown_claims.clone());
+        r.register(
             "cert_cache_entries",
             "Leaf certificates cached for TLS interception",
+            self.cert_cache_entries.clone(),
         );
-        Metrics {
-            registry,
-            requests,
-            upstream_seconds,
-            store_seconds,
-            store_errors,
-            minted_keys,
-            replays_of_other_requests,
-            forwards_refused,
-            lookups,
-            unknown_resolved,
-            spend,
-            spend_refused,
-            approvals,
-            approval_notices,
-            approvals_pending,
-            connect_refused,
-            config_reloads,
-            claims_in_flight,
-            unknown_claims,
-            cert_cache_entries,
-        }
     }
 
     pub fn request(&self, route: &str, outcome: RequestOutcome) {
@@ -316,31 +348,6 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
-}
-
-/// A counter family by labels, registered.
-fn counters(registry: &mut Registry, name: &str, help: &str) -> Family<Labels, Counter> {
-    let family = Family::<Labels, Counter>::default();
-    registry.register(name, help, family.clone());
-    family
-}
-
-/// A histogram family by labels, registered.
-fn histograms(
-    registry: &mut Registry,
-    name: &str,
-    help: &str,
-    make: fn() -> Histogram,
-) -> Family<Labels, Histogram, fn() -> Histogram> {
-    let family = Family::new_with_constructor(make);
-    registry.register(name, help, family.clone());
-    family
-}
-
-fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
-    let gauge = Gauge::default();
-    registry.register(name, help, gauge.clone());
-    gauge
 }
 
 /// Counts a claim as in flight until dropped (also when the request future is cancelled).

@@ -5,6 +5,7 @@
 //! claim.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -21,7 +22,8 @@ use crate::idempotency::scope;
 use crate::idempotency::store::StoreError;
 use crate::idempotency::template::RequestView;
 use crate::identity::Identity;
-use crate::proxy::lookup::Asking;
+use crate::proxy::lookup::{Asking, Lookup};
+use crate::routes::Route;
 
 fn default_tenant() -> String {
     crate::auth::DEFAULT_TENANT.to_string()
@@ -233,21 +235,9 @@ async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
         Ok(s) => s,
         Err(resp) => return *resp,
     };
-    let store = admin.app.claims.store();
-    let found = match store.get(&scope).await {
-        Ok(Some(found)) => found,
-        Ok(None) => return not_found(&scope),
-        Err(e) => return store_error(e),
-    };
-    if found.token.as_str() != r.token || found.state != State::Unknown {
-        return changed(&scope, &found);
-    }
-    let routes = admin.app.routes.all();
-    let Some(route) = routes.iter().find(|x| x.name == found.body.route) else {
-        return bad(&format!(
-            "route `{}` is not configured any more",
-            found.body.route
-        ));
+    let (found, route) = match held(admin, &scope, &r.token).await {
+        Ok(held) => held,
+        Err(resp) => return *resp,
     };
     let Some(lookup) = &route.lookup else {
         return bad(&format!(
@@ -264,8 +254,47 @@ async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
     }) else {
         return bad("give key (the client's key) or passed_down (the key the provider got)");
     };
+    let verdict = ask(admin, &route, lookup, &credentials, &tenant, &passed_down).await;
+    apply(admin, &scope, &r.token, &route, verdict).await
+}
+
+/// The UNKNOWN claim under `scope`, if it is still the one the operator saw (`token`), and
+/// its route.
+async fn held(
+    admin: &Admin,
+    scope: &str,
+    token: &str,
+) -> Result<(Record, Arc<Route>), Box<Response<Body>>> {
+    let found = match admin.app.claims.store().get(scope).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return Err(Box::new(not_found(scope))),
+        Err(e) => return Err(Box::new(store_error(e))),
+    };
+    if found.token.as_str() != token || found.state != State::Unknown {
+        return Err(Box::new(changed(scope, &found)));
+    }
+    let routes = admin.app.routes.all();
+    let Some(route) = routes.into_iter().find(|x| x.name == found.body.route) else {
+        return Err(refuse(&format!(
+            "route `{}` is not configured any more",
+            found.body.route
+        )));
+    };
+    Ok((found, route))
+}
+
+/// The route's lookup for the attempt that passed down `passed_down`, sent with the
+/// credentials the operator gave.
+async fn ask(
+    admin: &Admin,
+    route: &Route,
+    lookup: &Lookup,
+    credentials: &BTreeMap<String, String>,
+    tenant: &str,
+    passed_down: &str,
+) -> Verdict {
     let mut headers = HeaderMap::new();
-    for (name, value) in &credentials {
+    for (name, value) in credentials {
         if let (Ok(n), Ok(v)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_str(value),
@@ -279,11 +308,11 @@ async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
             path: "",
             headers: &headers,
             body: b"",
-            tenant: &tenant,
+            tenant,
         },
-        key: &passed_down,
+        key: passed_down,
     };
-    let verdict = lookup
+    lookup
         .ask(
             &route.client,
             |target| route.upstream_uri(target).ok(),
@@ -292,7 +321,18 @@ async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
             route.timeout,
             admin.app.max_receipt_bytes,
         )
-        .await;
+        .await
+}
+
+/// Resolves the claim as the verdict says, fenced on the token the operator saw; an
+/// unclear verdict changes nothing.
+async fn apply(
+    admin: &Admin,
+    scope: &str,
+    token: &str,
+    route: &Route,
+    verdict: Verdict,
+) -> Response<Body> {
     let (how, said) = match verdict {
         Verdict::Found(receipt) => (Resolution::Reconciled(receipt), "found"),
         Verdict::NotFound => (Resolution::Release, "not found"),
@@ -308,7 +348,7 @@ async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
     match admin
         .app
         .claims
-        .resolve(&scope, &r.token, how, "a lookup", retention)
+        .resolve(scope, token, how, "a lookup", retention)
         .await
     {
         Ok(Resolved::Done { .. }) => {
@@ -318,8 +358,8 @@ async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
                 &serde_json::json!({"scope": scope, "lookup": said, "resolved": if said == "found" { "committed" } else { "released" }}),
             )
         }
-        Ok(Resolved::Changed(now)) => changed(&scope, &now),
-        Ok(Resolved::Gone) => not_found(&scope),
+        Ok(Resolved::Changed(now)) => changed(scope, &now),
+        Ok(Resolved::Gone) => not_found(scope),
         Err(e) => store_error(e),
     }
 }

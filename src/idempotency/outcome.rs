@@ -186,10 +186,10 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn body_rules_read_errors_inside_a_200() {
-        let mut p = policy(false);
-        p.rules = std::sync::Arc::from(vec![
+    /// Kraken's errors inside a 200 (busy: unknown; any other: declined) and Binance's
+    /// duplicate-order refusal.
+    fn exchange_rules() -> std::sync::Arc<[BodyRule]> {
+        std::sync::Arc::from(vec![
             BodyRule {
                 statuses: Some(set(&["200"])),
                 conditions: vec![Condition::new(
@@ -214,7 +214,13 @@ mod tests {
                 outcome: RuleOutcome::Duplicate,
                 note: "look it up".into(),
             },
-        ]);
+        ])
+    }
+
+    #[test]
+    fn body_rules_read_errors_inside_a_200() {
+        let mut p = policy(false);
+        p.rules = exchange_rules();
         assert!(matches!(
             classify(answered(200, r#"{"error":["EService:Busy"]}"#).as_ref(), &p),
             Outcome::Unknown(n) if n.contains("busy")
@@ -268,7 +274,11 @@ mod tests {
             ),
             Outcome::Released
         );
-        // Nested fields and not-equals.
+    }
+
+    #[test]
+    fn body_rules_read_nested_fields_and_not_equals() {
+        let mut p = policy(false);
         p.rules = std::sync::Arc::from(vec![BodyRule {
             statuses: None,
             conditions: vec![Condition::new(

@@ -1,5 +1,6 @@
-//! The pipeline of one protected request, top to bottom:
-//! `route → identify (key, account, fingerprint) → scope → claim → forward → settle → respond`.
+//! The pipeline of one protected request, top to bottom: `route → read → identify (key,
+//! account, fingerprint) → scope → spend → prepare → claim (or reconcile, or answer) →
+//! forward → settle → respond`.
 //! (The route was chosen by `dispatch`; the claim's life — lease, settle, waking waiters — is
 //! `Claims::execute`.) This file is HTTP only: each stage below is one function.
 
@@ -12,7 +13,7 @@ use hyper::body::Incoming;
 
 use super::admission::Admitted;
 use super::headers::strip_hop_by_hop;
-use super::lookup::Asking;
+use super::lookup::{Asking, Lookup};
 use super::outgoing::Outgoing;
 use super::receipt;
 use super::spending;
@@ -71,18 +72,96 @@ async fn protect(
     let admitted = app
         .admission
         .admit(declared_length(req.headers()), &app.metrics)?;
-    let (parts, body) = read(app, req).await?;
-    let identified = match identify(route, &parts, &upstream_uri, &body, tenant)? {
+    let req = read(app, req, upstream_uri, tenant).await?;
+    let identified = match identify(route, &req)? {
         Identification::Protected(identified) => identified,
         Identification::Unprotected { why, client_key } => {
-            trace.outcome = Some(RequestOutcome::Unprotected);
-            trace.unprotected = Some(why.clone());
-            let outgoing = Outgoing::prepare(route, &parts, upstream_uri, body, tenant, None)?;
-            let key = tenant_key(route, tenant, client_key.as_deref());
-            return forward_unprotected(route, &outgoing, key.as_deref(), &why).await;
+            return unprotected(route, req, &why, client_key.as_deref(), trace).await;
         }
     };
     trace.identified(&identified);
+    let op = scope(app, route, tenant, identified);
+    trace.scope = Some(op.scope.clone());
+    notice_minted_keys(app, route, tenant, &op.identified);
+    let mut ticket = spend(app, route, &req, &op.scope, trace).await?;
+    let outgoing = Outgoing::prepare(
+        route,
+        &req.parts,
+        req.upstream_uri.clone(),
+        req.body.clone(),
+        tenant,
+        op.identified.provider_set.as_deref(),
+    )?;
+    let claim = match claim(app, route, &req, &op, &outgoing, trace).await? {
+        Claimed::Forward(claim) => claim,
+        Claimed::Answered(resp) => return Ok(resp),
+    };
+    let key = passed_down(route, tenant, &op.identified, claim.attempt());
+    // Going out: from here on the reservation stays unless the outcome says nothing happened.
+    if let Some(t) = ticket.as_mut() {
+        t.keep();
+    }
+    let request = outgoing.request(key.ours());
+    let executed = forward(app, route, claim, op.policy, request, admitted, trace).await?;
+    settle_spend(app, route, tenant, ticket, &executed.outcome).await;
+    respond(executed, key.as_str())
+}
+
+/// The request as read: its head, where it goes upstream, its whole body, and whose it is.
+/// Every stage after `read` looks at it.
+struct ReadRequest<'a> {
+    parts: http::request::Parts,
+    upstream_uri: Uri,
+    body: Bytes,
+    tenant: &'a str,
+}
+
+impl ReadRequest<'_> {
+    /// The request as route templates read it, with `path` as its path.
+    fn view<'r>(&'r self, path: &'r str) -> RequestView<'r> {
+        RequestView {
+            method: self.parts.method.as_str(),
+            path,
+            headers: &self.parts.headers,
+            body: &self.body,
+            tenant: self.tenant,
+        }
+    }
+}
+
+/// A protected request once identified: what it is, the scope it claims, and the policy
+/// its claim follows.
+struct Operation {
+    identified: Box<Identified>,
+    scope: String,
+    policy: Arc<Policy>,
+}
+
+/// A protected method that identify could not protect (`why`): forwarded as it came, with
+/// the client's own key passed on.
+async fn unprotected(
+    route: &Route,
+    req: ReadRequest<'_>,
+    why: &str,
+    client_key: Option<&str>,
+    trace: &mut Trace,
+) -> Result<Response<Body>, ProxyError> {
+    trace.outcome = Some(RequestOutcome::Unprotected);
+    trace.unprotected = Some(why.to_string());
+    let outgoing = Outgoing::prepare(
+        route,
+        &req.parts,
+        req.upstream_uri,
+        req.body,
+        req.tenant,
+        None,
+    )?;
+    let key = tenant_key(route, req.tenant, client_key);
+    forward_unprotected(route, &outgoing, key.as_deref(), why).await
+}
+
+/// The scope the operation claims: within the namespace, tenant, route, upstream and account.
+fn scope(app: &App, route: &Route, tenant: &str, identified: Box<Identified>) -> Operation {
     let scope = scope::scope(
         &app.namespace,
         tenant,
@@ -91,108 +170,29 @@ async fn protect(
         &identified.account,
         &identified.identity.scope_key(&identified.fingerprint),
     );
-    trace.scope = Some(scope.clone());
-    notice_minted_keys(app, route, tenant, &identified);
-    let mut ticket = spend(
-        app,
-        route,
-        &parts,
-        &upstream_uri,
-        &body,
-        tenant,
-        &scope,
-        trace,
-    )
-    .await?;
-    let outgoing = Outgoing::prepare(
-        route,
-        &parts,
-        upstream_uri,
-        body.clone(),
-        tenant,
-        identified.provider_set.as_deref(),
-    )?;
     let policy = route.policy_for(&identified.identity);
-
-    let claim = match claim(app, route, &scope, &identified, &policy).await {
-        Ok(Acquired::Execute(claim)) => claim,
-        Ok(Acquired::Held {
-            reconcilable: Some(held),
-            ..
-        }) => {
-            let asking = Retry {
-                parts: &parts,
-                body: &body,
-                tenant,
-                identified: &identified,
-            };
-            match reconcile(app, route, &scope, held, &asking, &policy, trace).await? {
-                Reconciled::Execute(claim) => claim,
-                Reconciled::Replay(receipt) => return Ok(receipt::respond(&receipt, true)),
-                Reconciled::Held { retry_after } => {
-                    return Err(ProxyError::OutcomeUnknown { retry_after })
-                }
-            }
-        }
-        Ok(answered) => return answer(app, route, answered, trace),
-        Err(e) if policy.fail_open && e.is_unreachable() => {
-            tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
-            trace.outcome = Some(RequestOutcome::Unprotected);
-            let key = passed_down(route, tenant, &identified, 0);
-            let ours = match &key {
-                PassedDown::Ours(k) => Some(k.as_str()),
-                PassedDown::Clients(_) => None,
-            };
-            return forward_unprotected(route, &outgoing, ours, "store unavailable").await;
-        }
-        Err(e) => return Err(ProxyError::StoreUnavailable(e)),
-    };
-
-    if claim.after_hold() {
-        app.metrics.unknown_resolved(&route.name, "expired");
+    Operation {
+        identified,
+        scope,
+        policy,
     }
-    let key = passed_down(route, tenant, &identified, claim.attempt());
-    let request = match &key {
-        PassedDown::Ours(k) => outgoing.request(Some(k)),
-        PassedDown::Clients(_) => outgoing.request(None),
-    };
-    let forward_started = Instant::now();
-    // Going out: from here on the reservation stays unless the outcome says nothing happened.
-    if let Some(t) = ticket.as_mut() {
-        t.keep();
-    }
-    let executed = forward(app, route, claim, policy, request, admitted).await?;
-    trace.forward = Some(forward_started.elapsed());
-    trace.settled(&executed);
-    settle_spend(app, route, tenant, ticket, &executed.outcome).await;
-    respond(executed, key.as_str())
 }
 
 /// Caps and approvals for a request that moves money, before anything is claimed: a
 /// request over a cap, denied, or still waiting for a person never reaches the claim.
-#[allow(clippy::too_many_arguments)]
 async fn spend(
     app: &App,
     route: &Route,
-    parts: &http::request::Parts,
-    uri: &Uri,
-    body: &Bytes,
-    tenant: &str,
+    req: &ReadRequest<'_>,
     scope: &str,
     trace: &mut Trace,
 ) -> Result<Option<Ticket>, ProxyError> {
-    let path = route_path(route, uri);
-    let Some(rules) = spending::applies(route, &parts.method, path) else {
+    let path = route_path(route, &req.upstream_uri);
+    let Some(rules) = spending::applies(route, &req.parts.method, path) else {
         return Ok(None);
     };
-    let view = RequestView {
-        method: parts.method.as_str(),
-        path,
-        headers: &parts.headers,
-        body,
-        tenant,
-    };
-    let tunnel = parts.extensions.get::<spending::TunnelRun>();
+    let view = req.view(path);
+    let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
     match spending::admit(&app.spend, route, rules, &view, tunnel, scope).await {
         Ok(ticket) => {
             trace.spend = Some(ticket.describe());
@@ -241,10 +241,12 @@ fn route_path<'u>(route: &Route, uri: &'u Uri) -> &'u str {
 /// The body, read whole (it is fingerprinted) within `server.max_body_bytes`. Read only now,
 /// so a request refused before never has to send it (hyper answers `Expect: 100-continue` on
 /// the first poll).
-async fn read(
+async fn read<'a>(
     app: &App,
     req: Request<Incoming>,
-) -> Result<(http::request::Parts, Bytes), ProxyError> {
+    upstream_uri: Uri,
+    tenant: &'a str,
+) -> Result<ReadRequest<'a>, ProxyError> {
     let (parts, body) = req.into_parts();
     if declared_length(&parts.headers).is_some_and(|n| n > app.max_body_bytes as u64) {
         return Err(ProxyError::BodyTooLarge {
@@ -259,7 +261,12 @@ async fn read(
                 ProxyError::BadRequest(format!("the request body could not be read: {e}"))
             }
         })?;
-    Ok((parts, body))
+    Ok(ReadRequest {
+        parts,
+        upstream_uri,
+        body,
+        tenant,
+    })
 }
 
 fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
@@ -273,24 +280,18 @@ fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
 }
 
 /// What the request is: its account, its operation and its fingerprint.
-fn identify(
-    route: &Route,
-    parts: &http::request::Parts,
-    uri: &Uri,
-    body: &[u8],
-    tenant: &str,
-) -> Result<Identification, ProxyError> {
-    let path = route_path(route, uri);
+fn identify(route: &Route, req: &ReadRequest<'_>) -> Result<Identification, ProxyError> {
+    let uri = &req.upstream_uri;
     let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     Ok(route.identity.identify(
         &route.name,
         &identity::Request {
-            method: &parts.method,
-            path,
+            method: &req.parts.method,
+            path: route_path(route, uri),
             path_and_query,
-            headers: &parts.headers,
-            body,
-            tenant,
+            headers: &req.parts.headers,
+            body: &req.body,
+            tenant: req.tenant,
         },
     )?)
 }
@@ -317,25 +318,77 @@ fn notice_minted_keys(app: &App, route: &Route, tenant: &str, id: &Identified) {
     }
 }
 
-/// Claims the scope: a duplicate in flight gets 409, or waits for the first to settle.
+/// Where the claim stage leaves a request.
+enum Claimed {
+    /// This request executes the operation: it is forwarded under the claim.
+    Forward(Claim),
+    /// Its response, without forwarding under a claim: a replay, or forwarded unprotected.
+    Answered(Response<Body>),
+}
+
+/// Claims the scope, or answers the request without a claim: a duplicate gets its receipt or
+/// a refusal, a held operation is asked about at the provider, and with `fail_open` a store
+/// out of reach forwards it unprotected.
 async fn claim(
     app: &App,
     route: &Route,
-    scope: &str,
-    id: &Identified,
-    policy: &Policy,
-) -> Result<Acquired, crate::idempotency::store::StoreError> {
-    let req = ClaimRequest {
-        scope,
-        fingerprint: &id.fingerprint,
-        strict: id.identity.strict(),
-        route: &route.name,
+    req: &ReadRequest<'_>,
+    op: &Operation,
+    outgoing: &Outgoing,
+    trace: &mut Trace,
+) -> Result<Claimed, ProxyError> {
+    let claim = match acquire(app, route, op).await {
+        Ok(Acquired::Execute(claim)) => claim,
+        Ok(Acquired::Held {
+            reconcilable: Some(held),
+            ..
+        }) => match reconcile(app, route, held, req, op, trace).await? {
+            Reconciled::Execute(claim) => claim,
+            Reconciled::Replay(receipt) => {
+                return Ok(Claimed::Answered(receipt::respond(&receipt, true)))
+            }
+            Reconciled::Held { retry_after } => {
+                return Err(ProxyError::OutcomeUnknown { retry_after })
+            }
+        },
+        Ok(answered) => return answer(app, route, answered, trace).map(Claimed::Answered),
+        Err(e) if op.policy.fail_open && e.is_unreachable() => {
+            tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
+            trace.outcome = Some(RequestOutcome::Unprotected);
+            let key = passed_down(route, req.tenant, &op.identified, 0);
+            let resp = forward_unprotected(route, outgoing, key.ours(), "store unavailable");
+            return resp.await.map(Claimed::Answered);
+        }
+        Err(e) => return Err(ProxyError::StoreUnavailable(e)),
     };
-    match policy.on_in_flight {
-        OnInFlight::Conflict => app.claims.acquire(&req, policy).await,
+    if claim.after_hold() {
+        app.metrics.unknown_resolved(&route.name, "expired");
+    }
+    Ok(Claimed::Forward(claim))
+}
+
+/// The claim on the operation's scope, as the store gives it.
+fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
+    ClaimRequest {
+        scope: &op.scope,
+        fingerprint: &op.identified.fingerprint,
+        strict: op.identified.identity.strict(),
+        route: &route.name,
+    }
+}
+
+/// Takes the claim: a duplicate in flight gets 409, or waits for the first to settle.
+async fn acquire(
+    app: &App,
+    route: &Route,
+    op: &Operation,
+) -> Result<Acquired, crate::idempotency::store::StoreError> {
+    let req = claim_request(route, op);
+    match op.policy.on_in_flight {
+        OnInFlight::Conflict => app.claims.acquire(&req, &op.policy).await,
         OnInFlight::Wait => {
             app.claims
-                .acquire_waiting(&req, policy, route.wait_timeout)
+                .acquire_waiting(&req, &op.policy, route.wait_timeout)
                 .await
         }
     }
@@ -366,44 +419,53 @@ fn answer(
     }
 }
 
-/// The retry that asks about a held operation: its request, as it came.
-struct Retry<'a> {
-    parts: &'a http::request::Parts,
-    body: &'a Bytes,
-    tenant: &'a str,
-    identified: &'a Identified,
-}
-
 /// A held operation, asked about at the provider with this retry's credentials before the
 /// retry is held: found → its answer is the receipt; not found → this retry executes it.
 async fn reconcile(
     app: &App,
     route: &Route,
-    scope: &str,
     held: HeldClaim,
-    retry: &Retry<'_>,
-    policy: &Policy,
+    retry: &ReadRequest<'_>,
+    op: &Operation,
     trace: &mut Trace,
 ) -> Result<Reconciled, ProxyError> {
     let Some(lookup) = &route.lookup else {
         return Ok(Reconciled::Held { retry_after: None });
     };
-    let key = passed_down(route, retry.tenant, retry.identified, held.attempt());
-    let path = retry
-        .parts
-        .uri
-        .path()
-        .strip_prefix(route.upstream.base_path.as_str())
-        .unwrap_or(retry.parts.uri.path());
+    let key = passed_down(route, retry.tenant, &op.identified, held.attempt());
+    let verdict = ask(app, route, lookup, retry, key.as_str()).await;
+    let reconciled = app
+        .claims
+        .reconcile(held, verdict, &claim_request(route, op), &op.policy)
+        .await
+        .map_err(ProxyError::StoreUnavailable)?;
+    match &reconciled {
+        Reconciled::Replay(_) => {
+            trace.outcome = Some(RequestOutcome::Replayed);
+            app.metrics.unknown_resolved(&route.name, "lookup");
+            tracing::info!(route = %route.name, scope = %op.scope, "a lookup found the held operation at the provider: its answer is the receipt");
+        }
+        Reconciled::Execute(_) => {
+            app.metrics.unknown_resolved(&route.name, "lookup");
+            tracing::info!(route = %route.name, scope = %op.scope, "a lookup found no trace of the held operation: this retry executes it");
+        }
+        Reconciled::Held { .. } => {}
+    }
+    Ok(reconciled)
+}
+
+/// Asks the provider, with the retry's request, whether the attempt that passed down `key`
+/// happened.
+async fn ask(
+    app: &App,
+    route: &Route,
+    lookup: &Lookup,
+    retry: &ReadRequest<'_>,
+    key: &str,
+) -> Verdict {
     let asking = Asking {
-        view: RequestView {
-            method: retry.parts.method.as_str(),
-            path,
-            headers: &retry.parts.headers,
-            body: retry.body,
-            tenant: retry.tenant,
-        },
-        key: key.as_str(),
+        view: retry.view(route_path(route, &retry.parts.uri)),
+        key,
     };
     let mut key_headers = vec![&route.identity.key_header];
     if let Some(KeyField::Header(h)) = &route.pass_key {
@@ -425,30 +487,7 @@ async fn reconcile(
         Verdict::Unclear(_) => "unclear",
     };
     app.metrics.lookup(&route.name, seen);
-    let req = ClaimRequest {
-        scope,
-        fingerprint: &retry.identified.fingerprint,
-        strict: retry.identified.identity.strict(),
-        route: &route.name,
-    };
-    let reconciled = app
-        .claims
-        .reconcile(held, verdict, &req, policy)
-        .await
-        .map_err(ProxyError::StoreUnavailable)?;
-    match &reconciled {
-        Reconciled::Replay(_) => {
-            trace.outcome = Some(RequestOutcome::Replayed);
-            app.metrics.unknown_resolved(&route.name, "lookup");
-            tracing::info!(route = %route.name, %scope, "a lookup found the held operation at the provider: its answer is the receipt");
-        }
-        Reconciled::Execute(_) => {
-            app.metrics.unknown_resolved(&route.name, "lookup");
-            tracing::info!(route = %route.name, %scope, "a lookup found no trace of the held operation: this retry executes it");
-        }
-        Reconciled::Held { .. } => {}
-    }
-    Ok(reconciled)
+    verdict
 }
 
 /// The key the provider gets.
@@ -463,6 +502,14 @@ impl PassedDown {
     fn as_str(&self) -> &str {
         match self {
             PassedDown::Ours(k) | PassedDown::Clients(k) => k,
+        }
+    }
+
+    /// The key to set on the request going down; the client's own is there already.
+    fn ours(&self) -> Option<&str> {
+        match self {
+            PassedDown::Ours(k) => Some(k),
+            PassedDown::Clients(_) => None,
         }
     }
 }
@@ -501,7 +548,8 @@ fn tenant_key(route: &Route, tenant: &str, client_key: Option<&str>) -> Option<S
     })
 }
 
-/// Forwards under the claim and settles it (`Claims::execute`).
+/// Forwards under the claim and settles it (`Claims::execute`); the trace gets how long that
+/// took and how it settled.
 async fn forward(
     app: &App,
     route: &Arc<Route>,
@@ -509,7 +557,9 @@ async fn forward(
     policy: Arc<Policy>,
     request: Request<Body>,
     admitted: Admitted,
+    trace: &mut Trace,
 ) -> Result<Executed<UpstreamError>, ProxyError> {
+    let forward_started = Instant::now();
     let (route_name, metrics) = (route.name.clone(), app.metrics.clone());
     let (client, deadline, max_receipt) =
         (route.client.clone(), route.timeout, app.max_receipt_bytes);
@@ -522,13 +572,17 @@ async fn forward(
         metrics.upstream(&route_name, started.elapsed().as_secs_f64());
         result
     };
-    app.claims
-        .execute(claim, policy, call)
-        .await
-        .map_err(|e| ProxyError::Upstream {
-            error: UpstreamError::Failed(format!("the forwarding task stopped: {e}")),
-            claim: Some((Outcome::Released, Recorded::Unconfirmed)),
-        })
+    let executed =
+        app.claims
+            .execute(claim, policy, call)
+            .await
+            .map_err(|e| ProxyError::Upstream {
+                error: UpstreamError::Failed(format!("the forwarding task stopped: {e}")),
+                claim: Some((Outcome::Released, Recorded::Unconfirmed)),
+            })?;
+    trace.forward = Some(forward_started.elapsed());
+    trace.settled(&executed);
+    Ok(executed)
 }
 
 /// The provider's real answer, built exactly as a replay would be.

@@ -95,9 +95,8 @@ pub struct Price {
 impl Budget {
     /// Checks every piece; the error names the field (`amount`, `rates.eur`, …) and why.
     pub fn parse(t: &BudgetText<'_>) -> Result<Budget, (String, String)> {
-        let field = |f: &str, m: String| (f.to_string(), m);
         if t.amount.is_empty() {
-            return Err(field(
+            return Err(field_error(
                 "amount",
                 "name where the amount is, e.g. \"{body.amount}\"".into(),
             ));
@@ -107,44 +106,21 @@ impl Budget {
             .iter()
             .map(|a| AmountExpr::parse(a))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|m| field("amount", m))?;
-        let currency = if t.currency.contains('{') {
-            let inner = t.currency.trim();
-            CurrencySource::Field(
-                inner.to_string(),
-                Field::parse(inner).map_err(|m| field("currency", m))?,
-            )
-        } else {
-            CurrencySource::Fixed(
-                Currency::parse(t.currency).map_err(|e| field("currency", e.to_string()))?,
-            )
-        };
+            .map_err(|m| field_error("amount", m))?;
+        let currency = CurrencySource::parse(t.currency)?;
         let unit = match t.unit {
             "minor" => Unit::Minor,
             "major" => Unit::Major,
-            u => return Err(field("unit", format!("`{u}` is not minor or major"))),
+            u => return Err(field_error("unit", format!("`{u}` is not minor or major"))),
         };
-        let caps =
-            Currency::parse(t.caps_currency).map_err(|e| field("caps_currency", e.to_string()))?;
-        let mut rates = BTreeMap::new();
-        for (code, rate) in t.rates {
-            let c = Currency::parse(code)
-                .map_err(|e| field(&format!("rates.{code}"), e.to_string()))?;
-            let r = Decimal::from_str(rate.trim())
-                .ok()
-                .filter(|r| *r > Decimal::ZERO)
-                .ok_or_else(|| {
-                    field(
-                        &format!("rates.{code}"),
-                        format!("`{rate}` is not a positive decimal"),
-                    )
-                })?;
-            rates.insert(c, r);
-        }
+        let caps = Currency::parse(t.caps_currency)
+            .map_err(|e| field_error("caps_currency", e.to_string()))?;
+        let rates = parse_rates(t.rates)?;
         let money = |name: &str, v: Option<&str>| {
             v.map(|v| {
-                Money::parse(v, Unit::Major, caps)
-                    .map_err(|e| field(name, format!("{e} (write it in {caps}, e.g. \"500.00\")")))
+                Money::parse(v, Unit::Major, caps).map_err(|e| {
+                    field_error(name, format!("{e} (write it in {caps}, e.g. \"500.00\")"))
+                })
             })
             .transpose()
         };
@@ -164,28 +140,34 @@ impl Budget {
             approval_wait: t.approval_wait,
             approval_expires: t.approval_expires,
         };
+        b.check_limits()?;
+        Ok(b)
+    }
+
+    /// A spend section limits something, and an approval outlives the wait for it.
+    fn check_limits(&self) -> Result<(), (String, String)> {
         if [
-            b.per_request,
-            b.per_run,
-            b.per_tenant,
-            b.approve_above,
-            b.approve_run_above,
+            self.per_request,
+            self.per_run,
+            self.per_tenant,
+            self.approve_above,
+            self.approve_run_above,
         ]
         .iter()
         .all(Option::is_none)
         {
-            return Err(field(
+            return Err(field_error(
                 "per_request",
                 "a spend section needs a cap (per_request, per_run, per_tenant) or an approval threshold (approve_above, approve_run_above)".into(),
             ));
         }
-        if b.approval_expires <= b.approval_wait {
-            return Err(field(
+        if self.approval_expires <= self.approval_wait {
+            return Err(field_error(
                 "approval_expires",
                 "must be longer than approval_wait".into(),
             ));
         }
-        Ok(b)
+        Ok(())
     }
 
     /// What the request costs. A request whose amount or currency cannot be read is refused,
@@ -298,6 +280,49 @@ impl Spender<'_> {
 
     pub fn tenant_counter(&self) -> String {
         format!("{{{}/{}}}/tenant", self.route, self.tenant)
+    }
+}
+
+fn field_error(field: &str, message: String) -> (String, String) {
+    (field.to_string(), message)
+}
+
+/// `rates`: units of the caps currency per unit of each other currency, each positive.
+fn parse_rates(
+    rates: &BTreeMap<String, String>,
+) -> Result<BTreeMap<Currency, Decimal>, (String, String)> {
+    let mut parsed = BTreeMap::new();
+    for (code, rate) in rates {
+        let c = Currency::parse(code)
+            .map_err(|e| field_error(&format!("rates.{code}"), e.to_string()))?;
+        let r = Decimal::from_str(rate.trim())
+            .ok()
+            .filter(|r| *r > Decimal::ZERO)
+            .ok_or_else(|| {
+                field_error(
+                    &format!("rates.{code}"),
+                    format!("`{rate}` is not a positive decimal"),
+                )
+            })?;
+        parsed.insert(c, r);
+    }
+    Ok(parsed)
+}
+
+impl CurrencySource {
+    /// A field in braces (`{body.currency}`), or one fixed currency.
+    fn parse(text: &str) -> Result<CurrencySource, (String, String)> {
+        if text.contains('{') {
+            let inner = text.trim();
+            Ok(CurrencySource::Field(
+                inner.to_string(),
+                Field::parse(inner).map_err(|m| field_error("currency", m))?,
+            ))
+        } else {
+            Ok(CurrencySource::Fixed(
+                Currency::parse(text).map_err(|e| field_error("currency", e.to_string()))?,
+            ))
+        }
     }
 }
 

@@ -294,29 +294,8 @@ impl Gate {
     /// `approval_wait`. `Ok` when approved for this very amount.
     async fn approval(&self, budget: &Budget, ask: &Ask<'_>, why: String) -> Result<(), Refusal> {
         let now = self.claims.clock().now_ms();
-        let asked = ask.price.asked;
-        let fresh = Approval {
-            id: approval_id(ask.scope),
-            route: ask.who.route.to_string(),
-            tenant: ask.who.tenant.to_string(),
-            run: ask.who.run.to_string(),
-            amount: asked.to_string(),
-            counted_minor: ask.price.counted.minor,
-            currency: asked.currency.code().to_string(),
-            method: ask.method.to_string(),
-            path: ask.path.to_string(),
-            body: ask.body.to_vec(),
-            body_sealed: false,
-            why: why.clone(),
-            state: ApprovalState::Pending,
-            created_ms: now,
-            expires_ms: now.saturating_add(budget.approval_expires.as_millis() as u64),
-            decided_by: None,
-            reason: None,
-            decided_ms: None,
-            version: 0,
-        };
-        let (mut current, opened) = self.store.open_approval(&fresh, now).await?;
+        let fresh = fresh_approval(budget, ask, &why, now);
+        let (current, opened) = self.store.open_approval(&fresh, now).await?;
         if opened == Opened::ReplacedExpired {
             // The earlier request went undecided (or its approval unused) past its expiry.
             self.events.approval(ask.who.route, "expired");
@@ -328,12 +307,25 @@ impl Gate {
                 a.announce(&current);
             }
         }
+        self.decision(budget, ask, current, fresh.amount, why).await
+    }
+
+    /// Waits up to the route's `approval_wait` for a person to decide `current`, which this
+    /// request (asking `amount`) opened or found.
+    async fn decision(
+        &self,
+        budget: &Budget,
+        ask: &Ask<'_>,
+        mut current: Approval,
+        amount: String,
+        why: String,
+    ) -> Result<(), Refusal> {
         let deadline = tokio::time::Instant::now() + budget.approval_wait;
         loop {
             match current.state {
                 ApprovalState::Approved
                     if current.counted_minor == ask.price.counted.minor
-                        && current.amount == fresh.amount =>
+                        && current.amount == amount =>
                 {
                     return Ok(())
                 }
@@ -341,7 +333,7 @@ impl Gate {
                     return Err(Refusal::Mismatch {
                         id: current.id,
                         approved: current.amount,
-                        asked: fresh.amount,
+                        asked: amount,
                     })
                 }
                 ApprovalState::Denied => {
@@ -375,6 +367,32 @@ impl Gate {
                 current = now;
             }
         }
+    }
+}
+
+/// The approval this request would open: pending, until `approval_expires` from `now`.
+fn fresh_approval(budget: &Budget, ask: &Ask<'_>, why: &str, now: u64) -> Approval {
+    let asked = ask.price.asked;
+    Approval {
+        id: approval_id(ask.scope),
+        route: ask.who.route.to_string(),
+        tenant: ask.who.tenant.to_string(),
+        run: ask.who.run.to_string(),
+        amount: asked.to_string(),
+        counted_minor: ask.price.counted.minor,
+        currency: asked.currency.code().to_string(),
+        method: ask.method.to_string(),
+        path: ask.path.to_string(),
+        body: ask.body.to_vec(),
+        body_sealed: false,
+        why: why.to_string(),
+        state: ApprovalState::Pending,
+        created_ms: now,
+        expires_ms: now.saturating_add(budget.approval_expires.as_millis() as u64),
+        decided_by: None,
+        reason: None,
+        decided_ms: None,
+        version: 0,
     }
 }
 

@@ -371,6 +371,59 @@ enum Link {
     },
 }
 
+impl Link {
+    fn server(
+        url: &str,
+        files: &TlsFiles,
+        op_timeout: Duration,
+        wait: Option<Wait>,
+    ) -> RedisResult<Link> {
+        let client = server_client(url, files)?;
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(op_timeout))?;
+        let node = Arc::new(Node {
+            current: RwLock::new(Some((client, conn))),
+            suspect: Notify::new(),
+        });
+        let batched = AutoPipeline::start(node.clone(), wait);
+        Ok(Link::Node { node, batched })
+    }
+
+    /// The master the sentinels name, followed from then on by a background task.
+    async fn sentinel(setup: SentinelSetup, wait: Option<Wait>) -> RedisResult<Link> {
+        let node = Arc::new(Node {
+            current: RwLock::new(None),
+            suspect: Notify::new(),
+        });
+        // The first answer before serving, if the sentinels give one promptly.
+        let mut conns = vec![None; setup.sentinels.len()];
+        if let Ok(Ok(addr)) =
+            tokio::time::timeout(Duration::from_secs(2), setup.master_addr(&mut conns)).await
+        {
+            *node.current.write().unwrap_or_else(|e| e.into_inner()) = Some(setup.connect(&addr)?);
+        }
+        tokio::spawn(watch_sentinels(node.clone(), setup));
+        let batched = AutoPipeline::start(node.clone(), wait);
+        Ok(Link::Node { node, batched })
+    }
+
+    fn cluster(
+        nodes: &[String],
+        tls: bool,
+        files: &TlsFiles,
+        op_timeout: Duration,
+    ) -> RedisResult<Link> {
+        let recipe = Arc::new(ClusterRecipe {
+            nodes: nodes.to_vec(),
+            certs: tls.then(|| certificates(files)),
+            op_timeout,
+        });
+        let client = recipe.builder().build()?;
+        let conn = lazy_cluster(&client);
+        Ok(Link::Cluster { conn, recipe })
+    }
+}
+
 /// How to build a client for the cluster (a second one carries the settle feed).
 struct ClusterRecipe {
     nodes: Vec<String>,
@@ -420,21 +473,8 @@ impl RedisStore {
             url: raw_url.to_string(),
             message: e.to_string(),
         };
-        let (link, replicated) = match target {
-            RedisTarget::Server { url } => {
-                let client = server_client(url, files).map_err(open_err)?;
-                let conn = ConnectionManager::new_lazy_with_config(
-                    client.clone(),
-                    manager_config(op_timeout),
-                )
-                .map_err(open_err)?;
-                let node = Arc::new(Node {
-                    current: RwLock::new(Some((client, conn))),
-                    suspect: Notify::new(),
-                });
-                let batched = AutoPipeline::start(node.clone(), wait);
-                (Link::Node { node, batched }, false)
-            }
+        let link = match target {
+            RedisTarget::Server { url } => Link::server(url, files, op_timeout, wait),
             RedisTarget::Sentinel {
                 sentinels,
                 master,
@@ -451,34 +491,12 @@ impl RedisStore {
                     files: files.clone(),
                     op_timeout,
                 };
-                let node = Arc::new(Node {
-                    current: RwLock::new(None),
-                    suspect: Notify::new(),
-                });
-                // The first answer before serving, if the sentinels give one promptly.
-                let mut conns = vec![None; sentinels.len()];
-                if let Ok(Ok(addr)) =
-                    tokio::time::timeout(Duration::from_secs(2), setup.master_addr(&mut conns))
-                        .await
-                {
-                    *node.current.write().unwrap_or_else(|e| e.into_inner()) =
-                        Some(setup.connect(&addr).map_err(open_err)?);
-                }
-                tokio::spawn(watch_sentinels(node.clone(), setup));
-                let batched = AutoPipeline::start(node.clone(), wait);
-                (Link::Node { node, batched }, true)
+                Link::sentinel(setup, wait).await
             }
-            RedisTarget::Cluster { nodes, tls } => {
-                let recipe = Arc::new(ClusterRecipe {
-                    nodes: nodes.clone(),
-                    certs: tls.then(|| certificates(files)),
-                    op_timeout,
-                });
-                let client = recipe.builder().build().map_err(open_err)?;
-                let conn = lazy_cluster(&client);
-                (Link::Cluster { conn, recipe }, true)
-            }
-        };
+            RedisTarget::Cluster { nodes, tls } => Link::cluster(nodes, *tls, files, op_timeout),
+        }
+        .map_err(open_err)?;
+        let replicated = !matches!(target, RedisTarget::Server { .. });
         Ok(RedisStore {
             link,
             wait,

@@ -156,16 +156,52 @@ impl Setup {
 
 /// Reads the CA directory (never the key), writes `<dir>/worker/`, and returns the setup.
 pub fn write(opts: &EnvOptions) -> Result<Setup, EnvError> {
-    let read_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| EnvError::Read { path, source }
+    let ca = read_ca(&opts.dir)?;
+    let proxy = ProxyUrl::parse(&opts.proxy_url)?;
+    let worker_dir = match &opts.worker_dir {
+        Some(d) => d.clone(),
+        None => std::fs::canonicalize(&opts.dir).map_err(read_err(&opts.dir))?,
     };
-    let cert = opts.dir.join(CERT_FILE);
-    let bundle = opts.dir.join(BUNDLE_FILE);
+    let files = WorkerFiles::under(&opts.dir.join(WORKER_SUBDIR));
+    let worker_files = WorkerFiles::under(&worker_dir.join(WORKER_SUBDIR));
+    let vars = worker_vars(opts, &proxy, &worker_dir, &worker_files);
+    let written = write_files(&files, &worker_files, &vars, &ca)?;
+    let host_worker = opts.dir.join(WORKER_SUBDIR);
+    let mounts = vec![
+        (ca.cert, worker_dir.join(CERT_FILE)),
+        (ca.bundle, worker_dir.join(BUNDLE_FILE)),
+        (host_worker, worker_dir.join(WORKER_SUBDIR)),
+    ];
+    Ok(Setup {
+        vars,
+        mounts,
+        written,
+        worker_dir,
+        proxy_has_credentials: proxy.has_credentials,
+    })
+}
+
+fn read_err(path: &Path) -> impl FnOnce(std::io::Error) -> EnvError {
+    let path = path.to_path_buf();
+    move |source| EnvError::Read { path, source }
+}
+
+/// The CA as `ca init` left it: its certificate, and the bundle of system roots plus it.
+struct Ca {
+    cert: PathBuf,
+    bundle: PathBuf,
+    der: CertificateDer<'static>,
+    roots: Vec<CertificateDer<'static>>,
+}
+
+/// Reads `ca.pem` and `ca-bundle.pem` from `dir`, and checks that the bundle holds the CA.
+fn read_ca(dir: &Path) -> Result<Ca, EnvError> {
+    let cert = dir.join(CERT_FILE);
+    let bundle = dir.join(BUNDLE_FILE);
     if !cert.exists() {
         return Err(EnvError::NoCa {
             path: cert,
-            dir: opts.dir.clone(),
+            dir: dir.to_path_buf(),
         });
     }
     if !bundle.exists() {
@@ -180,7 +216,7 @@ pub fn write(opts: &EnvOptions) -> Result<Setup, EnvError> {
     }
     let ca_pem = std::fs::read(&cert).map_err(read_err(&cert))?;
     let bundle_pem = std::fs::read(&bundle).map_err(read_err(&bundle))?;
-    let ca_der = CertificateDer::pem_slice_iter(&ca_pem)
+    let der = CertificateDer::pem_slice_iter(&ca_pem)
         .next()
         .and_then(Result::ok)
         .ok_or_else(|| EnvError::Invalid {
@@ -193,7 +229,7 @@ pub fn write(opts: &EnvOptions) -> Result<Setup, EnvError> {
             path: bundle.clone(),
             message: format!("not a PEM bundle: {e}"),
         })?;
-    if !roots.contains(&ca_der) {
+    if !roots.contains(&der) {
         return Err(EnvError::Invalid {
             path: bundle.clone(),
             message: format!(
@@ -202,16 +238,22 @@ pub fn write(opts: &EnvOptions) -> Result<Setup, EnvError> {
             ),
         });
     }
+    Ok(Ca {
+        cert,
+        bundle,
+        der,
+        roots,
+    })
+}
 
-    let proxy = ProxyUrl::parse(&opts.proxy_url)?;
-    let worker_dir = match &opts.worker_dir {
-        Some(d) => d.clone(),
-        None => std::fs::canonicalize(&opts.dir).map_err(read_err(&opts.dir))?,
-    };
+/// The variables, with every path as the worker sees it.
+fn worker_vars(
+    opts: &EnvOptions,
+    proxy: &ProxyUrl,
+    worker_dir: &Path,
+    worker_files: &WorkerFiles,
+) -> Vec<Var> {
     let at_worker = |rel: &str| worker_dir.join(rel).display().to_string();
-    let files = WorkerFiles::under(&opts.dir.join(WORKER_SUBDIR));
-    let worker_files = WorkerFiles::under(&worker_dir.join(WORKER_SUBDIR));
-
     let trust = at_worker(BUNDLE_FILE);
     let mut vars = vec![
         var("HTTPS_PROXY", &opts.proxy_url, Runtime::All),
@@ -255,9 +297,19 @@ pub fn write(opts: &EnvOptions) -> Result<Setup, EnvError> {
         .join(" "),
         Runtime::Java,
     ));
+    vars
+}
 
+/// Writes the worker files at `files` (the `.pth` names the Python hook's directory as the
+/// worker sees it) and returns what it wrote.
+fn write_files(
+    files: &WorkerFiles,
+    worker_files: &WorkerFiles,
+    vars: &[Var],
+    ca: &Ca,
+) -> Result<Vec<PathBuf>, EnvError> {
     let env_file = render(
-        &vars,
+        vars,
         Format::EnvFile,
         "Written by `idemproxy env`: the worker environment (docker run --env-file). The Python\n\
          # hook reads it in processes started without these variables.",
@@ -297,22 +349,9 @@ pub fn write(opts: &EnvOptions) -> Result<Setup, EnvError> {
     put(&files.node_preload, NODE_PRELOAD.as_bytes())?;
     put(
         &files.truststore,
-        &jks_truststore(&roots, &ca_der, TRUSTSTORE_PASSWORD, now_ms()),
+        &jks_truststore(&ca.roots, &ca.der, TRUSTSTORE_PASSWORD, now_ms()),
     )?;
-
-    let host_worker = opts.dir.join(WORKER_SUBDIR);
-    let mounts = vec![
-        (cert, worker_dir.join(CERT_FILE)),
-        (bundle, worker_dir.join(BUNDLE_FILE)),
-        (host_worker, worker_dir.join(WORKER_SUBDIR)),
-    ];
-    Ok(Setup {
-        vars,
-        mounts,
-        written,
-        worker_dir,
-        proxy_has_credentials: proxy.has_credentials,
-    })
+    Ok(written)
 }
 
 /// The `.pth` file an image copies (or links) into site-packages.
