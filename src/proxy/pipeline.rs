@@ -334,7 +334,7 @@ async fn claim(
     route: &Route,
     req: &ReadRequest<'_>,
     op: &Operation,
-    outgoing: &Outgoing,
+    outgoing: &Outgoing<'_>,
     trace: &mut Trace,
 ) -> Result<Claimed, ProxyError> {
     let claim = match acquire(app, route, op).await {
@@ -464,7 +464,7 @@ async fn ask(
     key: &str,
 ) -> Verdict {
     let asking = Asking {
-        view: retry.view(route_path(route, &retry.parts.uri)),
+        view: retry.view(route_path(route, &retry.upstream_uri)),
         key,
     };
     let mut key_headers = vec![&route.identity.key_header];

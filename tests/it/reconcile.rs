@@ -460,6 +460,27 @@ async fn unknown_outcomes_resolved_by_expiry_and_by_operators(backend: Backend) 
     assert_eq!(metric(&proxy, &by("lookup")).await, 0.0);
 }
 
+/// A lookup template reads the request's path as the route's other templates do: after the
+/// route's prefix (base-URL mode sends `/alpaca/v2/orders`; the provider's path is `/v2/orders`).
+async fn a_lookup_reads_the_path_after_the_route_prefix(backend: Backend) {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(backend);
+    let extra = alpaca_route(alpaca.port()).replace(
+        "GET /v2/orders:by_client_order_id",
+        "GET /{path.0}/orders:by_client_order_id",
+    );
+    assert!(extra.contains("{path.0}"));
+    let proxy = Proxy::start(&config(&store.url(), &extra));
+    alpaca.then([AlpacaFault::LostAfterOrder]);
+    let first = order(&proxy, A, "run-path").await;
+    assert_eq!(first.status, 502, "{}", first.text());
+    tokio::time::sleep(AFTER).await;
+    let retry = order(&proxy, A, "run-path").await;
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert_eq!(retry.replayed(), Some("true"));
+    assert_eq!(alpaca.effects(), 1, "found at /v2/…, never placed again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_reconcile_through_the_cli_sqlite() {
     operators_reconcile_through_the_cli().await
@@ -474,4 +495,5 @@ both_backends!(
     a_claim_whose_holder_died_mid_call_is_looked_up,
     a_duplicate_answer_is_resolved_by_the_lookup,
     unknown_outcomes_resolved_by_expiry_and_by_operators,
+    a_lookup_reads_the_path_after_the_route_prefix,
 );
