@@ -204,7 +204,10 @@ cpu_ticks() {
   for p in "$@"; do
     [ -n "$p" ] || continue
     for q in "$p" $(pgrep -P "$p" 2>/dev/null); do
-      [ -r "/proc/$q/stat" ] && total=$((total + $(awk '{print $14+$15+$16+$17}' "/proc/$q/stat")))
+      # A child (an AOF rewrite) may exit between pgrep and the read: it then counts 0.
+      local t
+      t=$(awk '{print $14+$15+$16+$17}' "/proc/$q/stat" 2>/dev/null) || t=0
+      total=$((total + ${t:-0}))
     done
   done
   echo "$total"

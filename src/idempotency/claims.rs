@@ -302,6 +302,10 @@ impl Claims {
         req: &ClaimRequest<'_>,
         policy: &Policy,
     ) -> Result<Acquired, StoreError> {
+        // A replay from the receipt cache claims nothing, so it needs no token.
+        if let Some(cached) = self.cached_answer(req) {
+            return Ok(cached);
+        }
         let token = Token::random();
         // If the request goes away (client reset, shutdown) while a claim insert or take-over
         // is on the wire, nobody would forward or settle it: withdraw it then. Fenced on our
@@ -323,9 +327,6 @@ impl Claims {
         policy: &Policy,
         token: Token,
     ) -> Result<Acquired, StoreError> {
-        if let Some(cached) = self.cached_answer(req) {
-            return Ok(cached);
-        }
         let claim = Claim::new(req, policy, token, self.clock.now_ms());
         let mut found = match self.insert(&claim, policy).await {
             Ok(None) => return Ok(Acquired::Execute(claim)),

@@ -82,7 +82,6 @@ async fn protect(
     trace.identified(&identified);
     let op = scope(app, route, tenant, identified);
     trace.scope = Some(op.scope.clone());
-    notice_minted_keys(app, route, tenant, &op.identified);
     let mut ticket = spend(app, route, &req, &op.scope, trace).await?;
     let outgoing = Outgoing::prepare(
         route,
@@ -96,6 +95,9 @@ async fn protect(
         Claimed::Forward(claim) => claim,
         Claimed::Answered(resp) => return Ok(resp),
     };
+    // Only a request about to execute can be a re-run under a new key: a replay or a
+    // conflict came under a key already seen.
+    notice_minted_keys(app, route, tenant, &op.identified);
     let key = passed_down(route, tenant, &op.identified, claim.attempt());
     // Going out: from here on the reservation stays unless the outcome says nothing happened.
     if let Some(t) = ticket.as_mut() {
