@@ -506,7 +506,11 @@ async fn proxy_follows_a_sentinel_failover() {
         killed.elapsed()
     );
     assert_eq!(after.replayed(), Some("false"));
-    assert_ne!(setup.master_port(), Some(old));
+    // `until_failed_over` saw another master named. No assertion on who is master now: on a
+    // busy machine the sentinels have been seen to fail back to the rejoined node (all of them
+    // agreeing on the old port again), and the proxy must follow that too; what matters is
+    // that it serves, and that every receipt from before is still there.
+    eprintln!("master now: {:?} (killed: {old})", setup.master_port());
     for (i, body) in before.iter().enumerate() {
         let r = post(
             proxy.addr,
