@@ -22,7 +22,12 @@ pub struct MintedKeys {
     hasher: RandomState,
     half_capacity: usize,
     half_window: Duration,
+    /// Per route: when its warning was last logged, and how many were noticed since.
+    warned: Mutex<HashMap<String, (Instant, u64)>>,
 }
+
+/// How often a route's warning is logged (the metric counts every noticed key).
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 struct Generations {
     newer: HashMap<u64, u64>,
@@ -47,6 +52,7 @@ impl MintedKeys {
             hasher: RandomState::new(),
             half_capacity: (capacity / 2).max(1),
             half_window: window / 2,
+            warned: Mutex::new(HashMap::new()),
         }
     }
 
@@ -75,6 +81,31 @@ impl MintedKeys {
         let before = g.newer.get(&id).or_else(|| g.older.get(&id)).copied();
         g.newer.insert(id, key);
         before.is_some_and(|k| k != key)
+    }
+
+    /// Whether to log `route`'s warning now: `Some(n)` with the number noticed since the last
+    /// one logged (this one included), at most once per `WARN_EVERY`.
+    pub fn warn_now(&self, route: &str) -> Option<u64> {
+        let mut warned = self
+            .warned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match warned.get_mut(route) {
+            Some((at, since)) => {
+                *since += 1;
+                if at.elapsed() < WARN_EVERY {
+                    return None;
+                }
+                let n = *since;
+                *at = Instant::now();
+                *since = 0;
+                Some(n)
+            }
+            None => {
+                warned.insert(route.to_string(), (Instant::now(), 0));
+                Some(1)
+            }
+        }
     }
 
     fn hash(&self, parts: &[&str]) -> u64 {
@@ -128,6 +159,23 @@ mod tests {
             !m.another_key("r", "t", "a", "op-1", "k3"),
             "forgotten after two rotations"
         );
+    }
+
+    #[test]
+    fn the_warning_is_logged_once_a_minute_per_route() {
+        let m = MintedKeys::default();
+        assert_eq!(m.warn_now("stripe"), Some(1));
+        assert_eq!(m.warn_now("stripe"), None);
+        assert_eq!(m.warn_now("stripe"), None);
+        assert_eq!(m.warn_now("square"), Some(1), "each route has its own");
+        // A minute later the next one is logged, with the count of the quiet ones.
+        if let Some((at, _)) = m.warned.lock().expect("lock").get_mut("stripe") {
+            *at = at
+                .checked_sub(WARN_EVERY)
+                .expect("a clock over a minute old");
+        }
+        assert_eq!(m.warn_now("stripe"), Some(3));
+        assert_eq!(m.warn_now("stripe"), None);
     }
 
     #[test]

@@ -311,12 +311,17 @@ fn notice_minted_keys(app: &App, route: &Route, tenant: &str, id: &Identified) {
         client_key,
     ) {
         app.metrics.minted_key(&route.name);
-        tracing::warn!(
-            route = %route.name,
-            %tenant,
-            key_source = id.identity.source().as_str(),
-            "the client sent a new idempotency key for an operation it sent a moment ago: it generates a key per call (SDKs do), so its key cannot catch a re-run; derive the key on this route (key_source = \"template\" or \"request\")"
-        );
+        // The metric counts every one; the advice is logged once a minute per route, or a
+        // client that mints keys under load would put a warning beside every request.
+        if let Some(unlogged) = app.minted_keys.warn_now(&route.name) {
+            tracing::warn!(
+                route = %route.name,
+                %tenant,
+                key_source = id.identity.source().as_str(),
+                since_last_warning = unlogged,
+                "the client sent a new idempotency key for an operation it sent a moment ago: it generates a key per call (SDKs do), so its key cannot catch a re-run; derive the key on this route (key_source = \"template\" or \"request\"); idemproxy_client_minted_keys_total counts each"
+            );
+        }
     }
 }
 
