@@ -40,7 +40,6 @@ pub struct Parts {
     pub egress: Arc<Egress>,
     pub sealer: Option<Arc<Sealer>>,
     pub admin: AdminSettings,
-    pub store_url: StoreUrl,
     pub default_client: UpstreamClient,
     /// `[approvals] webhook`: where new approval requests are announced.
     pub webhook: Option<(http::Uri, UpstreamClient)>,
@@ -48,8 +47,9 @@ pub struct Parts {
 
 impl Parts {
     pub fn check(config: &Config) -> Result<Parts, ConfigError> {
-        let store_url =
-            StoreUrl::parse(&config.store.url).map_err(|m| config.invalid("store.url", m))?;
+        // Parsed here so check-config refuses what serve would; serve parses it again when
+        // it opens the store (with the rest of `[store]`).
+        StoreUrl::parse(&config.store.url).map_err(|m| config.invalid("store.url", m))?;
         let egress = Arc::new(Egress::build(config)?);
         let default_client = UpstreamClient::new(&ClientOptions {
             extra_roots: None,
@@ -68,7 +68,6 @@ impl Parts {
                 .map_err(|e| config.invalid(e.field, e.message))?
                 .map(Arc::new),
             admin: AdminSettings::from_config(config)?,
-            store_url,
             default_client,
             webhook: webhook(config)?,
         })

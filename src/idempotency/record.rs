@@ -5,7 +5,6 @@
 
 use std::borrow::Cow;
 
-use base64::Engine as _;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -185,6 +184,11 @@ impl Record {
         out
     }
 
+    /// What a store found under a scope (`None`: nothing live), as a record.
+    pub fn decode_found(raw: Option<Vec<u8>>) -> Result<Option<Record>, DecodeError> {
+        raw.map(|raw| Record::decode(&raw)).transpose()
+    }
+
     pub fn decode(raw: &[u8]) -> Result<Record, DecodeError> {
         if raw.len() < HEADER_LEN {
             return Err(DecodeError(format!(
@@ -208,19 +212,20 @@ impl Record {
     }
 }
 
-mod b64 {
-    use super::*;
-    use serde::{Deserializer, Serializer};
+/// Bytes as base64 inside a JSON record (receipt bodies; approvals' request bodies).
+pub(crate) mod b64 {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(b: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer, B: AsRef<[u8]>>(b: &B, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>, B: From<Vec<u8>>>(d: D) -> Result<B, D::Error> {
         let s = String::deserialize(d)?;
         base64::engine::general_purpose::STANDARD
             .decode(s)
-            .map(Bytes::from)
+            .map(B::from)
             .map_err(serde::de::Error::custom)
     }
 }

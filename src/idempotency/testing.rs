@@ -71,10 +71,7 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
-        self.live(scope)
-            .map(|raw| Record::decode(&raw))
-            .transpose()
-            .map_err(Into::into)
+        Ok(Record::decode_found(self.live(scope))?)
     }
 
     async fn replace(

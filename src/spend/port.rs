@@ -109,7 +109,7 @@ pub struct Approval {
     pub method: String,
     pub path: String,
     /// The request body, for the approver to read (sealed at rest with the receipt key).
-    #[serde(default, with = "crate::spend::port::b64")]
+    #[serde(default, with = "crate::idempotency::record::b64")]
     pub body: Vec<u8>,
     /// `body` is sealed with the receipt key (`[encryption]`).
     #[serde(default)]
@@ -193,23 +193,6 @@ pub trait SpendStore: Send + Sync + 'static {
 
     /// Up to `limit` approvals, newest first.
     async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError>;
-}
-
-/// Bodies as base64 inside the JSON record.
-pub(crate) mod b64 {
-    use base64::Engine as _;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(serde::de::Error::custom)
-    }
 }
 
 /// Every operation of `inner` bounded by `store.op_timeout`, as claims are: a stalled store

@@ -27,7 +27,7 @@ pub use self::redis::{RedisStore, RedisTarget};
 pub use self::sqlite::SqliteStore;
 
 /// A store URL, parsed: what `check-config` checks and `serve` opens.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum StoreUrl {
     /// `sqlite://PATH`
     Sqlite(String),

@@ -106,14 +106,6 @@ impl std::fmt::Debug for PostgresUrl {
     }
 }
 
-impl PartialEq for PostgresUrl {
-    fn eq(&self, other: &Self) -> bool {
-        format!("{self:?}") == format!("{other:?}")
-    }
-}
-
-impl Eq for PostgresUrl {}
-
 const EXPECTED: &str = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=…]";
 
 impl PostgresUrl {
@@ -535,12 +527,6 @@ fn state_code(state: State) -> i8 {
     state.code() as i8
 }
 
-fn decode(raw: Option<Vec<u8>>) -> Result<Option<Record>, StoreError> {
-    raw.map(|raw| Record::decode(&raw))
-        .transpose()
-        .map_err(StoreError::from)
-}
-
 #[async_trait]
 impl Store for PostgresStore {
     async fn insert_if_absent(
@@ -578,7 +564,7 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(unavailable)?;
-        decode(row.get(0))
+        Ok(Record::decode_found(row.get(0))?)
     }
 
     async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
@@ -592,7 +578,7 @@ impl Store for PostgresStore {
             .query_opt(&stmt, &[&scope])
             .await
             .map_err(unavailable)?;
-        decode(row.map(|r| r.get(0)))
+        Ok(Record::decode_found(row.map(|r| r.get(0)))?)
     }
 
     async fn replace(

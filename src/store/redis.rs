@@ -824,20 +824,14 @@ impl Store for RedisStore {
         }
         cmd.arg("GET");
         let found: Option<Vec<u8>> = self.query(cmd, Effect::WroteIfNil).await?;
-        found
-            .map(|raw| Record::decode(&raw))
-            .transpose()
-            .map_err(StoreError::from)
+        Ok(Record::decode_found(found)?)
     }
 
     async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(scope);
         let found: Option<Vec<u8>> = self.query(cmd, Effect::Read).await?;
-        found
-            .map(|raw| Record::decode(&raw))
-            .transpose()
-            .map_err(StoreError::from)
+        Ok(Record::decode_found(found)?)
     }
 
     async fn replace(

@@ -301,12 +301,6 @@ fn state_of(value: &[u8]) -> String {
         .unwrap_or_default()
 }
 
-fn decode(raw: Option<Vec<u8>>) -> Result<Option<Record>, StoreError> {
-    raw.map(|r| Record::decode(&r))
-        .transpose()
-        .map_err(StoreError::from)
-}
-
 #[async_trait]
 impl Store for SqliteStore {
     async fn insert_if_absent(
@@ -321,7 +315,7 @@ impl Store for SqliteStore {
             expires_at: expires_at(expiry),
         };
         match self.run(op).await? {
-            Reply::Found(raw) => decode(raw),
+            Reply::Found(raw) => Ok(Record::decode_found(raw)?),
             _ => Err(StoreError::Unavailable("unexpected reply".into())),
         }
     }
@@ -333,7 +327,7 @@ impl Store for SqliteStore {
             })
             .await?
         {
-            Reply::Found(raw) => decode(raw),
+            Reply::Found(raw) => Ok(Record::decode_found(raw)?),
             _ => Err(StoreError::Unavailable("unexpected reply".into())),
         }
     }
