@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::client::{post, send, Reply};
+use crate::common::pay::{post_in_background, post_until_ok, until_effects};
 use crate::common::provider::{Behavior, FakeProvider, ProviderOptions};
 use crate::common::proxy::{route, Proxy, StoreFixture};
 use crate::common::{eventually, eventually_async, server_sockets, Backend};
@@ -19,24 +20,6 @@ fn config(store_url: &str, grace: &str, routes: &str) -> String {
 async fn keyed_provider() -> FakeProvider {
     FakeProvider::start_with(ProviderOptions {
         honours_key_header: Some("idempotency-key".into()),
-    })
-    .await
-}
-
-/// Retries `POST /pay/v1/charges` with `key` until it answers 200, as a client would while
-/// the store recovers. Every other answer must be one of `tolerated`, and the 200 must come
-/// within 10 s.
-async fn post_until_ok(proxy: std::net::SocketAddr, key: &str, tolerated: &[u16]) -> Reply {
-    let what = format!("{key} answers 200");
-    eventually_async(&what, Duration::from_secs(10), || async move {
-        let r = post(proxy, "/pay/v1/charges", Some(key), r#"{"amount":42}"#).await;
-        assert!(
-            r.status == 200 || tolerated.contains(&r.status),
-            "{key}: {}: {}",
-            r.status,
-            r.text()
-        );
-        (r.status == 200).then_some(r)
     })
     .await
 }
@@ -77,15 +60,6 @@ fn assert_problem(r: &Reply, status: u16, slug: &str) {
     );
 }
 
-/// Waits until the provider has performed `n` effects (bounded).
-async fn until_effects(provider: &FakeProvider, n: usize) {
-    let what = format!("the provider performs {n} effects");
-    eventually(&what, Duration::from_secs(5), || {
-        (provider.effects() >= n).then_some(())
-    })
-    .await;
-}
-
 /// Waits until `n` requests in all have reached the provider (bounded).
 async fn until_received(provider: &FakeProvider, n: usize) {
     let what = format!("{n} requests reach the provider");
@@ -93,24 +67,6 @@ async fn until_received(provider: &FakeProvider, n: usize) {
         (provider.received().len() >= n).then_some(())
     })
     .await;
-}
-
-/// Sends `body` under `key` in the background (the proxy may die under it).
-fn post_in_background(
-    proxy: &Proxy,
-    path: &str,
-    key: &str,
-) -> tokio::task::JoinHandle<Result<Reply, String>> {
-    let (addr, path, key) = (proxy.addr, path.to_string(), key.to_string());
-    tokio::spawn(async move {
-        // The same credentials as `client::post`, so both land on the same scope.
-        let h = [
-            ("content-type", "application/json"),
-            ("authorization", "Bearer sk_test_123"),
-            ("idempotency-key", key.as_str()),
-        ];
-        send(addr, "POST", &path, &h, r#"{"amount":42}"#).await
-    })
 }
 
 // --- SIGKILL of the proxy while a call is in flight -------------------------------------

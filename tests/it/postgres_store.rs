@@ -6,59 +6,15 @@
 use std::time::{Duration, Instant};
 
 use crate::common::client::{post, send, Reply};
+use crate::common::pay::{post_in_background, post_until_ok, until_effects};
 use crate::common::provider::{Behavior, FakeProvider};
 use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::records::record;
 use crate::common::Backend;
-use idemproxy::idempotency::record::{Record, RecordBody, State, Token};
+use idemproxy::idempotency::record::State;
 use idemproxy::store::{self, Expiry};
 
 const WAIT: &str = "on_in_flight = \"wait\"\nwait_timeout = \"5s\"\nlease = \"2s\"";
-
-/// Retries `key` until it answers 200; every other answer must be one of `tolerated`.
-async fn post_until_ok(proxy: std::net::SocketAddr, key: &str, tolerated: &[u16]) -> Reply {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let r = post(proxy, "/pay/v1/charges", Some(key), r#"{"amount":42}"#).await;
-        if r.status == 200 {
-            return r;
-        }
-        assert!(
-            tolerated.contains(&r.status),
-            "{key}: {}: {}",
-            r.status,
-            r.text()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "{key} never recovered: {}",
-            r.text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn post_in_background(proxy: &Proxy, key: &str) -> tokio::task::JoinHandle<Result<Reply, String>> {
-    let (addr, key) = (proxy.addr, key.to_string());
-    tokio::spawn(async move {
-        let h = [
-            ("content-type", "application/json"),
-            ("authorization", "Bearer sk_test_123"),
-            ("idempotency-key", key.as_str()),
-        ];
-        send(addr, "POST", "/pay/v1/charges", &h, r#"{"amount":42}"#).await
-    })
-}
-
-async fn until_effects(provider: &FakeProvider, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while provider.effects() < n {
-        assert!(
-            Instant::now() < deadline,
-            "provider never reached {n} effects"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 fn assert_unavailable(r: &Reply) {
     assert_eq!(r.status, 503, "{}", r.text());
@@ -120,9 +76,9 @@ async fn two_proxies_on_one_database_execute_once_and_wake_each_other() {
         let key = format!("woken-{round}");
         provider.then([Behavior::Slow(Duration::from_millis(1_000))]);
         let started = Instant::now();
-        let first = post_in_background(&a, &key);
+        let first = post_in_background(&a, "/pay/v1/charges", &key);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let dup = post_in_background(&b, &key);
+        let dup = post_in_background(&b, "/pay/v1/charges", &key);
         let first = first.await.expect("task").expect("reply");
         let first_done = started.elapsed();
         let dup = dup.await.expect("task").expect("reply");
@@ -163,7 +119,7 @@ async fn postgres_crashed_and_stopped_fails_closed_and_recovers() {
     assert_eq!(done.status, 200);
 
     provider.then([Behavior::EffectThenSlow(Duration::from_millis(1_500))]);
-    let in_flight = post_in_background(&proxy, "a");
+    let in_flight = post_in_background(&proxy, "/pay/v1/charges", "a");
     until_effects(&provider, 2).await;
     store.postgres().crash();
     for _ in 0..3 {
@@ -234,7 +190,7 @@ async fn postgres_paused_never_hangs_requests() {
         200
     );
     provider.then([Behavior::EffectThenSlow(Duration::from_millis(1_000))]);
-    let in_flight = post_in_background(&proxy, "a");
+    let in_flight = post_in_background(&proxy, "/pay/v1/charges", "a");
     until_effects(&provider, 2).await;
     store.postgres.as_ref().expect("postgres").pause();
 
@@ -281,7 +237,7 @@ async fn a_connection_killed_mid_settle_settles_once() {
     );
 
     provider.then([Behavior::EffectThenSlow(Duration::from_millis(1_000))]);
-    let in_flight = post_in_background(&proxy, "a");
+    let in_flight = post_in_background(&proxy, "/pay/v1/charges", "a");
     until_effects(&provider, 2).await;
     // Another session locks the claim's row until we say so: the settle's UPDATE waits on it.
     let url = store.url();
@@ -348,25 +304,6 @@ async fn a_connection_killed_mid_settle_settles_once() {
     assert_eq!(provider.effects(), 2, "warm and a, once each");
 }
 
-fn pending() -> Record {
-    Record {
-        state: State::Pending,
-        token: Token::random(),
-        body: RecordBody {
-            fingerprint: "fp".into(),
-            route: "r".into(),
-            created_ms: 1,
-            lease_until_ms: 2,
-            unknown_since_ms: 0,
-            note: None,
-            receipt: None,
-            declined: false,
-            attempt: 0,
-            reconciled: false,
-        },
-    }
-}
-
 /// Expired rows go, in batches, while claims go on: a backlog larger than one batch is
 /// deleted within a few sweeps, live rows stay, and no claim waits for the sweep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,7 +320,7 @@ async fn expired_rows_are_swept_in_batches_while_claims_go_on() {
          SELECT 'idem:t:old' || i, 'P', 'x', '\\x00', 1 FROM generate_series(1, 5000) i",
     );
     let hour = Expiry::After(Duration::from_secs(3600));
-    s.insert_if_absent("idem:t:live", &pending(), hour)
+    s.insert_if_absent("idem:t:live", &record(State::Pending), hour)
         .await
         .expect("insert");
     let mut slowest = Duration::ZERO;
@@ -392,7 +329,7 @@ async fn expired_rows_are_swept_in_batches_while_claims_go_on() {
     loop {
         i += 1;
         let started = Instant::now();
-        s.insert_if_absent(&format!("idem:t:busy{i}"), &pending(), hour)
+        s.insert_if_absent(&format!("idem:t:busy{i}"), &record(State::Pending), hour)
             .await
             .expect("insert");
         slowest = slowest.max(started.elapsed());

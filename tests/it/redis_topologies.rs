@@ -12,32 +12,12 @@ use std::time::{Duration, Instant};
 use crate::common::client::{post, send, Reply};
 use crate::common::provider::{FakeProvider, ProviderOptions};
 use crate::common::proxy::{config_on, route, Proxy, StoreFixture};
+use crate::common::records::{record, HOUR};
 use crate::common::redis::{tls_lines, RedisCluster, RedisSentinels, RedisServer, RedisTls};
 use crate::common::Backend;
 use idemproxy::config::Dur;
-use idemproxy::idempotency::record::{Record, RecordBody, State, Token};
-use idemproxy::store::{self, Expiry, Store};
-
-fn pending() -> Record {
-    Record {
-        state: State::Pending,
-        token: Token::random(),
-        body: RecordBody {
-            fingerprint: "fp".into(),
-            route: "r".into(),
-            created_ms: 1,
-            lease_until_ms: 2,
-            unknown_since_ms: 0,
-            note: None,
-            receipt: None,
-            declined: false,
-            attempt: 0,
-            reconciled: false,
-        },
-    }
-}
-
-const HOUR: Expiry = Expiry::After(Duration::from_secs(3600));
+use idemproxy::idempotency::record::State;
+use idemproxy::store::{self, Store};
 
 /// Retries `key` (on `proxies` in turn) until it answers 200, as a client behind a load
 /// balancer would while the store recovers; anything but 200, 409 and 503 is a failure.
@@ -314,7 +294,10 @@ async fn claims_across_a_failover(wait_replicas: u32) -> FailoverReport {
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
                 let key = format!("idem:t:{t}-{n}");
-                match s.insert_if_absent(&key, &pending(), HOUR).await {
+                match s
+                    .insert_if_absent(&key, &record(State::Pending), HOUR)
+                    .await
+                {
                     Ok(None) => acknowledged.lock().expect("acks").push(key),
                     Ok(Some(_)) => panic!("{key} was free"),
                     Err(_) => {
@@ -420,9 +403,13 @@ async fn sentinel_wait_cost() {
                 while Instant::now() < until {
                     n += 1;
                     let started = Instant::now();
-                    s.insert_if_absent(&format!("idem:w{wait}:{t}-{n}"), &pending(), HOUR)
-                        .await
-                        .expect("claim");
+                    s.insert_if_absent(
+                        &format!("idem:w{wait}:{t}-{n}"),
+                        &record(State::Pending),
+                        HOUR,
+                    )
+                    .await
+                    .expect("claim");
                     latencies.lock().expect("lat").push(started.elapsed());
                 }
             }));

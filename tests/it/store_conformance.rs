@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::proxy::StoreFixture;
+use crate::common::records::{record, HOUR};
 use crate::common::Backend;
-use idemproxy::idempotency::record::{Fence, Receipt, Record, RecordBody, State, Token};
+use idemproxy::idempotency::record::{Fence, State, Token};
 use idemproxy::spend::port::{
     Approval, ApprovalState, CapName, Counter, Opened, Reservation, Reserved, SpendStore,
 };
@@ -19,31 +20,6 @@ async fn open(fixture: &StoreFixture) -> Arc<dyn Store> {
         .expect("open store")
         .claims
 }
-
-fn record(state: State) -> Record {
-    Record {
-        state,
-        token: Token::random(),
-        body: RecordBody {
-            fingerprint: "fp".into(),
-            route: "r".into(),
-            created_ms: 1,
-            lease_until_ms: 2,
-            unknown_since_ms: 0,
-            note: None,
-            receipt: (state == State::Committed).then(|| Receipt {
-                status: 201,
-                headers: vec![("content-type".into(), "application/json".into())],
-                body: bytes::Bytes::from_static(b"{\"id\":1}"),
-            }),
-            declined: false,
-            attempt: 0,
-            reconciled: false,
-        },
-    }
-}
-
-const HOUR: Expiry = Expiry::After(Duration::from_secs(3600));
 
 async fn insert_if_absent_claims_once(backend: Backend) {
     let f = StoreFixture::new(backend);

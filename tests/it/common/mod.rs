@@ -4,10 +4,12 @@
 pub mod client;
 pub mod connect;
 pub mod fakes;
+pub mod pay;
 pub mod pki;
 pub mod postgres;
 pub mod provider;
 pub mod proxy;
+pub mod records;
 pub mod redis;
 
 use std::future::Future;
