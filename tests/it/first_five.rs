@@ -20,7 +20,7 @@ use crate::common::client::{post, send, Reply};
 use crate::common::connect;
 use crate::common::pki::{self, ProxyCa, TestPki};
 use crate::common::provider::{Behavior, FakeProvider, ProviderOptions};
-use crate::common::proxy::{route, Proxy, StoreFixture};
+use crate::common::proxy::{metrics, route, sample, Proxy, StoreFixture};
 use crate::common::{eventually, eventually_async, Backend};
 
 const ADMIN_TOKEN: &str = "first-five-admin-token";
@@ -34,21 +34,6 @@ fn config(store_url: &str, extra: &str) -> String {
 
 fn start(text: &str) -> Proxy {
     Proxy::start_with_env(text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)])
-}
-
-async fn metrics(proxy: &Proxy) -> String {
-    send(proxy.admin.expect("admin"), "GET", "/metrics", &[], "")
-        .await
-        .expect("GET /metrics")
-        .text()
-}
-
-/// One sample of Prometheus text, 0 when the series is absent.
-fn sample(metrics: &str, series: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 async fn until_sample(proxy: &Proxy, series: &str, value: f64) {

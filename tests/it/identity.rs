@@ -25,7 +25,7 @@ use crate::common::fakes::accounts::{
 };
 use crate::common::pki::{self, ProxyCa, TestPki};
 use crate::common::provider::FakeProvider;
-use crate::common::proxy::{route, Proxy, StoreFixture};
+use crate::common::proxy::{metrics, route, sample, Proxy, StoreFixture};
 use crate::common::{eventually, eventually_async, Backend};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -42,20 +42,6 @@ async fn post_with(proxy: &Proxy, path: &str, headers: &[(&str, &str)], body: &s
     send(proxy.addr, "POST", path, headers, body.to_string())
         .await
         .unwrap_or_else(|e| panic!("POST {path}: {e}"))
-}
-
-async fn metrics(proxy: &Proxy) -> String {
-    send(proxy.admin.expect("admin"), "GET", "/metrics", &[], "")
-        .await
-        .expect("GET /metrics")
-        .text()
-}
-
-fn sample(metrics: &str, series: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 // ---------------------------------------------------------------------------------------

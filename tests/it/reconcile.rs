@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::common::client::{send, Reply};
 use crate::common::fakes::accounts::{Alpaca, AlpacaFault, AlpacaKeys};
-use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::proxy::{config, metric, route, Proxy, StoreFixture};
 use crate::common::{eventually, eventually_async, Backend};
 
 const ADMIN_TOKEN: &str = "adm-reconcile-token";
@@ -58,17 +58,6 @@ async fn order(proxy: &Proxy, keys: AlpacaKeys, key: &str) -> Reply {
     send(proxy.addr, "POST", "/alpaca/v2/orders", &headers, ORDER)
         .await
         .expect("an answer")
-}
-
-async fn metric(proxy: &Proxy, series: &str) -> f64 {
-    let admin = proxy.admin.expect("admin listener");
-    let r = send(admin, "GET", "/metrics", &[], "")
-        .await
-        .expect("GET /metrics");
-    r.text()
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// The lookups the fake received, with the account whose key asked.

@@ -13,7 +13,7 @@ use crate::common::client::send;
 use crate::common::fakes::stripe::{FakeStripe, Fault};
 use crate::common::pki::TestPki;
 use crate::common::provider::FakeProvider;
-use crate::common::proxy::{config, route, Proxy, StoreFixture};
+use crate::common::proxy::{config, metric, route, Proxy, StoreFixture};
 use crate::common::Backend;
 use serde_json::Value;
 
@@ -126,17 +126,6 @@ async fn run_tool_with(args: &[&str], env: &[(&str, String)]) -> Value {
 /// A run the agent reads as success.
 fn succeeded(out: &Value) -> bool {
     out.get("error").is_none()
-}
-
-async fn metric(proxy: &Proxy, series: &str) -> f64 {
-    let admin = proxy.admin.expect("admin listener");
-    let r = send(admin, "GET", "/metrics", &[], "")
-        .await
-        .expect("GET /metrics");
-    r.text()
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 async fn an_agent_re_run_of_the_official_sdk_charges_once(backend: Backend) {

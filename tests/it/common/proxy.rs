@@ -351,3 +351,25 @@ impl Drop for Proxy {
         self.kill();
     }
 }
+
+/// The proxy's Prometheus text, from its admin listener.
+pub async fn metrics(proxy: &Proxy) -> String {
+    let admin = proxy.admin.expect("admin listener");
+    super::client::send(admin, "GET", "/metrics", &[], "")
+        .await
+        .expect("GET /metrics")
+        .text()
+}
+
+/// One sample of Prometheus text, 0 when the series is absent.
+pub fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// One sample of the proxy's metrics now, 0 when the series is absent.
+pub async fn metric(proxy: &Proxy, series: &str) -> f64 {
+    sample(&metrics(proxy).await, series)
+}
