@@ -354,7 +354,7 @@ impl Gate {
                 });
             }
             // Registered before the read, so a decision landing in between still wakes us;
-            // the timer re-reads in case a wake-up from another proxy was lost.
+            // the timer brings the next read in case a wake-up from another proxy was lost.
             let mut watch = self.claims.watch(&wake_key(&current.id));
             if let Some(now) = self.store.approval(&current.id).await? {
                 if now.state != ApprovalState::Pending {
@@ -363,9 +363,6 @@ impl Gate {
                 }
             }
             let _ = tokio::time::timeout(left.min(Duration::from_secs(1)), watch.settled()).await;
-            if let Some(now) = self.store.approval(&current.id).await? {
-                current = now;
-            }
         }
     }
 }
