@@ -1,29 +1,110 @@
 //! One conformance suite for every store backend: the same calls must behave the same on the
 //! embedded SQLite file, a real Redis (plain, TLS with client certificates, a 3-master Cluster,
-//! Sentinel with a replica) and a real PostgreSQL.
+//! Sentinel with a replica), a real PostgreSQL, and the in-memory stores the core's and the
+//! gate's unit tests run on (`idempotency::testing`, `spend::testing`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::proxy::StoreFixture;
-use crate::common::records::{record, HOUR};
+use crate::common::records::{record, sealed_the_old_way, HOUR};
 use crate::common::Backend;
 use idemproxy::idempotency::record::{Fence, State, Token};
+use idemproxy::idempotency::store::Clock;
 use idemproxy::spend::port::{
     Approval, ApprovalState, CapName, Counter, Opened, Reservation, Reserved, SpendStore,
 };
+use idemproxy::store::sealed::{SealedStore, Sealer};
 use idemproxy::store::{self, Expiry, SettleSink, Store};
 
-async fn open(fixture: &StoreFixture) -> Arc<dyn Store> {
-    store::open_config(&fixture.store_config())
-        .await
-        .expect("open store")
-        .claims
+/// What the suite runs against: a real store, or the in-memory ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Under {
+    Real(Backend),
+    Memory,
 }
 
-async fn insert_if_absent_claims_once(backend: Backend) {
-    let f = StoreFixture::new(backend);
-    let s = open(&f).await;
+impl From<Backend> for Under {
+    fn from(b: Backend) -> Under {
+        Under::Real(b)
+    }
+}
+
+/// The store under test, and what keeps a real one running.
+struct Subject {
+    under: Under,
+    fixture: Option<StoreFixture>,
+    memory: (Arc<dyn Store>, Arc<dyn SpendStore>),
+}
+
+impl Subject {
+    fn new(under: impl Into<Under>) -> Subject {
+        let under = under.into();
+        let fixture = match under {
+            Under::Real(backend) => Some(StoreFixture::new(backend)),
+            Under::Memory => None,
+        };
+        Subject {
+            under,
+            fixture,
+            memory: (
+                idemproxy::idempotency::testing::MemoryStore::new(Clock::System),
+                Arc::new(idemproxy::spend::testing::MemorySpend::new()),
+            ),
+        }
+    }
+
+    /// Opens the claim store (a new connection each time, as another proxy would).
+    async fn claims(&self) -> Arc<dyn Store> {
+        match &self.fixture {
+            Some(f) => {
+                store::open_config(&f.store_config())
+                    .await
+                    .expect("open store")
+                    .claims
+            }
+            None => self.memory.0.clone(),
+        }
+    }
+
+    /// The claim store with receipts sealed under `key`.
+    async fn sealed(&self, key: &[u8; 32]) -> Arc<dyn Store> {
+        SealedStore::wrap(self.claims().await, Some(Arc::new(Sealer::new(key))))
+    }
+
+    async fn spend(&self) -> Arc<dyn SpendStore> {
+        match &self.fixture {
+            Some(f) => {
+                store::open_config(&f.store_config())
+                    .await
+                    .expect("open store")
+                    .spend
+            }
+            None => self.memory.1.clone(),
+        }
+    }
+
+    /// SQLite and memory are one process's stores: they have no settle feed.
+    fn shared(&self) -> bool {
+        !matches!(self.under, Under::Memory | Under::Real(Backend::Sqlite))
+    }
+}
+
+/// Runs each test body against every store and the in-memory ones.
+macro_rules! every_store_and_memory {
+    ($($name:ident),* $(,)?) => {
+        every_store!($($name),*);
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Under::Memory).await }
+            )*
+        }
+    };
+}
+
+async fn insert_if_absent_claims_once(under: impl Into<Under>) {
+    let s = Subject::new(under).claims().await;
     let a = record(State::Pending);
     assert_eq!(
         s.insert_if_absent("idem:t:1", &a, HOUR)
@@ -45,9 +126,8 @@ async fn insert_if_absent_claims_once(backend: Backend) {
     assert_eq!(s.get("idem:t:2").await.expect("get"), None);
 }
 
-async fn concurrent_inserts_have_one_winner(backend: Backend) {
-    let f = StoreFixture::new(backend);
-    let s = open(&f).await;
+async fn concurrent_inserts_have_one_winner(under: impl Into<Under>) {
+    let s = Subject::new(under).claims().await;
     let mut tasks = Vec::new();
     for _ in 0..50 {
         let s = s.clone();
@@ -65,9 +145,8 @@ async fn concurrent_inserts_have_one_winner(backend: Backend) {
     assert_eq!(winners, 1);
 }
 
-async fn transitions_are_fenced_by_token_and_state(backend: Backend) {
-    let f = StoreFixture::new(backend);
-    let s = open(&f).await;
+async fn transitions_are_fenced_by_token_and_state(under: impl Into<Under>) {
+    let s = Subject::new(under).claims().await;
     let pending = record(State::Pending);
     s.insert_if_absent("idem:t:f", &pending, HOUR)
         .await
@@ -125,9 +204,8 @@ async fn transitions_are_fenced_by_token_and_state(backend: Backend) {
     );
 }
 
-async fn records_expire_and_never_means_never(backend: Backend) {
-    let f = StoreFixture::new(backend);
-    let s = open(&f).await;
+async fn records_expire_and_never_means_never(under: impl Into<Under>) {
+    let s = Subject::new(under).claims().await;
     let short = record(State::Pending);
     s.insert_if_absent(
         "idem:t:e",
@@ -153,9 +231,8 @@ async fn records_expire_and_never_means_never(backend: Backend) {
     assert_eq!(s.get("idem:t:n").await.expect("get"), Some(forever));
 }
 
-async fn list_by_state(backend: Backend) {
-    let f = StoreFixture::new(backend);
-    let s = open(&f).await;
+async fn list_by_state(under: impl Into<Under>) {
+    let s = Subject::new(under).claims().await;
     for i in 0..3 {
         s.insert_if_absent(&format!("idem:t:u{i}"), &record(State::Unknown), HOUR)
             .await
@@ -195,12 +272,12 @@ impl SettleSink for Heard {
 
 /// A settle one proxy announces reaches another proxy's feed (Redis pub/sub, sharded on a
 /// Cluster; PostgreSQL LISTEN/NOTIFY). SQLite is one process's store: it has no feed.
-async fn settles_announced_reach_other_proxies(backend: Backend) {
-    if backend == Backend::Sqlite {
+async fn settles_announced_reach_other_proxies(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    if !subject.shared() {
         return;
     }
-    let f = StoreFixture::new(backend);
-    let (listener, announcer) = (open(&f).await, open(&f).await);
+    let (listener, announcer) = (subject.claims().await, subject.claims().await);
     let heard = Arc::new(Heard::default());
     listener.listen_settled(heard.clone());
     // The feed says when it (re)subscribed: until then announcements may be missed.
@@ -237,14 +314,58 @@ async fn settles_announced_reach_other_proxies(backend: Backend) {
     }
 }
 
-// --- the spend port, on the same stores --------------------------------------------------
-
-async fn open_spend(fixture: &StoreFixture) -> Arc<dyn SpendStore> {
-    store::open_config(&fixture.store_config())
+/// A store written by proxies that sealed receipts as a fake receipt (status 0, a marker
+/// header) still replays them once sealed receipts have a type of their own: the receipt
+/// comes back whole with the key, and opens neither with another key nor under another scope.
+async fn receipts_sealed_before_sealed_receipts_had_a_type_still_replay(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let key = [0x42u8; 32];
+    let done = record(State::Committed);
+    let old = sealed_the_old_way("idem:t:old", &done, &key);
+    let plain = subject.claims().await;
+    assert_eq!(
+        plain
+            .insert_if_absent("idem:t:old", &old, HOUR)
+            .await
+            .expect("insert"),
+        None
+    );
+    let sealed = subject.sealed(&key).await;
+    assert_eq!(
+        sealed.get("idem:t:old").await.expect("get"),
+        Some(done.clone())
+    );
+    assert_eq!(
+        sealed
+            .insert_if_absent("idem:t:old", &record(State::Pending), HOUR)
+            .await
+            .expect("insert"),
+        Some(done.clone()),
+        "a retry finds the receipt"
+    );
+    let listed = sealed.list(State::Committed, 10).await.expect("list");
+    assert_eq!(listed, vec![("idem:t:old".to_string(), done)]);
+    assert!(
+        subject
+            .sealed(&[0x43; 32])
+            .await
+            .get("idem:t:old")
+            .await
+            .is_err(),
+        "another key does not open it"
+    );
+    let moved = sealed_the_old_way("idem:t:elsewhere", &record(State::Committed), &key);
+    plain
+        .insert_if_absent("idem:t:moved", &moved, HOUR)
         .await
-        .expect("open store")
-        .spend
+        .expect("insert");
+    assert!(
+        sealed.get("idem:t:moved").await.is_err(),
+        "bound to the scope it was sealed under"
+    );
 }
+
+// --- the spend port, on the same stores --------------------------------------------------
 
 /// A reservation of `amount` for `id` against one run counter capped at `cap`, `window` ms,
 /// at the store-independent time `now` (the callers pass the clock: tests move it at will).
@@ -264,9 +385,8 @@ fn reservation(id: &str, amount: i64, cap: i64, now: u64) -> Reservation {
     }
 }
 
-async fn spend_counts_once_per_operation_within_its_window(backend: Backend) {
-    let fixture = StoreFixture::new(backend);
-    let s = open_spend(&fixture).await;
+async fn spend_counts_once_per_operation_within_its_window(under: impl Into<Under>) {
+    let s = Subject::new(under).spend().await;
     let t = 1_000_000u64;
     assert_eq!(
         s.reserve(&reservation("a", 60, 100, t)).await.expect("a"),
@@ -341,9 +461,8 @@ async fn spend_counts_once_per_operation_within_its_window(backend: Backend) {
     );
 }
 
-async fn concurrent_reservations_never_pass_the_cap(backend: Backend) {
-    let fixture = StoreFixture::new(backend);
-    let s = open_spend(&fixture).await;
+async fn concurrent_reservations_never_pass_the_cap(under: impl Into<Under>) {
+    let s = Subject::new(under).spend().await;
     let now = 5_000_000u64;
     let mut tasks = Vec::new();
     for i in 0..50 {
@@ -362,9 +481,8 @@ async fn concurrent_reservations_never_pass_the_cap(backend: Backend) {
     assert_eq!(added, 10);
 }
 
-async fn approvals_are_opened_once_and_decided_compare_and_set(backend: Backend) {
-    let fixture = StoreFixture::new(backend);
-    let s = open_spend(&fixture).await;
+async fn approvals_are_opened_once_and_decided_compare_and_set(under: impl Into<Under>) {
+    let s = Subject::new(under).spend().await;
     // Times near now: listing forgets approvals a day past their expiry.
     let t = store::now_ms();
     let mut a = Approval {
@@ -420,7 +538,8 @@ async fn approvals_are_opened_once_and_decided_compare_and_set(backend: Backend)
         .any(|x| x.id == a.id));
 }
 
-every_store!(
+every_store_and_memory!(
+    receipts_sealed_before_sealed_receipts_had_a_type_still_replay,
     spend_counts_once_per_operation_within_its_window,
     concurrent_reservations_never_pass_the_cap,
     approvals_are_opened_once_and_decided_compare_and_set,
@@ -438,7 +557,10 @@ every_store!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_batched_commands_get_their_own_replies() {
     let f = StoreFixture::new(Backend::Redis);
-    let s = open(&f).await;
+    let s = store::open_config(&f.store_config())
+        .await
+        .expect("open store")
+        .claims;
     let mut inserts = Vec::new();
     for i in 0..200 {
         let s = s.clone();
@@ -539,7 +661,10 @@ async fn sqlite_files_from_the_earlier_layout_keep_their_records() {
             .expect("old row");
         }
     }
-    let s = open(&f).await;
+    let s = store::open_config(&f.store_config())
+        .await
+        .expect("open store")
+        .claims;
     assert_eq!(
         s.insert_if_absent("idem:t:held", &record(State::Pending), HOUR)
             .await
