@@ -1,11 +1,13 @@
-//! An in-memory spend store for tests of the gate (the real ones are in `crate::store`).
+//! An in-memory spend store for tests of the gate, held to the same conformance suite as the
+//! real ones in `crate::store` (tests/it/store_conformance.rs), and deciding with the same
+//! rules (`decide`, `opening`, `updating`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::port::{decide, Approval, Opened, Reservation, Reserved, SpendStore};
+use super::port::{decide, opening, updating, Approval, Opened, Reservation, Reserved, SpendStore};
 use crate::idempotency::store::StoreError;
 
 #[derive(Default)]
@@ -95,11 +97,11 @@ impl SpendStore for MemorySpend {
         now_ms: u64,
     ) -> Result<(Approval, Opened), StoreError> {
         let mut inner = self.lock();
-        let opened = match inner.approvals.get(&a.id) {
-            Some(found) if !found.expired(now_ms) => return Ok((found.clone(), Opened::Existing)),
-            Some(_) => Opened::ReplacedExpired,
-            None => Opened::New,
-        };
+        let found = inner.approvals.get(&a.id);
+        let opened = opening(found, now_ms);
+        if let (Opened::Existing, Some(found)) = (opened, found) {
+            return Ok((found.clone(), opened));
+        }
         inner.approvals.insert(a.id.clone(), a.clone());
         Ok((a.clone(), opened))
     }
@@ -110,14 +112,16 @@ impl SpendStore for MemorySpend {
 
     async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
         let mut inner = self.lock();
-        match inner.approvals.get(&a.id) {
-            Some(found) if found.version == a.version => {
-                let mut next = a.clone();
-                next.version += 1;
+        match inner
+            .approvals
+            .get(&a.id)
+            .and_then(|found| updating(found, a))
+        {
+            Some(next) => {
                 inner.approvals.insert(a.id.clone(), next);
                 Ok(true)
             }
-            _ => Ok(false),
+            None => Ok(false),
         }
     }
 

@@ -11,11 +11,12 @@ use crate::common::records::{record, sealed_the_old_way, HOUR};
 use crate::common::Backend;
 use idemproxy::idempotency::record::{Fence, State, Token};
 use idemproxy::idempotency::store::Clock;
+use idemproxy::idempotency::testing::MemoryStore;
 use idemproxy::spend::port::{
     Approval, ApprovalState, CapName, Counter, Opened, Reservation, Reserved, SpendStore,
 };
-use idemproxy::store::sealed::{SealedStore, Sealer};
-use idemproxy::store::{self, Expiry, SettleSink, Store};
+use idemproxy::spend::testing::MemorySpend;
+use idemproxy::store::{self, Expiry, Guard, Sealer, SettleSink, Store, Stores};
 
 /// What the suite runs against: a real store, or the in-memory ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +35,7 @@ impl From<Backend> for Under {
 struct Subject {
     under: Under,
     fixture: Option<StoreFixture>,
-    memory: (Arc<dyn Store>, Arc<dyn SpendStore>),
+    memory: (Arc<MemoryStore>, Arc<MemorySpend>),
 }
 
 impl Subject {
@@ -48,40 +49,51 @@ impl Subject {
             under,
             fixture,
             memory: (
-                idemproxy::idempotency::testing::MemoryStore::new(Clock::System),
-                Arc::new(idemproxy::spend::testing::MemorySpend::new()),
+                MemoryStore::new(Clock::System),
+                Arc::new(MemorySpend::new()),
             ),
         }
     }
 
-    /// Opens the claim store (a new connection each time, as another proxy would).
-    async fn claims(&self) -> Arc<dyn Store> {
+    /// Both ports as a proxy opens them (a new connection each time, as another proxy
+    /// would), receipts sealed with `key` when given. The memory stores get the same guard.
+    async fn open(&self, key: Option<[u8; 32]>) -> Stores {
+        let sealer = key.map(|k| Arc::new(Sealer::new(&k)));
         match &self.fixture {
-            Some(f) => {
-                store::open_config(&f.store_config())
-                    .await
-                    .expect("open store")
-                    .claims
+            Some(f) => store::open(&f.store_config(), sealer, Default::default())
+                .await
+                .expect("open store"),
+            None => {
+                let timeout = idemproxy::config::StoreConfig::default().op_timeout.0;
+                Stores {
+                    claims: Arc::new(Guard::new(
+                        self.memory.0.clone(),
+                        timeout,
+                        sealer.clone(),
+                        Default::default(),
+                    )),
+                    spend: Arc::new(Guard::new(
+                        self.memory.1.clone(),
+                        timeout,
+                        sealer.clone(),
+                        Default::default(),
+                    )),
+                }
             }
-            None => self.memory.0.clone(),
         }
+    }
+
+    async fn claims(&self) -> Arc<dyn Store> {
+        self.open(None).await.claims
     }
 
     /// The claim store with receipts sealed under `key`.
-    async fn sealed(&self, key: &[u8; 32]) -> Arc<dyn Store> {
-        SealedStore::wrap(self.claims().await, Some(Arc::new(Sealer::new(key))))
+    async fn sealed(&self, key: [u8; 32]) -> Arc<dyn Store> {
+        self.open(Some(key)).await.claims
     }
 
     async fn spend(&self) -> Arc<dyn SpendStore> {
-        match &self.fixture {
-            Some(f) => {
-                store::open_config(&f.store_config())
-                    .await
-                    .expect("open store")
-                    .spend
-            }
-            None => self.memory.1.clone(),
-        }
+        self.open(None).await.spend
     }
 
     /// SQLite and memory are one process's stores: they have no settle feed.
@@ -104,7 +116,8 @@ macro_rules! every_store_and_memory {
 }
 
 async fn insert_if_absent_claims_once(under: impl Into<Under>) {
-    let s = Subject::new(under).claims().await;
+    let subject = Subject::new(under);
+    let s = subject.claims().await;
     let a = record(State::Pending);
     assert_eq!(
         s.insert_if_absent("idem:t:1", &a, HOUR)
@@ -127,7 +140,8 @@ async fn insert_if_absent_claims_once(under: impl Into<Under>) {
 }
 
 async fn concurrent_inserts_have_one_winner(under: impl Into<Under>) {
-    let s = Subject::new(under).claims().await;
+    let subject = Subject::new(under);
+    let s = subject.claims().await;
     let mut tasks = Vec::new();
     for _ in 0..50 {
         let s = s.clone();
@@ -146,7 +160,8 @@ async fn concurrent_inserts_have_one_winner(under: impl Into<Under>) {
 }
 
 async fn transitions_are_fenced_by_token_and_state(under: impl Into<Under>) {
-    let s = Subject::new(under).claims().await;
+    let subject = Subject::new(under);
+    let s = subject.claims().await;
     let pending = record(State::Pending);
     s.insert_if_absent("idem:t:f", &pending, HOUR)
         .await
@@ -205,7 +220,8 @@ async fn transitions_are_fenced_by_token_and_state(under: impl Into<Under>) {
 }
 
 async fn records_expire_and_never_means_never(under: impl Into<Under>) {
-    let s = Subject::new(under).claims().await;
+    let subject = Subject::new(under);
+    let s = subject.claims().await;
     let short = record(State::Pending);
     s.insert_if_absent(
         "idem:t:e",
@@ -231,8 +247,23 @@ async fn records_expire_and_never_means_never(under: impl Into<Under>) {
     assert_eq!(s.get("idem:t:n").await.expect("get"), Some(forever));
 }
 
+/// Operators list claims by state; spend's counters and approvals share the namespace and
+/// are never taken for claims.
 async fn list_by_state(under: impl Into<Under>) {
-    let s = Subject::new(under).claims().await;
+    let subject = Subject::new(under);
+    let (s, spend) = (subject.claims().await, subject.spend().await);
+    let now = store::now_ms();
+    assert_eq!(
+        spend
+            .reserve(&reservation("listed", 10, 100, now))
+            .await
+            .expect("reserve"),
+        Reserved::Added
+    );
+    spend
+        .open_approval(&approval("apr_listed", now), now)
+        .await
+        .expect("approval");
     for i in 0..3 {
         s.insert_if_absent(&format!("idem:t:u{i}"), &record(State::Unknown), HOUR)
             .await
@@ -316,7 +347,8 @@ async fn settles_announced_reach_other_proxies(under: impl Into<Under>) {
 
 /// A store written by proxies that sealed receipts as a fake receipt (status 0, a marker
 /// header) still replays them once sealed receipts have a type of their own: the receipt
-/// comes back whole with the key, and opens neither with another key nor under another scope.
+/// comes back whole with the key, and opens neither without it, with another key, nor under
+/// another scope.
 async fn receipts_sealed_before_sealed_receipts_had_a_type_still_replay(under: impl Into<Under>) {
     let subject = Subject::new(under);
     let key = [0x42u8; 32];
@@ -330,7 +362,7 @@ async fn receipts_sealed_before_sealed_receipts_had_a_type_still_replay(under: i
             .expect("insert"),
         None
     );
-    let sealed = subject.sealed(&key).await;
+    let sealed = subject.sealed(key).await;
     assert_eq!(
         sealed.get("idem:t:old").await.expect("get"),
         Some(done.clone())
@@ -347,7 +379,7 @@ async fn receipts_sealed_before_sealed_receipts_had_a_type_still_replay(under: i
     assert_eq!(listed, vec![("idem:t:old".to_string(), done)]);
     assert!(
         subject
-            .sealed(&[0x43; 32])
+            .sealed([0x43; 32])
             .await
             .get("idem:t:old")
             .await
@@ -363,6 +395,32 @@ async fn receipts_sealed_before_sealed_receipts_had_a_type_still_replay(under: i
         sealed.get("idem:t:moved").await.is_err(),
         "bound to the scope it was sealed under"
     );
+}
+
+/// With `[encryption]`, the guard seals each receipt on the way into the store and opens it
+/// on the way out; a proxy without the key cannot replay it.
+async fn receipts_are_sealed_at_rest_and_open_with_the_key(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let key = [0x24u8; 32];
+    let sealed = subject.sealed(key).await;
+    let done = record(State::Committed);
+    sealed
+        .insert_if_absent("idem:t:s", &record(State::Pending), HOUR)
+        .await
+        .expect("claim");
+    let mut claimed = sealed.get("idem:t:s").await.expect("get").expect("claimed");
+    let fence = claimed.fence();
+    claimed.state = State::Committed;
+    claimed.body.receipt = done.body.receipt.clone();
+    assert!(sealed
+        .replace("idem:t:s", &fence, &claimed, HOUR)
+        .await
+        .expect("settle"));
+    assert_eq!(
+        sealed.get("idem:t:s").await.expect("get"),
+        Some(claimed.clone())
+    );
+    assert!(subject.claims().await.get("idem:t:s").await.is_err());
 }
 
 // --- the spend port, on the same stores --------------------------------------------------
@@ -386,7 +444,8 @@ fn reservation(id: &str, amount: i64, cap: i64, now: u64) -> Reservation {
 }
 
 async fn spend_counts_once_per_operation_within_its_window(under: impl Into<Under>) {
-    let s = Subject::new(under).spend().await;
+    let subject = Subject::new(under);
+    let s = subject.spend().await;
     let t = 1_000_000u64;
     assert_eq!(
         s.reserve(&reservation("a", 60, 100, t)).await.expect("a"),
@@ -462,7 +521,8 @@ async fn spend_counts_once_per_operation_within_its_window(under: impl Into<Unde
 }
 
 async fn concurrent_reservations_never_pass_the_cap(under: impl Into<Under>) {
-    let s = Subject::new(under).spend().await;
+    let subject = Subject::new(under);
+    let s = subject.spend().await;
     let now = 5_000_000u64;
     let mut tasks = Vec::new();
     for i in 0..50 {
@@ -481,12 +541,10 @@ async fn concurrent_reservations_never_pass_the_cap(under: impl Into<Under>) {
     assert_eq!(added, 10);
 }
 
-async fn approvals_are_opened_once_and_decided_compare_and_set(under: impl Into<Under>) {
-    let s = Subject::new(under).spend().await;
-    // Times near now: listing forgets approvals a day past their expiry.
-    let t = store::now_ms();
-    let mut a = Approval {
-        id: format!("apr_conf{}", std::process::id()),
+/// A pending approval made at `t`, expiring a second later.
+fn approval(id: &str, t: u64) -> Approval {
+    Approval {
+        id: id.into(),
         route: "r".into(),
         tenant: "t".into(),
         run: "x".into(),
@@ -505,7 +563,15 @@ async fn approvals_are_opened_once_and_decided_compare_and_set(under: impl Into<
         reason: None,
         decided_ms: None,
         version: 0,
-    };
+    }
+}
+
+async fn approvals_are_opened_once_and_decided_compare_and_set(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.spend().await;
+    // Times near now: listing forgets approvals a day past their expiry.
+    let t = store::now_ms();
+    let mut a = approval(&format!("apr_conf{}", std::process::id()), t);
     let (first, opened) = s.open_approval(&a, t).await.expect("open");
     assert_eq!((opened, first.state), (Opened::New, ApprovalState::Pending));
     let mut other = a.clone();
@@ -540,6 +606,7 @@ async fn approvals_are_opened_once_and_decided_compare_and_set(under: impl Into<
 
 every_store_and_memory!(
     receipts_sealed_before_sealed_receipts_had_a_type_still_replay,
+    receipts_are_sealed_at_rest_and_open_with_the_key,
     spend_counts_once_per_operation_within_its_window,
     concurrent_reservations_never_pass_the_cap,
     approvals_are_opened_once_and_decided_compare_and_set,
@@ -557,7 +624,7 @@ every_store_and_memory!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_batched_commands_get_their_own_replies() {
     let f = StoreFixture::new(Backend::Redis);
-    let s = store::open_config(&f.store_config())
+    let s = store::open(&f.store_config(), None, Default::default())
         .await
         .expect("open store")
         .claims;
@@ -661,7 +728,7 @@ async fn sqlite_files_from_the_earlier_layout_keep_their_records() {
             .expect("old row");
         }
     }
-    let s = store::open_config(&f.store_config())
+    let s = store::open(&f.store_config(), None, Default::default())
         .await
         .expect("open store")
         .claims;

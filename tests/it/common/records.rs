@@ -24,6 +24,7 @@ pub fn record(state: State) -> Record {
                 headers: vec![("content-type".into(), "application/json".into())],
                 body: bytes::Bytes::from_static(b"{\"id\":1}"),
             }),
+            sealed_receipt: None,
             declined: false,
             attempt: 0,
             reconciled: false,
