@@ -7,8 +7,35 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::port::{decide, opening, updating, Approval, Opened, Reservation, Reserved, SpendStore};
+use super::port::{
+    decide, opening, updating, Approval, ApprovalState, Opened, Reservation, Reserved, SpendStore,
+};
 use crate::idempotency::store::StoreError;
+
+/// A pending approval `id` of a 600.00 USD payment, made at `t` and expiring a second later.
+pub fn approval(id: &str, t: u64) -> Approval {
+    Approval {
+        id: id.into(),
+        route: "r".into(),
+        tenant: "t".into(),
+        run: "x".into(),
+        amount: "600.00 USD".into(),
+        counted_minor: 60_000,
+        currency: "USD".into(),
+        method: "POST".into(),
+        path: "/v1/p".into(),
+        body: b"amount=60000&currency=usd".to_vec(),
+        body_sealed: false,
+        why: "test".into(),
+        state: ApprovalState::Pending,
+        created_ms: t,
+        expires_ms: t + 1_000,
+        decided_by: None,
+        reason: None,
+        decided_ms: None,
+        version: 0,
+    }
+}
 
 #[derive(Default)]
 pub struct MemorySpend {

@@ -26,6 +26,15 @@ pub(super) trait Cells: Sync {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
+/// `SpendStore::approval` over `cells`.
+pub(super) async fn get(cells: &impl Cells, id: &str) -> Result<Option<Approval>, StoreError> {
+    cells
+        .load(id)
+        .await?
+        .map(|raw| Approval::decode(&raw))
+        .transpose()
+}
+
 /// `SpendStore::open_approval` over `cells`.
 pub(super) async fn open(
     cells: &impl Cells,

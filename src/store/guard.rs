@@ -360,27 +360,7 @@ mod tests {
         assert_eq!(at_rest.body.receipt, None);
         assert!(at_rest.body.sealed_receipt.is_some());
 
-        let a = Approval {
-            id: "apr_1".into(),
-            route: "r".into(),
-            tenant: "t".into(),
-            run: "x".into(),
-            amount: "1.00 USD".into(),
-            counted_minor: 100,
-            currency: "USD".into(),
-            method: "POST".into(),
-            path: "/v1/p".into(),
-            body: b"amount=100".to_vec(),
-            body_sealed: false,
-            why: "test".into(),
-            state: crate::spend::port::ApprovalState::Pending,
-            created_ms: 1,
-            expires_ms: u64::MAX,
-            decided_by: None,
-            reason: None,
-            decided_ms: None,
-            version: 0,
-        };
+        let a = crate::spend::testing::approval("apr_1", 1);
         let (back, _) = approvals.open_approval(&a, 2).await.expect("open");
         assert_eq!(back, a);
         let raw = spend.approval("apr_1").await.expect("get").expect("there");

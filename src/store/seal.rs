@@ -351,27 +351,7 @@ mod tests {
     #[test]
     fn approval_bodies_are_sealed_at_rest_and_open_with_the_key_only() {
         let key = Sealer::new(&[3; 32]);
-        let a = Approval {
-            id: "apr_1".into(),
-            route: "stripe".into(),
-            tenant: "default".into(),
-            run: "r".into(),
-            amount: "600.00 USD".into(),
-            counted_minor: 60000,
-            currency: "USD".into(),
-            method: "POST".into(),
-            path: "/v1/payment_intents".into(),
-            body: b"amount=60000&currency=usd".to_vec(),
-            body_sealed: false,
-            why: "above".into(),
-            state: crate::spend::port::ApprovalState::Pending,
-            created_ms: 1,
-            expires_ms: u64::MAX,
-            decided_by: None,
-            reason: None,
-            decided_ms: None,
-            version: 0,
-        };
+        let a = crate::spend::testing::approval("apr_1", 1);
         let at_rest = seal_approval(Some(&key), &a).expect("seal").into_owned();
         assert!(at_rest.body_sealed);
         assert!(

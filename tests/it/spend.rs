@@ -197,7 +197,11 @@ async fn fifty_concurrent_payments_at_the_cap_never_pass_it(backend: Backend) {
     }
     let ok = statuses.iter().filter(|s| **s == 200).count();
     assert_eq!(ok, 10, "{statuses:?}");
-    assert_eq!(statuses.iter().filter(|s| **s == 403).count(), 40, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 403).count(),
+        40,
+        "{statuses:?}"
+    );
     assert_eq!(provider.effects(), 10, "ten dollars of one-dollar payments");
 }
 

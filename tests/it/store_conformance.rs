@@ -13,9 +13,9 @@ use idemproxy::idempotency::record::{Fence, State, Token};
 use idemproxy::idempotency::store::Clock;
 use idemproxy::idempotency::testing::MemoryStore;
 use idemproxy::spend::port::{
-    Approval, ApprovalState, CapName, Counter, Opened, Reservation, Reserved, SpendStore,
+    ApprovalState, CapName, Counter, Opened, Reservation, Reserved, SpendStore,
 };
-use idemproxy::spend::testing::MemorySpend;
+use idemproxy::spend::testing::{approval, MemorySpend};
 use idemproxy::store::{self, Expiry, Guard, Sealer, SettleSink, Store, Stores};
 
 /// What the suite runs against: a real store, or the in-memory ones.
@@ -539,31 +539,6 @@ async fn concurrent_reservations_never_pass_the_cap(under: impl Into<Under>) {
         }
     }
     assert_eq!(added, 10);
-}
-
-/// A pending approval made at `t`, expiring a second later.
-fn approval(id: &str, t: u64) -> Approval {
-    Approval {
-        id: id.into(),
-        route: "r".into(),
-        tenant: "t".into(),
-        run: "x".into(),
-        amount: "600.00 USD".into(),
-        counted_minor: 60_000,
-        currency: "USD".into(),
-        method: "POST".into(),
-        path: "/v1/p".into(),
-        body: b"{}".to_vec(),
-        body_sealed: false,
-        why: "test".into(),
-        state: ApprovalState::Pending,
-        created_ms: t,
-        expires_ms: t + 1_000,
-        decided_by: None,
-        reason: None,
-        decided_ms: None,
-        version: 0,
-    }
 }
 
 async fn approvals_are_opened_once_and_decided_compare_and_set(under: impl Into<Under>) {

@@ -69,6 +69,22 @@ async fn own(tx: &Transaction<'_>, counter: &str, id: &str) -> Result<i64, Store
         .unwrap_or(0))
 }
 
+/// Serialises every proxy's work on these counters until the transaction ends; the locks are
+/// taken in one order, so two requests never hold one each and wait for the other's.
+async fn lock(tx: &Transaction<'_>, counters: &[String]) -> Result<(), StoreError> {
+    let mut ordered: Vec<&String> = counters.iter().collect();
+    ordered.sort();
+    for k in ordered {
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+            &[k],
+        )
+        .await
+        .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
 impl PostgresStore {
     fn counter(&self, key: &str) -> String {
         format!("{}:{key}", self.namespace)
@@ -127,16 +143,7 @@ impl SpendStore for PostgresStore {
         let mut client = self.conn.client().await?;
         let tx = client.transaction().await.map_err(unavailable)?;
         let keys: Vec<String> = r.counters.iter().map(|c| self.counter(&c.key)).collect();
-        let mut locked = keys.clone();
-        locked.sort();
-        for k in &locked {
-            tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                &[k],
-            )
-            .await
-            .map_err(unavailable)?;
-        }
+        lock(&tx, &keys).await?;
         let existing: Option<i64> = match keys.first() {
             Some(k) => tx
                 .query_opt(
@@ -187,16 +194,8 @@ impl SpendStore for PostgresStore {
     async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
         let mut client = self.conn.client().await?;
         let tx = client.transaction().await.map_err(unavailable)?;
-        let mut keys: Vec<String> = counters.iter().map(|c| self.counter(c)).collect();
-        keys.sort();
-        for k in &keys {
-            tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                &[k],
-            )
-            .await
-            .map_err(unavailable)?;
-        }
+        let keys: Vec<String> = counters.iter().map(|c| self.counter(c)).collect();
+        lock(&tx, &keys).await?;
         for k in &keys {
             let back = own(&tx, k, id).await?;
             add_total(&tx, k, -back).await?;
@@ -233,10 +232,7 @@ impl SpendStore for PostgresStore {
     }
 
     async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
-        self.load(id)
-            .await?
-            .map(|raw| Approval::decode(&raw))
-            .transpose()
+        approvals::get(self, id).await
     }
 
     async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {

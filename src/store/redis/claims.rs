@@ -14,16 +14,21 @@ use super::RedisStore;
 use crate::idempotency::record::{Fence, Record, State};
 use crate::idempotency::store::{Expiry, SettleSink, Store, StoreError};
 
-// Both scripts read only the 33-byte `state+token` header the fence compares (GETRANGE; a
-// missing key reads as "", which no fence admits), not the whole record with its receipt.
-// KEYS[1] scope; ARGV[1] token, ARGV[2] admitted state codes, ARGV[3] new value, ARGV[4] px (0 = keep forever).
-static REPLACE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r#"
+// Both scripts first read only the 33-byte `state+token` header the fence compares
+// (GETRANGE; a missing key reads as "", which no fence admits), not the whole record with its
+// receipt. KEYS[1] scope; ARGV[1] token, ARGV[2] admitted state codes.
+const FENCE: &str = r#"
 local cur = redis.call('GETRANGE', KEYS[1], 0, 32)
 if not cur or string.sub(cur, 2, 33) ~= ARGV[1] or not string.find(ARGV[2], string.sub(cur, 1, 1), 1, true) then
   return 0
 end
+"#;
+
+// ARGV[3] new value, ARGV[4] px (0 = keep forever).
+static REPLACE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{FENCE}{}",
+        r#"
 if ARGV[4] == '0' then
   redis.call('SET', KEYS[1], ARGV[3])
 else
@@ -31,23 +36,17 @@ else
 end
 return 1
 "#
-        .into(),
-    )
+    ))
 });
 
-// KEYS[1] scope; ARGV[1] token, ARGV[2] admitted state codes.
 static REMOVE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    Lua::new(format!(
+        "{FENCE}{}",
         r#"
-local cur = redis.call('GETRANGE', KEYS[1], 0, 32)
-if not cur or string.sub(cur, 2, 33) ~= ARGV[1] or not string.find(ARGV[2], string.sub(cur, 1, 1), 1, true) then
-  return 0
-end
 redis.call('DEL', KEYS[1])
 return 1
 "#
-        .into(),
-    )
+    ))
 });
 
 /// Every string in a reply, however nested (a cluster answers INFO per node).

@@ -221,10 +221,7 @@ impl SpendStore for RedisStore {
     }
 
     async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
-        self.load(id)
-            .await?
-            .map(|raw| Approval::decode(&raw))
-            .transpose()
+        approvals::get(self, id).await
     }
 
     async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
