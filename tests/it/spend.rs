@@ -485,6 +485,19 @@ async fn bad_amounts_and_runs_are_refused_with_nothing_forwarded(backend: Backen
     assert_eq!(provider.effects(), 0);
 }
 
+/// Operators list UNKNOWN claims on a store that also holds budgets: on Redis the scan met
+/// spend's sorted sets and hashes in the namespace and the list failed (503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_list_claims_beside_budgets_on_redis() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Redis);
+    let proxy = start(&store, &pay_route(&provider, "per_run = \"100.00\""), "");
+    assert_eq!(pay(&proxy, "k1", "r1", "1000", "usd").await.status, 200);
+    let listed = admin(&proxy, "GET", "/v1/keys?state=unknown", "").await;
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    assert_eq!(provider.effects(), 1);
+}
+
 /// Spend's store operations are timed like the claims': a store slow on reservations or
 /// approvals shows in `idemproxy_store_operation_duration_seconds{op}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

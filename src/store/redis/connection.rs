@@ -17,7 +17,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
-use self::autopipeline::{server_error, AutoPipeline, NOT_REPLICATED};
+use self::autopipeline::{server_error, AutoPipeline, Connections as _, NOT_REPLICATED};
 pub(in crate::store) use self::autopipeline::{Effect, Wait};
 use self::cluster::ClusterRecipe;
 use self::sentinel::SentinelSetup;
@@ -220,7 +220,6 @@ impl Connection {
     pub(super) async fn direct<T: FromRedisValue>(&self, cmd: Cmd) -> Result<T, StoreError> {
         let value = match &self.link {
             Link::Node { node, .. } => {
-                use self::autopipeline::Connections as _;
                 let mut conn = node.current().map_err(unavailable)?;
                 conn.req_packed_command(&cmd).await
             }
