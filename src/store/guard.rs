@@ -16,7 +16,8 @@ use crate::idempotency::store::{Expiry, SettleSink, Store, StoreError};
 use crate::metrics::{Metrics, StoreOp};
 use crate::spend::port::{Approval, Opened, Reservation, Reserved, SpendStore};
 
-/// Every store operation, as the metrics label it.
+/// Every store operation, as the metrics label it. (`Approvals` stays last: it sizes the
+/// table of series.)
 #[derive(Debug, Clone, Copy)]
 enum Op {
     Insert,
@@ -36,7 +37,7 @@ enum Op {
 }
 
 impl Op {
-    const COUNT: usize = 14;
+    const COUNT: usize = Op::Approvals as usize + 1;
 
     fn label(self) -> &'static str {
         match self {

@@ -6,10 +6,10 @@
 //! timing, sealing) and hands out both ports. docs/stores.md compares the backends.
 
 mod approvals;
-pub mod guard;
+mod guard;
 mod postgres;
 mod redis;
-pub mod seal;
+mod seal;
 mod sqlite;
 mod tls;
 
