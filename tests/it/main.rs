@@ -6,6 +6,7 @@
 mod common;
 
 mod chaos;
+mod console;
 mod core;
 mod deploy_files;
 mod derived_keys;
