@@ -496,6 +496,10 @@ async fn held_outcomes_released_or_attested_change_the_next_retry(backend: Backe
     );
     let mut oscar = Operator::new(proxy.admin.expect("admin"));
     oscar.login("oscar").await;
+    // Spend keeps approvals and counters in the same store namespace as claims: listing the
+    // held claims must step over them.
+    pay(&proxy, "park-1", "r", "60000", "parked beside the claims").await;
+    one_pending(&proxy).await;
 
     // Released: the retry executes again (a second effect).
     held(&proxy, &provider, "rel-1").await;

@@ -233,7 +233,8 @@ fn secure(resp: &mut Response<Body>) {
         HeaderValue::from_static("nosniff"),
     );
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
-    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    // Not `no-referrer`: under it browsers send `Origin: null` with the console's own forms.
+    h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     h.insert(
         "cross-origin-opener-policy",
         HeaderValue::from_static("same-origin"),
