@@ -622,8 +622,53 @@ async fn check_config_warns_when_the_admin_listener_shares_the_workers_interface
     assert!(!apart.contains("shares an interface"), "{apart}");
 }
 
+/// `[admin] tls_cert`: the console over HTTPS, its session cookie marked `Secure`; a
+/// client that does not trust the certificate gets nowhere.
+async fn the_admin_listener_speaks_tls_and_marks_cookies_secure() {
+    let pki = crate::common::pki::TestPki::new("admin-tls-ca");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stem = dir.path().join("admin");
+    pki.write_leaf(&["127.0.0.1"], &stem);
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let proxy = start(
+        &store,
+        &pay_route(&provider, "100ms", ""),
+        &format!(
+            "tls_cert = \"{}\"\ntls_key = \"{}\"",
+            stem.with_extension("pem").display(),
+            stem.with_extension("key").display()
+        ),
+        "",
+    );
+    let url = format!("https://{}/console/login", proxy.admin.expect("admin"));
+    let curl = |extra: &[&str]| {
+        std::process::Command::new("curl")
+            .args(["-sS", "-o", "/dev/null", "-D", "-", "--max-time", "10"])
+            .args(extra)
+            .arg(&url)
+            .output()
+            .expect("curl")
+    };
+    let login = format!("token={}", token("ana"));
+    let out = curl(&["--cacert", &pki.ca_path().display().to_string(), "--data", &login]);
+    let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 303"), "{head}");
+    let cookie = head.lines().find(|l| l.starts_with("set-cookie:")).unwrap_or_default();
+    assert!(cookie.contains("; secure") && cookie.contains("httponly"), "{cookie}");
+    let untrusted = curl(&[]);
+    assert!(!untrusted.status.success(), "a client without the CA is refused");
+    let plain = send(proxy.admin.expect("admin"), "GET", "/healthz", &[], "").await;
+    assert!(plain.is_err() || plain.is_ok_and(|r| r.status != 200), "no plain HTTP on a TLS listener");
+}
+
 mod sqlite {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_admin_listener_speaks_tls_and_marks_cookies_secure() {
+        super::the_admin_listener_speaks_tls_and_marks_cookies_secure().await
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn roles_and_four_eyes() {
