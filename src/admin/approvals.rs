@@ -179,41 +179,8 @@ pub(super) async fn decide(
     let reason = reason
         .map(|r| r.trim().to_string())
         .filter(|r| !r.is_empty());
-    let mut decided = current.clone();
-    let first_of_two = to == ApprovalState::Approved && admin.access.needs_two(&current.amount);
-    if first_of_two {
-        if who.shared {
-            return Err(Problem::new(
-                StatusCode::FORBIDDEN,
-                "four-eyes-needs-names",
-                format!("Approval {id} ({}) needs two different approvers, and the shared admin token cannot tell people apart: approve with a named token ([[admin.tokens]]).", current.amount),
-            ));
-        }
-        match &current.first_approval {
-            Some(first) if first.by == by => {
-                return Err(Problem::new(
-                    StatusCode::CONFLICT,
-                    "four-eyes",
-                    format!("Approval {id} ({}) needs a second approver other than {by}, who approved first: nothing was changed.", current.amount),
-                ))
-            }
-            Some(_) => {}
-            None => {
-                decided.first_approval = Some(FirstApproval {
-                    by: by.to_string(),
-                    at_ms: now,
-                    reason: reason.clone(),
-                })
-            }
-        }
-    }
-    let waits_for_second = first_of_two && current.first_approval.is_none();
-    if !waits_for_second {
-        decided.state = to;
-        decided.decided_by = Some(by.to_string());
-        decided.reason = reason.clone();
-        decided.decided_ms = Some(now);
-    }
+    let (decided, waits_for_second) =
+        decision_on(admin, who, by, &current, reason.clone(), to, now)?;
     match gate.store().update_approval(&decided).await {
         Ok(true) => {}
         Ok(false) => {
@@ -245,6 +212,53 @@ pub(super) async fn decide(
     admin.app.metrics.approval(&decided.route, label);
     tracing::info!(approval = %decided.id, route = %decided.route, run = %decided.run, amount = %decided.amount, by = %by, reason = decided.reason.as_deref(), "{label}");
     Ok(Decided::Final(decided))
+}
+
+/// `current` with the decision applied: approved or denied, or — four eyes — only the
+/// first approval recorded (then `true`: a second approver must follow).
+fn decision_on(
+    admin: &Admin,
+    who: &Principal,
+    by: &str,
+    current: &Approval,
+    reason: Option<String>,
+    to: ApprovalState,
+    now: u64,
+) -> Result<(Approval, bool), Problem> {
+    let id = &current.id;
+    let mut decided = current.clone();
+    if to == ApprovalState::Approved && admin.access.needs_two(&current.amount) {
+        if who.shared {
+            return Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                "four-eyes-needs-names",
+                format!("Approval {id} ({}) needs two different approvers, and the shared admin token cannot tell people apart: approve with a named token ([[admin.tokens]]).", current.amount),
+            ));
+        }
+        match &current.first_approval {
+            Some(first) if first.by == by => {
+                return Err(Problem::new(
+                    StatusCode::CONFLICT,
+                    "four-eyes",
+                    format!("Approval {id} ({}) needs a second approver other than {by}, who approved first: nothing was changed.", current.amount),
+                ))
+            }
+            Some(_) => {}
+            None => {
+                decided.first_approval = Some(FirstApproval {
+                    by: by.to_string(),
+                    at_ms: now,
+                    reason,
+                });
+                return Ok((decided, true));
+            }
+        }
+    }
+    decided.state = to;
+    decided.decided_by = Some(by.to_string());
+    decided.reason = reason;
+    decided.decided_ms = Some(now);
+    Ok((decided, false))
 }
 
 pub(super) fn state_name(a: &Approval, now: u64) -> &'static str {

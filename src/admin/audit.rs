@@ -9,6 +9,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::access::Principal;
+use crate::idempotency::record::ResolvedBy;
 use crate::proxy::announce::Webhook;
 use crate::spend::port::Approval;
 
@@ -119,5 +120,35 @@ pub fn about_approval(
         amount: Some(a.amount.clone()),
         bound_fingerprint: approval_fingerprint(a),
         detail: None,
+    }
+}
+
+/// An event about a held claim resolved by `who` (`how`: released or attested).
+pub fn about_claim(
+    who: &Principal,
+    via: &'static str,
+    scope: &str,
+    route: &str,
+    fingerprint: String,
+    r: &ResolvedBy,
+) -> AuditEvent {
+    AuditEvent {
+        event: if r.how == "released" {
+            "claim.released"
+        } else {
+            "claim.attested"
+        },
+        by: r.by.clone(),
+        role: who.role.as_str(),
+        via,
+        at_ms: r.at_ms,
+        why: r.why.clone(),
+        subject: scope.to_string(),
+        route: route.to_string(),
+        tenant: scope.split(':').nth(1).unwrap_or("").to_string(),
+        run: None,
+        amount: None,
+        bound_fingerprint: fingerprint,
+        detail: r.object.as_ref().map(|o| format!("provider object {o}")),
     }
 }

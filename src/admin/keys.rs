@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 
 use super::access::{Principal, Role};
-use super::audit::AuditEvent;
+use super::audit;
 use super::{json, problem, require, Admin};
 use crate::http::body::{read_limited, Body};
 use crate::http::problem::Problem;
@@ -270,28 +270,7 @@ pub(super) async fn resolve_held(
     token: &str,
     held: HeldDecision,
 ) -> Result<&'static str, Problem> {
-    let object = match held
-        .object
-        .as_deref()
-        .map(str::trim)
-        .filter(|o| !o.is_empty())
-    {
-        Some(o)
-            if o.len() <= 255
-                && o.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b)) =>
-        {
-            Some(o.to_string())
-        }
-        Some(_) => {
-            return Err(Problem::new(
-                StatusCode::BAD_REQUEST,
-                "bad-request",
-                "object: a provider object id is 1-255 letters, digits, `_`, `-`, `.` or `:`",
-            ))
-        }
-        None => None,
-    };
+    let object = object_id(held.object.as_deref())?;
     let why = held
         .why
         .map(|w| w.trim().to_string())
@@ -320,6 +299,7 @@ pub(super) async fn resolve_held(
         why: why.clone(),
         object: object.clone(),
     };
+    let resolved_by_copy = resolved_by.clone();
     let retention = |route: &str| retention_of(admin, route);
     match admin
         .app
@@ -330,25 +310,15 @@ pub(super) async fn resolve_held(
         Ok(Resolved::Done { route }) => {
             admin.app.metrics.unknown_resolved(&route, "operator");
             tracing::info!(scope, action, by, "operator resolved an UNKNOWN claim");
-            admin.audit.record(&AuditEvent {
-                event: if action == "released" {
-                    "claim.released"
-                } else {
-                    "claim.attested"
-                },
-                by: by.to_string(),
-                role: who.role.as_str(),
+            let fingerprint = record.map(|r| r.body.fingerprint).unwrap_or_default();
+            admin.audit.record(&audit::about_claim(
+                who,
                 via,
-                at_ms: now,
-                why,
-                subject: scope.to_string(),
-                tenant: scope.split(':').nth(1).unwrap_or("").to_string(),
-                route,
-                run: None,
-                amount: None,
-                bound_fingerprint: record.map(|r| r.body.fingerprint).unwrap_or_default(),
-                detail: object.map(|o| format!("provider object {o}")),
-            });
+                scope,
+                &route,
+                fingerprint,
+                &resolved_by_copy,
+            ));
             Ok(action)
         }
         Ok(Resolved::Changed(now)) => Err(changed_problem(scope, &now)),
@@ -357,6 +327,25 @@ pub(super) async fn resolve_held(
             StatusCode::SERVICE_UNAVAILABLE,
             "store-unavailable",
             format!("{e}. Nothing was changed; try again."),
+        )),
+    }
+}
+
+/// A provider object id as an operator typed it: `None` when blank.
+fn object_id(given: Option<&str>) -> Result<Option<String>, Problem> {
+    match given.map(str::trim).filter(|o| !o.is_empty()) {
+        None => Ok(None),
+        Some(o)
+            if o.len() <= 255
+                && o.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b)) =>
+        {
+            Ok(Some(o.to_string()))
+        }
+        Some(_) => Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "object: a provider object id is 1-255 letters, digits, `_`, `-`, `.` or `:`",
         )),
     }
 }

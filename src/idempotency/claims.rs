@@ -824,7 +824,7 @@ impl Claims {
                 body.receipt = Some(receipt);
                 body.note = Some(format!("receipt committed by {} at {} ms", by.by, by.at_ms));
                 body.settled_ms = by.at_ms;
-                body.resolved = Some(by);
+                body.resolved = Some(Box::new(by));
                 let record = Record {
                     state: State::Committed,
                     token: Token::random(),

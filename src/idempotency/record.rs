@@ -156,7 +156,7 @@ pub struct RecordBody {
     pub settled_ms: u64,
     /// Who resolved a held outcome, when, how and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolved: Option<ResolvedBy>,
+    pub resolved: Option<Box<ResolvedBy>>,
 }
 
 /// A person's (or a lookup's) resolution of a held outcome, kept with the receipt.
@@ -331,13 +331,13 @@ mod tests {
                 attempt: 3,
                 reconciled: true,
                 settled_ms: 5,
-                resolved: Some(ResolvedBy {
+                resolved: Some(Box::new(ResolvedBy {
                     by: "ana".into(),
                     at_ms: 6,
                     how: "attested".into(),
                     why: Some("seen in the dashboard".into()),
                     object: Some("ch_1".into()),
-                }),
+                })),
             },
         };
         let enc = r.encode();

@@ -651,15 +651,32 @@ async fn the_admin_listener_speaks_tls_and_marks_cookies_secure() {
             .expect("curl")
     };
     let login = format!("token={}", token("ana"));
-    let out = curl(&["--cacert", &pki.ca_path().display().to_string(), "--data", &login]);
+    let out = curl(&[
+        "--cacert",
+        &pki.ca_path().display().to_string(),
+        "--data",
+        &login,
+    ]);
     let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 303"), "{head}");
-    let cookie = head.lines().find(|l| l.starts_with("set-cookie:")).unwrap_or_default();
-    assert!(cookie.contains("; secure") && cookie.contains("httponly"), "{cookie}");
+    let cookie = head
+        .lines()
+        .find(|l| l.starts_with("set-cookie:"))
+        .unwrap_or_default();
+    assert!(
+        cookie.contains("; secure") && cookie.contains("httponly"),
+        "{cookie}"
+    );
     let untrusted = curl(&[]);
-    assert!(!untrusted.status.success(), "a client without the CA is refused");
+    assert!(
+        !untrusted.status.success(),
+        "a client without the CA is refused"
+    );
     let plain = send(proxy.admin.expect("admin"), "GET", "/healthz", &[], "").await;
-    assert!(plain.is_err() || plain.is_ok_and(|r| r.status != 200), "no plain HTTP on a TLS listener");
+    assert!(
+        plain.is_err() || plain.is_ok_and(|r| r.status != 200),
+        "no plain HTTP on a TLS listener"
+    );
 }
 
 mod sqlite {

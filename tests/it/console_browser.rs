@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use crate::common::fakes::stripe::FakeStripe;
 use crate::common::pki::TestPki;
 use crate::common::provider::FakeProvider;
-use crate::common::proxy::{route, Proxy, StoreFixture};
+use crate::common::proxy::{Proxy, StoreFixture};
 use crate::common::{eventually_async, Backend};
 use crate::console::{self, held, one_pending, pay, pending, retry, token, PROBE};
 use crate::console_webdriver::{artefact, Browser, Driver};
@@ -78,7 +78,11 @@ async fn axe(b: &Browser<'_>) -> Vec<String> {
         .await;
     found
         .as_array()
-        .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -94,7 +98,12 @@ async fn visit(b: &Browser<'_>, url: &str, shot: &str) -> f64 {
 
 /// Waits (without reloading) until the page shows an item with this id.
 async fn shows(b: &Browser<'_>, css: &str) {
-    eventually_async(&format!("the page shows {css} without a reload"), Duration::from_secs(15), || b.find(css)).await;
+    eventually_async(
+        &format!("the page shows {css} without a reload"),
+        Duration::from_secs(15),
+        || b.find(css),
+    )
+    .await;
 }
 
 async fn post_status(b: &Browser<'_>, path: &str, body: &str, cookies: bool) -> i64 {
@@ -140,7 +149,10 @@ async fn an_operator_decides_in_the_browser_on_one_replica_what_agents_wait_for_
     .await;
     let t = visit(&ana, &console_url("/console/"), "waiting-empty.png").await;
     timings.push(format!("landing page load (empty): {t:.0} ms"));
-    assert!(ana.find(".empty").await.is_some(), "the empty state says so");
+    assert!(
+        ana.find(".empty").await.is_some(),
+        "the empty state says so"
+    );
 
     // A charge above the threshold, by the Stripe SDK through the other replica: parked.
     let tool = stripe_tool(&agents, "inv-9001", "15000");
@@ -155,32 +167,54 @@ async fn an_operator_decides_in_the_browser_on_one_replica_what_agents_wait_for_
     ana.click(&format!("#{id} button[value=approve]")).await;
     let out = tool_output(tool).await;
     let click_to_return = clicked.elapsed();
-    timings.push(format!("approve click to the SDK call returning: {} ms", click_to_return.as_millis()));
+    timings.push(format!(
+        "approve click to the SDK call returning: {} ms",
+        click_to_return.as_millis()
+    ));
     assert!(out.get("charge").is_some(), "{out}");
     assert_eq!(stripe.charges().len(), 1, "one charge for one approval");
-    eventually_async("the flash says approved", Duration::from_secs(10), || async {
-        ana.find(".flash").await
-    })
+    eventually_async(
+        "the flash says approved",
+        Duration::from_secs(10),
+        || async { ana.find(".flash").await },
+    )
     .await;
 
     // Denied with a reason (two actions): the SDK raises the error the agent sees.
     let tool = stripe_tool(&agents, "inv-9002", "20000");
     let id = eventually_async("a second approval", Duration::from_secs(10), || async {
-        pending(&agents).await.iter().find_map(|a| a["id"].as_str().filter(|i| *i != id).map(String::from))
+        pending(&agents)
+            .await
+            .iter()
+            .find_map(|a| a["id"].as_str().filter(|i| *i != id).map(String::from))
     })
     .await;
     shows(&ana, &format!("#{id}")).await;
-    ana.type_into(&format!("#reason-{id}"), "not an approved vendor").await;
+    ana.type_into(&format!("#reason-{id}"), "not an approved vendor")
+        .await;
     ana.click(&format!("#{id} button[value=deny]")).await;
     let out = tool_output(tool).await;
     assert_eq!(out["http_status"], 403, "{out}");
-    assert!(out["message"].as_str().unwrap_or_default().contains("not an approved vendor"), "{out}");
-    assert_eq!(stripe.charges().len(), 1, "the denied charge never reached Stripe");
+    assert!(
+        out["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not an approved vendor"),
+        "{out}"
+    );
+    assert_eq!(
+        stripe.charges().len(),
+        1,
+        "the denied charge never reached Stripe"
+    );
 
     // The XSS probe: an agent-written body on the approver's screen stays text.
     pay(&agents, "xss-b", "r", "70000", PROBE).await;
     let xss = eventually_async("the probe's approval", Duration::from_secs(10), || async {
-        pending(&agents).await.first().and_then(|a| a["id"].as_str().map(String::from))
+        pending(&agents)
+            .await
+            .first()
+            .and_then(|a| a["id"].as_str().map(String::from))
     })
     .await;
     ana.goto(&console_url("/console/")).await;
@@ -195,9 +229,18 @@ async fn an_operator_decides_in_the_browser_on_one_replica_what_agents_wait_for_
         .await;
     assert_eq!(injected, 0, "no element came from the probe");
     let shown = ana
-        .script(&format!("return document.getElementById('{xss}').innerText;"), json!([]))
+        .script(
+            &format!("return document.getElementById('{xss}').innerText;"),
+            json!([]),
+        )
         .await;
-    assert!(shown.as_str().unwrap_or_default().contains("<script>alert('xss')</script>"), "{shown}");
+    assert!(
+        shown
+            .as_str()
+            .unwrap_or_default()
+            .contains("<script>alert('xss')</script>"),
+        "{shown}"
+    );
     ana.screenshot(&artefact("xss-probe.png")).await;
 
     // Held outcomes, resolved in the browser both ways; the next retry shows which.
@@ -209,27 +252,61 @@ async fn an_operator_decides_in_the_browser_on_one_replica_what_agents_wait_for_
     let effects = provider.effects();
     oscar.goto(&console_url("/console/")).await;
     let release = "form[action='/console/held/release']";
-    oscar.type_into(&format!("{release} input[name=reason]"), "provider shows no such order").await;
+    oscar
+        .type_into(
+            &format!("{release} input[name=reason]"),
+            "provider shows no such order",
+        )
+        .await;
     oscar.click(&format!("{release} button")).await;
-    eventually_async("released", Duration::from_secs(10), || async { oscar.find(".flash").await }).await;
+    eventually_async("released", Duration::from_secs(10), || async {
+        oscar.find(".flash").await
+    })
+    .await;
     assert_eq!(retry(&agents, "b-rel").await.status, 200);
-    assert_eq!(provider.effects(), effects + 1, "released: the retry executed");
+    assert_eq!(
+        provider.effects(),
+        effects + 1,
+        "released: the retry executed"
+    );
 
     held(&agents, &provider, "b-att").await;
     let effects = provider.effects();
     oscar.goto(&console_url("/console/")).await;
     oscar.click("#held details summary").await;
     let attest = "form[action='/console/held/attest']";
-    oscar.type_into(&format!("{attest} input[name=object]"), "ord_777").await;
-    oscar.type_into(&format!("{attest} input[name=reason]"), "seen in the provider dashboard").await;
-    oscar.type_into(&format!("{attest} textarea"), r#"{"id":"ord_777"}"#).await;
+    oscar
+        .type_into(&format!("{attest} input[name=object]"), "ord_777")
+        .await;
+    oscar
+        .type_into(
+            &format!("{attest} input[name=reason]"),
+            "seen in the provider dashboard",
+        )
+        .await;
+    oscar
+        .type_into(&format!("{attest} textarea"), r#"{"id":"ord_777"}"#)
+        .await;
     oscar.screenshot(&artefact("held-attest.png")).await;
     oscar.click(&format!("{attest} button")).await;
-    eventually_async("committed", Duration::from_secs(10), || async { oscar.find(".flash").await }).await;
+    eventually_async("committed", Duration::from_secs(10), || async {
+        oscar.find(".flash").await
+    })
+    .await;
     let replay = retry(&agents, "b-att").await;
-    assert_eq!((replay.status, replay.text()), (200, r#"{"id":"ord_777"}"#.to_string()));
-    assert!(replay.header("idempotent-receipt-source").unwrap_or_default().contains("by=\"oscar\""));
-    assert_eq!(provider.effects(), effects, "attested: nothing executed again");
+    assert_eq!(
+        (replay.status, replay.text()),
+        (200, r#"{"id":"ord_777"}"#.to_string())
+    );
+    assert!(replay
+        .header("idempotent-receipt-source")
+        .unwrap_or_default()
+        .contains("by=\"oscar\""));
+    assert_eq!(
+        provider.effects(),
+        effects,
+        "attested: nothing executed again"
+    );
 
     // The other pages, each checked and kept.
     let lookup = form_urlencoded::Serializer::new(String::new())
@@ -237,10 +314,25 @@ async fn an_operator_decides_in_the_browser_on_one_replica_what_agents_wait_for_
         .append_pair("tenant", "default")
         .append_pair("key", "b-att")
         .finish();
-    let t = visit(&oscar, &console_url(&format!("/console/keys?{lookup}")), "keys.png").await;
+    let t = visit(
+        &oscar,
+        &console_url(&format!("/console/keys?{lookup}")),
+        "keys.png",
+    )
+    .await;
     timings.push(format!("key lookup page load: {t:.0} ms"));
-    let text = oscar.script("return document.querySelector('main').innerText;", json!([])).await;
-    assert!(text.as_str().unwrap_or_default().contains("resolved: attested (provider object ord_777)"), "{text}");
+    let text = oscar
+        .script(
+            "return document.querySelector('main').innerText;",
+            json!([]),
+        )
+        .await;
+    assert!(
+        text.as_str()
+            .unwrap_or_default()
+            .contains("resolved: attested (provider object ord_777)"),
+        "{text}"
+    );
     let t = visit(&oscar, &console_url("/console/overview"), "overview.png").await;
     timings.push(format!("overview page load: {t:.0} ms"));
     let t = visit(&oscar, &console_url("/console/spend"), "spend.png").await;
@@ -248,24 +340,52 @@ async fn an_operator_decides_in_the_browser_on_one_replica_what_agents_wait_for_
 
     // A viewer, on a phone-sized screen: sees the queue, cannot approve.
     let vic = driver.browser(390, 844).await;
-    vic.goto(&format!("{}/console/login", agents.admin_url())).await;
+    vic.goto(&format!("{}/console/login", agents.admin_url()))
+        .await;
     vic.type_into("#token", token("vic")).await;
     vic.click("button[type=submit]").await;
     shows(&vic, &format!("#{xss}")).await;
-    assert!(vic.find("button[value=approve]").await.is_none(), "no approve button for a viewer");
-    let csrf = vic.script("return document.querySelector('input[name=csrf]').value;", json!([])).await;
-    let body = format!("id={xss}&decision=approve&csrf={}", csrf.as_str().unwrap_or_default());
-    assert_eq!(post_status(&vic, "/console/approvals/decide", &body, true).await, 403);
+    assert!(
+        vic.find("button[value=approve]").await.is_none(),
+        "no approve button for a viewer"
+    );
+    let csrf = vic
+        .script(
+            "return document.querySelector('input[name=csrf]').value;",
+            json!([]),
+        )
+        .await;
+    let body = format!(
+        "id={xss}&decision=approve&csrf={}",
+        csrf.as_str().unwrap_or_default()
+    );
+    assert_eq!(
+        post_status(&vic, "/console/approvals/decide", &body, true).await,
+        403
+    );
     vic.screenshot(&artefact("waiting-phone.png")).await;
-    assert_eq!(pending(&agents).await.len(), 1, "the probe's approval still waits");
+    assert_eq!(
+        pending(&agents).await.len(),
+        1,
+        "the probe's approval still waits"
+    );
 
     // Without the CSRF token, or without the cookie: refused.
     let no_csrf = format!("id={xss}&decision=approve");
-    assert_eq!(post_status(&ana, "/console/approvals/decide", &no_csrf, true).await, 403);
-    assert_eq!(post_status(&ana, "/console/approvals/decide", &body, false).await, 401);
+    assert_eq!(
+        post_status(&ana, "/console/approvals/decide", &no_csrf, true).await,
+        403
+    );
+    assert_eq!(
+        post_status(&ana, "/console/approvals/decide", &body, false).await,
+        401
+    );
     ana.delete_cookies().await;
     ana.goto(&console_url("/console/")).await;
-    assert!(ana.url().await.ends_with("/console/login"), "no cookie: the login page");
+    assert!(
+        ana.url().await.ends_with("/console/login"),
+        "no cookie: the login page"
+    );
     assert_eq!(pending(&agents).await.len(), 1);
 
     let report = timings.join("\n");

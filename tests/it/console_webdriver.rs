@@ -39,7 +39,10 @@ impl Driver {
             _profiles: tempfile::tempdir().expect("tempdir"),
         };
         eventually_async("chromedriver answers", Duration::from_secs(20), || async {
-            d.call("GET", "/status", None).await.ok().filter(|v| v["value"]["ready"] == true)
+            d.call("GET", "/status", None)
+                .await
+                .ok()
+                .filter(|v| v["value"]["ready"] == true)
         })
         .await;
         d
@@ -66,7 +69,10 @@ impl Driver {
 
     /// A new browser: headless Chromium with its own fresh profile, `width` × `height`.
     pub async fn browser(&self, width: u32, height: u32) -> Browser<'_> {
-        let profile = self._profiles.path().join(format!("p{}", rand::random::<u32>()));
+        let profile = self
+            ._profiles
+            .path()
+            .join(format!("p{}", rand::random::<u32>()));
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
@@ -80,11 +86,20 @@ impl Driver {
                 ],
             },
         }}});
-        let v = self.call("POST", "/session", Some(caps)).await.expect("a browser session");
-        let id = v["value"]["sessionId"].as_str().expect("session id").to_string();
+        let v = self
+            .call("POST", "/session", Some(caps))
+            .await
+            .expect("a browser session");
+        let id = v["value"]["sessionId"]
+            .as_str()
+            .expect("session id")
+            .to_string();
         let b = Browser { driver: self, id };
-        b.post("/timeouts", json!({"script": 30_000, "pageLoad": 30_000, "implicit": 0}))
-            .await;
+        b.post(
+            "/timeouts",
+            json!({"script": 30_000, "pageLoad": 30_000, "implicit": 0}),
+        )
+        .await;
         b
     }
 }
@@ -141,7 +156,12 @@ impl Browser<'_> {
     }
 
     pub async fn element(&self, css: &str) -> String {
-        eventually_async(&format!("an element `{css}`"), Duration::from_secs(10), || self.find(css)).await
+        eventually_async(
+            &format!("an element `{css}`"),
+            Duration::from_secs(10),
+            || self.find(css),
+        )
+        .await
     }
 
     pub async fn click(&self, css: &str) {
@@ -151,15 +171,20 @@ impl Browser<'_> {
 
     pub async fn type_into(&self, css: &str, text: &str) {
         let e = self.element(css).await;
-        self.post(&format!("/element/{e}/value"), json!({"text": text})).await;
+        self.post(&format!("/element/{e}/value"), json!({"text": text}))
+            .await;
     }
 
     pub async fn script(&self, script: &str, args: Value) -> Value {
-        self.post("/execute/sync", json!({"script": script, "args": args})).await["value"].clone()
+        self.post("/execute/sync", json!({"script": script, "args": args}))
+            .await["value"]
+            .clone()
     }
 
     pub async fn script_async(&self, script: &str, args: Value) -> Value {
-        self.post("/execute/async", json!({"script": script, "args": args})).await["value"].clone()
+        self.post("/execute/async", json!({"script": script, "args": args}))
+            .await["value"]
+            .clone()
     }
 
     /// The text of an open alert, if a script opened one.
@@ -171,13 +196,20 @@ impl Browser<'_> {
 
     pub async fn delete_cookies(&self) {
         let full = format!("/session/{}/cookie", self.id);
-        self.driver.call("DELETE", &full, None).await.expect("delete cookies");
+        self.driver
+            .call("DELETE", &full, None)
+            .await
+            .expect("delete cookies");
     }
 
     /// A PNG of the viewport, written to `path`.
     pub async fn screenshot(&self, path: &Path) {
         let full = format!("/session/{}/screenshot", self.id);
-        let v = self.driver.call("GET", &full, None).await.expect("screenshot");
+        let v = self
+            .driver
+            .call("GET", &full, None)
+            .await
+            .expect("screenshot");
         let png = base64::engine::general_purpose::STANDARD
             .decode(v["value"].as_str().unwrap_or_default())
             .expect("base64 PNG");

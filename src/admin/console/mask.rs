@@ -159,7 +159,7 @@ fn luhn(d: &str) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 fn mask_number(d: &str) -> String {

@@ -74,7 +74,17 @@ pub(super) async fn handle(admin: &Admin, req: Request<Incoming>, peer: IpAddr) 
     if method != Method::POST {
         return text(StatusCode::METHOD_NOT_ALLOWED, "use GET or POST");
     }
-    // Every POST: a session, a same-origin request, and the session's CSRF token.
+    act(admin, req, session, &path).await
+}
+
+/// A form's action. Every one needs a session, a same-origin request, and the session's
+/// CSRF token.
+async fn act(
+    admin: &Admin,
+    req: Request<Incoming>,
+    session: Option<Session>,
+    path: &str,
+) -> Response<Body> {
     let Some(session) = session else {
         return pages::message(
             None,
@@ -84,40 +94,28 @@ pub(super) async fn handle(admin: &Admin, req: Request<Incoming>, peer: IpAddr) 
             "/console/login",
         );
     };
+    let refuse =
+        |status, text: &str| pages::message(Some(&session), status, "Refused", text, "/console/");
     if !same_origin(&req) {
-        return pages::message(
-            Some(&session),
+        return refuse(
             StatusCode::FORBIDDEN,
-            "Refused",
             "This form was sent from another site.",
-            "/console/",
         );
     }
     let form = match form(req).await {
         Ok(f) => f,
-        Err(detail) => {
-            return pages::message(
-                Some(&session),
-                StatusCode::BAD_REQUEST,
-                "Refused",
-                &detail,
-                "/console/",
-            )
-        }
+        Err(detail) => return refuse(StatusCode::BAD_REQUEST, &detail),
     };
     if !form
         .get("csrf")
         .is_some_and(|t| csrf_matches(t, &session.csrf))
     {
-        return pages::message(
-            Some(&session),
+        return refuse(
             StatusCode::FORBIDDEN,
-            "Refused",
             "The form's CSRF token is missing or not this session's: reload the page and try again.",
-            "/console/",
         );
     }
-    match path.as_str() {
+    match path {
         "/console/logout" => {
             let mut resp = redirect("/console/login");
             set_cookie(&mut resp, &admin.sessions.end());

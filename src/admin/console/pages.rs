@@ -19,6 +19,7 @@ use crate::http::body::Body;
 use crate::idempotency::record::{Receipt, State};
 use crate::spend::budget::Spender;
 use crate::spend::gate::approval_id;
+use crate::spend::money::Money;
 use crate::spend::port::{Approval, ApprovalState};
 
 #[derive(Template)]
@@ -424,23 +425,16 @@ struct TrafficRow {
     counts: Vec<u64>,
 }
 
-pub async fn overview(admin: &Admin, session: &Session) -> Response<Body> {
-    let started = std::time::Instant::now();
-    let ping = admin.app.claims.store().ping().await;
-    let took = started.elapsed();
-    let now = admin.app.claims.clock().now_ms();
-    let metrics = admin.app.metrics.encode();
-    let reloads = crate::admin::traffic::family(&metrics, "idemproxy_config_reloads_total{")
-        .into_iter()
-        .filter_map(|(l, v)| Some((l.get("result")?.clone(), v as u64)))
-        .collect();
-    let (counts, since_ms) = admin.traffic.last_hour(&admin.app.metrics);
+/// The outcomes seen (columns), a row per route, and the unprotected requests per route.
+fn traffic_table(
+    counts: &crate::admin::traffic::Counts,
+) -> (Vec<String>, Vec<TrafficRow>, Vec<(String, u64)>) {
     let mut outcomes: Vec<String> = counts.keys().map(|(_, o)| o.clone()).collect();
     outcomes.sort();
     outcomes.dedup();
     let mut routes: Vec<String> = counts.keys().map(|(r, _)| r.clone()).collect();
     routes.dedup();
-    let traffic = routes
+    let rows = routes
         .iter()
         .map(|r| TrafficRow {
             route: r.clone(),
@@ -455,6 +449,21 @@ pub async fn overview(admin: &Admin, session: &Session) -> Response<Body> {
         .filter(|((_, o), _)| o == "unprotected")
         .map(|((r, _), n)| (r.clone(), *n))
         .collect();
+    (outcomes, rows, unprotected)
+}
+
+pub async fn overview(admin: &Admin, session: &Session) -> Response<Body> {
+    let started = std::time::Instant::now();
+    let ping = admin.app.claims.store().ping().await;
+    let took = started.elapsed();
+    let now = admin.app.claims.clock().now_ms();
+    let metrics = admin.app.metrics.encode();
+    let reloads = crate::admin::traffic::family(&metrics, "idemproxy_config_reloads_total{")
+        .into_iter()
+        .filter_map(|(l, v)| Some((l.get("result")?.clone(), v as u64)))
+        .collect();
+    let (counts, since_ms) = admin.traffic.last_hour(&admin.app.metrics);
+    let (outcomes, traffic, unprotected) = traffic_table(&counts);
     let pending = approvals::all(admin)
         .await
         .map(|all| {
@@ -527,6 +536,67 @@ struct Spend {
     budgets: Vec<BudgetRow>,
 }
 
+/// The tenant budgets of one route, and the budgets of these runs on it.
+async fn route_budgets(
+    admin: &Admin,
+    route: &str,
+    b: &crate::spend::budget::Budget,
+    tenants: &[String],
+    runs: &[(String, String)],
+    now: u64,
+) -> Result<Vec<BudgetRow>, crate::idempotency::store::StoreError> {
+    let mut wanted = Vec::new();
+    for t in tenants {
+        let who = Spender {
+            route,
+            tenant: t,
+            run: "",
+        };
+        wanted.push((
+            format!("tenant {t}"),
+            who.tenant_counter(),
+            b.per_tenant,
+            b.tenant_window,
+        ));
+    }
+    for (t, run) in runs {
+        let who = Spender {
+            route,
+            tenant: t,
+            run,
+        };
+        wanted.push((
+            format!("run {run} of {t}"),
+            who.run_counter(),
+            b.per_run,
+            b.run_window,
+        ));
+    }
+    let mut rows = Vec::new();
+    for (label, key, cap, window) in wanted {
+        let window_ms = window.as_millis() as u64;
+        let spent = admin.app.spend.store().spent(&key, window_ms, now).await?;
+        rows.push(BudgetRow {
+            route: route.to_string(),
+            who: label,
+            spent: Money::new(spent, b.caps_currency).to_string(),
+            cap: cap
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "no cap".into()),
+            window: views::span(window_ms),
+            percent: cap
+                .filter(|c| c.minor > 0)
+                .map(|c| {
+                    ((spent.max(0) as f64 / c.minor as f64) * 100.0)
+                        .round()
+                        .min(999.0) as u32
+                })
+                .unwrap_or(0),
+        });
+    }
+    Ok(rows)
+}
+
 struct BudgetRow {
     route: String,
     who: String,
@@ -555,80 +625,27 @@ pub async fn spend(
     let tenants = admin.app.tenants.names();
     let mut rows = Vec::new();
     let mut error = None;
+    let looked_up = (!q_run.is_empty()).then(|| {
+        let t = if q_tenant.is_empty() {
+            crate::auth::DEFAULT_TENANT.to_string()
+        } else {
+            q_tenant.clone()
+        };
+        (t, q_run.clone())
+    });
     for route in admin.app.routes.all() {
         let Some(spend) = &route.spend else { continue };
-        let b = &spend.budget;
         let mut runs: Vec<(String, String)> = approvals
             .iter()
             .filter(|a| a.route == route.name)
             .map(|a| (a.tenant.clone(), a.run.clone()))
+            .chain(looked_up.clone())
             .collect();
-        if !q_run.is_empty() {
-            let t = if q_tenant.is_empty() {
-                crate::auth::DEFAULT_TENANT.to_string()
-            } else {
-                q_tenant.clone()
-            };
-            runs.push((t, q_run.clone()));
-        }
         runs.sort();
         runs.dedup();
-        let mut wanted: Vec<(String, String, Option<i64>, std::time::Duration)> = tenants
-            .iter()
-            .map(|t| {
-                let who = Spender {
-                    route: &route.name,
-                    tenant: t,
-                    run: "",
-                };
-                (
-                    format!("tenant {t}"),
-                    who.tenant_counter(),
-                    b.per_tenant.map(|m| m.minor),
-                    b.tenant_window,
-                )
-            })
-            .collect();
-        for (t, run) in &runs {
-            let who = Spender {
-                route: &route.name,
-                tenant: t,
-                run,
-            };
-            wanted.push((
-                format!("run {run} of {t}"),
-                who.run_counter(),
-                b.per_run.map(|m| m.minor),
-                b.run_window,
-            ));
-        }
-        for (label, key, cap, window) in wanted {
-            match admin
-                .app
-                .spend
-                .store()
-                .spent(&key, window.as_millis() as u64, now)
-                .await
-            {
-                Ok(spent) => rows.push(BudgetRow {
-                    route: route.name.clone(),
-                    who: label,
-                    spent: crate::spend::money::Money::new(spent, b.caps_currency).to_string(),
-                    cap: cap
-                        .map(|c| crate::spend::money::Money::new(c, b.caps_currency).to_string())
-                        .unwrap_or_else(|| "no cap".into()),
-                    window: views::span(window.as_millis() as u64),
-                    percent: cap
-                        .filter(|c| *c > 0)
-                        .map(|c| {
-                            ((spent.max(0) as f64 / c as f64) * 100.0)
-                                .round()
-                                .min(999.0) as u32
-                        })
-                        .unwrap_or(0),
-                }),
-                Err(e) => error = Some(format!("The spend store did not answer: {e}")),
-            }
+        match route_budgets(admin, &route.name, &spend.budget, &tenants, &runs, now).await {
+            Ok(mut found) => rows.append(&mut found),
+            Err(e) => error = Some(format!("The spend store did not answer: {e}")),
         }
     }
     rows.sort_by(|a, b| b.percent.cmp(&a.percent).then(a.route.cmp(&b.route)));

@@ -168,60 +168,7 @@ pub struct RecordView {
 impl RecordView {
     /// The record, and the approval of its operation if one was asked for.
     pub fn of(scope: &str, r: &Record, approval: Option<&Approval>) -> RecordView {
-        let mut history = vec![item(r.body.created_ms, "claimed", None, None)];
-        if let Some(a) = approval {
-            history.push(item(
-                a.created_ms,
-                &format!("approval asked: {}", a.why),
-                None,
-                None,
-            ));
-            if let Some(f) = &a.first_approval {
-                history.push(item(
-                    f.at_ms,
-                    "first approval",
-                    Some(f.by.clone()),
-                    f.reason.clone(),
-                ));
-            }
-            if let (Some(at), Some(by)) = (a.decided_ms, &a.decided_by) {
-                history.push(item(
-                    at,
-                    &format!("{:?}", a.state).to_lowercase(),
-                    Some(by.clone()),
-                    a.reason.clone(),
-                ));
-            }
-        }
-        if r.state == State::Unknown {
-            history.push(item(
-                r.body.unknown_since_ms,
-                "outcome unknown: held",
-                None,
-                r.body.note.clone(),
-            ));
-        }
-        if r.body.settled_ms > 0 && r.body.resolved.is_none() {
-            history.push(item(
-                r.body.settled_ms,
-                "settled (the provider's answer is the receipt)",
-                None,
-                None,
-            ));
-        }
-        if let Some(res) = &r.body.resolved {
-            let what = match res.object.as_deref() {
-                Some(o) => format!("resolved: {} (provider object {o})", res.how),
-                None => format!("resolved: {}", res.how),
-            };
-            history.push(item(
-                res.at_ms,
-                &what,
-                Some(res.by.clone()),
-                res.why.clone(),
-            ));
-        }
-        history.sort_by_key(|h| h.at_ms);
+        let history = history(r, approval);
         let receipt = r.body.receipt.as_ref().map(|rc| {
             let (body, _) = mask::for_approver(&rc.body);
             ReceiptView {
@@ -254,6 +201,65 @@ impl RecordView {
             history,
         }
     }
+}
+
+/// What happened to the operation, oldest first: from the record and its approval.
+fn history(r: &Record, approval: Option<&Approval>) -> Vec<HistoryItem> {
+    let mut history = vec![item(r.body.created_ms, "claimed", None, None)];
+    if let Some(a) = approval {
+        history.push(item(
+            a.created_ms,
+            &format!("approval asked: {}", a.why),
+            None,
+            None,
+        ));
+        if let Some(f) = &a.first_approval {
+            history.push(item(
+                f.at_ms,
+                "first approval",
+                Some(f.by.clone()),
+                f.reason.clone(),
+            ));
+        }
+        if let (Some(at), Some(by)) = (a.decided_ms, &a.decided_by) {
+            history.push(item(
+                at,
+                &format!("{:?}", a.state).to_lowercase(),
+                Some(by.clone()),
+                a.reason.clone(),
+            ));
+        }
+    }
+    if r.state == State::Unknown {
+        history.push(item(
+            r.body.unknown_since_ms,
+            "outcome unknown: held",
+            None,
+            r.body.note.clone(),
+        ));
+    }
+    if r.body.settled_ms > 0 && r.body.resolved.is_none() {
+        history.push(item(
+            r.body.settled_ms,
+            "settled (the provider's answer is the receipt)",
+            None,
+            None,
+        ));
+    }
+    if let Some(res) = &r.body.resolved {
+        let what = match res.object.as_deref() {
+            Some(o) => format!("resolved: {} (provider object {o})", res.how),
+            None => format!("resolved: {}", res.how),
+        };
+        history.push(item(
+            res.at_ms,
+            &what,
+            Some(res.by.clone()),
+            res.why.clone(),
+        ));
+    }
+    history.sort_by_key(|h| h.at_ms);
+    history
 }
 
 fn item(at_ms: u64, what: &str, by: Option<String>, why: Option<String>) -> HistoryItem {
