@@ -49,18 +49,30 @@ fn stripe_tool(proxy: &Proxy, invoice: &str, cents: &str) -> tokio::process::Chi
         .expect("python3 with the stripe package (scripts/test.sh installs it)")
 }
 
-async fn tool_output(child: tokio::process::Child) -> Value {
-    let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output())
+/// The tool's JSON line, and when it was printed (the SDK call had returned), measured from
+/// `since`; then the process exits.
+async fn tool_output_at(mut child: tokio::process::Child, since: Instant) -> (Value, Duration) {
+    use tokio::io::AsyncBufReadExt;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(90), lines.next_line())
         .await
         .expect("the tool returns within 90 s")
-        .expect("tool output");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        .expect("tool stdout")
+        .unwrap_or_default();
+    let at = since.elapsed();
+    let out = child.wait_with_output().await.expect("tool exits");
+    let value = serde_json::from_str(&line).unwrap_or_else(|e| {
         panic!(
-            "tool output {e}: {} {}",
-            String::from_utf8_lossy(&out.stdout),
+            "tool output {e}: {line} {}",
             String::from_utf8_lossy(&out.stderr)
         )
-    })
+    });
+    (value, at)
+}
+
+async fn tool_output(child: tokio::process::Child) -> Value {
+    tool_output_at(child, Instant::now()).await.0
 }
 
 /// axe-core's serious and critical violations on the page now.
@@ -164,13 +176,26 @@ async fn an_operator_decides_in_the_browser_on_one_replica_what_agents_wait_for_
 
     // One action from the landing page: the approve button. The SDK call returns.
     let clicked = Instant::now();
+    let charged = {
+        let stripe = stripe.clone();
+        tokio::spawn(async move {
+            while stripe.charges().is_empty() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            clicked.elapsed()
+        })
+    };
     ana.click(&format!("#{id} button[value=approve]")).await;
-    let out = tool_output(tool).await;
-    let click_to_return = clicked.elapsed();
-    timings.push(format!(
-        "approve click to the SDK call returning: {} ms",
-        click_to_return.as_millis()
-    ));
+    let click_returned = clicked.elapsed();
+    let (out, click_to_return) = tool_output_at(tool, clicked).await;
+    let click_to_charge = charged.await.expect("charge watcher");
+    for (what, took) in [
+        ("until the browser shows the next page", click_returned),
+        ("until the charge reaches the provider", click_to_charge),
+        ("until the SDK call returns in the tool", click_to_return),
+    ] {
+        timings.push(format!("approve click, {what}: {} ms", took.as_millis()));
+    }
     assert!(out.get("charge").is_some(), "{out}");
     assert_eq!(stripe.charges().len(), 1, "one charge for one approval");
     eventually_async(
