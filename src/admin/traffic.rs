@@ -68,18 +68,33 @@ pub fn start_sampling(traffic: Arc<Traffic>, metrics: Arc<Metrics>) {
     });
 }
 
-/// `idemproxy_requests_total{route="…",outcome="…"} N` lines of the Prometheus text.
+/// `idemproxy_requests_total{route="…",outcome="…"} N` lines of the Prometheus text, and
+/// the unprotected requests by reason as outcomes `unprotected:REASON`.
 pub fn request_counts(text: &str) -> Counts {
-    family(text, "idemproxy_requests_total{")
+    let requests = family(text, "idemproxy_requests_total{")
         .into_iter()
         .filter_map(|(labels, v)| {
             Some((
                 (labels.get("route")?.clone(), labels.get("outcome")?.clone()),
                 v as u64,
             ))
-        })
-        .collect()
+        });
+    let unprotected = family(text, "idemproxy_unprotected_requests_total{")
+        .into_iter()
+        .filter_map(|(labels, v)| {
+            Some((
+                (
+                    labels.get("route")?.clone(),
+                    format!("{UNPROTECTED}{}", labels.get("reason")?),
+                ),
+                v as u64,
+            ))
+        });
+    requests.chain(unprotected).collect()
 }
+
+/// Outcomes that are a reason an unprotected request had, not a column of their own.
+pub const UNPROTECTED: &str = "unprotected:";
 
 /// Every sample of one metric family: its labels and value.
 pub fn family(text: &str, prefix: &str) -> Vec<(BTreeMap<String, String>, f64)> {

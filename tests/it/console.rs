@@ -679,8 +679,44 @@ async fn the_admin_listener_speaks_tls_and_marks_cookies_secure() {
     );
 }
 
+/// The overview counts requests by route and outcome over the last hour, and names why
+/// protected requests went out unprotected.
+async fn the_overview_shows_traffic_and_unprotected_requests_by_reason() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let proxy = start(&store, &pay_route(&provider, "100ms", ""), "", "");
+    for _ in 0..2 {
+        let r = send(
+            proxy.addr,
+            "POST",
+            "/pay/v1/orders",
+            &[("content-type", "application/json")],
+            "{}",
+        )
+        .await
+        .expect("an answer");
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(retry(&proxy, "o-1").await.status, 200);
+    let mut vic = Operator::new(proxy.admin.expect("admin"));
+    vic.login("vic").await;
+    let page = vic.get("/console/overview").await.text();
+    let squeeze: String = page.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(squeeze.contains("Answers ("), "store health: {squeeze}");
+    assert!(squeeze.contains("<th scope=\"row\">pay</th>"), "{squeeze}");
+    assert!(
+        squeeze.contains("pay, no key: 2"),
+        "unprotected by reason: {squeeze}"
+    );
+}
+
 mod sqlite {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_overview_shows_traffic_and_unprotected_requests_by_reason() {
+        super::the_overview_shows_traffic_and_unprotected_requests_by_reason().await
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_admin_listener_speaks_tls_and_marks_cookies_secure() {

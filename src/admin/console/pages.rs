@@ -429,7 +429,12 @@ struct TrafficRow {
 fn traffic_table(
     counts: &crate::admin::traffic::Counts,
 ) -> (Vec<String>, Vec<TrafficRow>, Vec<(String, u64)>) {
-    let mut outcomes: Vec<String> = counts.keys().map(|(_, o)| o.clone()).collect();
+    use crate::admin::traffic::UNPROTECTED;
+    let mut outcomes: Vec<String> = counts
+        .keys()
+        .map(|(_, o)| o.clone())
+        .filter(|o| !o.starts_with(UNPROTECTED))
+        .collect();
     outcomes.sort();
     outcomes.dedup();
     let mut routes: Vec<String> = counts.keys().map(|(r, _)| r.clone()).collect();
@@ -446,8 +451,10 @@ fn traffic_table(
         .collect();
     let unprotected = counts
         .iter()
-        .filter(|((_, o), _)| o == "unprotected")
-        .map(|((r, _), n)| (r.clone(), *n))
+        .filter_map(|((r, o), n)| {
+            let reason = o.strip_prefix(UNPROTECTED)?.replace('_', " ");
+            Some((format!("{r}, {reason}"), *n))
+        })
         .collect();
     (outcomes, rows, unprotected)
 }
