@@ -427,34 +427,13 @@ async fn login_attempts_are_limited() {
 /// An UNKNOWN outcome, left by a provider that acted and dropped the connection.
 pub async fn held(proxy: &Proxy, provider: &FakeProvider, key: &str) {
     provider.then([Behavior::DropAfterEffect]);
-    let r = send(
-        proxy.addr,
-        "POST",
-        "/pay/v1/orders",
-        &[
-            ("idempotency-key", key),
-            ("content-type", "application/json"),
-        ],
-        r#"{"sku":"a-1"}"#,
-    )
-    .await
-    .expect("an answer");
+    let r = retry(proxy, key).await;
     assert!(r.status >= 500, "{}", r.text());
-    let again = send(
-        proxy.addr,
-        "POST",
-        "/pay/v1/orders",
-        &[
-            ("idempotency-key", key),
-            ("content-type", "application/json"),
-        ],
-        r#"{"sku":"a-1"}"#,
-    )
-    .await
-    .expect("an answer");
+    let again = retry(proxy, key).await;
     assert_eq!(again.header("x-idemproxy-error"), Some("outcome-unknown"));
 }
 
+/// The order under `key` (again).
 pub async fn retry(proxy: &Proxy, key: &str) -> Reply {
     send(
         proxy.addr,

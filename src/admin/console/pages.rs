@@ -9,6 +9,14 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 
 use super::views::{self, ApprovalView, Flash, HeldView, RecordView, UserView};
+
+/// A query parameter, trimmed; empty when absent.
+fn param(query: &HashMap<String, String>, k: &str) -> String {
+    query
+        .get(k)
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
+}
 use super::{may, redirect_to, render};
 use crate::admin::access::Role;
 use crate::admin::approvals::{self, Decided};
@@ -326,12 +334,7 @@ pub async fn keys(
     session: &Session,
     query: &HashMap<String, String>,
 ) -> Response<Body> {
-    let q = |k: &str| {
-        query
-            .get(k)
-            .map(|v| v.trim().to_string())
-            .unwrap_or_default()
-    };
+    let q = |k: &str| param(query, k);
     let (q_route, q_key) = (q("route"), q("key"));
     let q_tenant = Some(q("tenant"))
         .filter(|t| !t.is_empty())
@@ -621,12 +624,7 @@ pub async fn spend(
     query: &HashMap<String, String>,
 ) -> Response<Body> {
     let now = admin.app.claims.clock().now_ms();
-    let q = |k: &str| {
-        query
-            .get(k)
-            .map(|v| v.trim().to_string())
-            .unwrap_or_default()
-    };
+    let q = |k: &str| param(query, k);
     let (q_run, q_tenant) = (q("run"), q("tenant"));
     let approvals: Vec<Approval> = approvals::all(admin).await.unwrap_or_default();
     let tenants = admin.app.tenants.names();
