@@ -308,6 +308,7 @@ pub(super) async fn resolve_held(
         .await
     {
         Ok(Resolved::Done { route }) => {
+            admin.held.clear();
             admin.app.metrics.unknown_resolved(&route, "operator");
             tracing::info!(scope, action, by, "operator resolved an UNKNOWN claim");
             let fingerprint = record.map(|r| r.body.fingerprint).unwrap_or_default();
@@ -511,6 +512,7 @@ async fn apply(
         .await
     {
         Ok(Resolved::Done { .. }) => {
+            admin.held.clear();
             admin.app.metrics.unknown_resolved(&route.name, "lookup");
             json(
                 StatusCode::OK,

@@ -8,6 +8,7 @@ mod audit;
 pub mod cli;
 pub mod client;
 mod console;
+mod held_cache;
 mod keys;
 mod listener;
 pub mod session;
@@ -126,6 +127,7 @@ pub struct Admin {
     throttle: Throttle,
     audit: Audit,
     traffic: Arc<Traffic>,
+    held: held_cache::HeldCache,
     tls: Option<Arc<rustls::ServerConfig>>,
 }
 
@@ -141,6 +143,7 @@ impl Admin {
             reload: None,
             throttle: Throttle::new(settings.login_per_minute),
             audit: Audit::new(settings.audit_hook),
+            held: held_cache::HeldCache::default(),
             tls: settings.tls,
         }
     }

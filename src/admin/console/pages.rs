@@ -24,7 +24,7 @@ use crate::admin::keys::{self, Held, HeldDecision};
 use crate::admin::session::Session;
 use crate::admin::Admin;
 use crate::http::body::Body;
-use crate::idempotency::record::{Receipt, State};
+use crate::idempotency::record::Receipt;
 use crate::spend::budget::Spender;
 use crate::spend::gate::approval_id;
 use crate::spend::money::Money;
@@ -122,10 +122,8 @@ pub async fn waiting(
         }
     };
     let held = match admin
-        .app
-        .claims
-        .store()
-        .list(State::Unknown, admin.list_limit)
+        .held
+        .list(admin.app.claims.store().as_ref(), admin.list_limit)
         .await
     {
         Ok(found) => found.iter().map(|(s, r)| HeldView::of(s, r, now)).collect(),
@@ -483,10 +481,8 @@ pub async fn overview(admin: &Admin, session: &Session) -> Response<Body> {
         })
         .unwrap_or(0);
     let held = admin
-        .app
-        .claims
-        .store()
-        .list(State::Unknown, admin.list_limit)
+        .held
+        .list(admin.app.claims.store().as_ref(), admin.list_limit)
         .await
         .map(|l| l.len())
         .unwrap_or(0);

@@ -69,7 +69,8 @@
       })
       .then(function (html) { if (html) merge(html); })
       .catch(function () { tell("Offline; retrying."); })
-      .then(function () { setTimeout(poll, 3000); });
+      // A tab in the background asks less often (each ask lists the store's held claims).
+      .then(function () { setTimeout(poll, document.hidden ? 10000 : 3000); });
   }
   setTimeout(poll, 3000);
 })();
