@@ -98,7 +98,7 @@ fn webhook(config: &Config) -> Result<Option<(http::Uri, UpstreamClient)>, Confi
 
 /// The proxy's runtime state, its store opened, and the admin settings.
 pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartError> {
-    let parts = Parts::check(config)?;
+    let mut parts = Parts::check(config)?;
     let metrics = Arc::new(Metrics::new());
     // Both ports behind the store's one guard: deadline, timing, sealing.
     let stores = store::open(&config.store, parts.sealer.clone(), metrics.clone()).await?;
@@ -106,9 +106,13 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
         Arc::new(Claims::new(stores.claims).with_receipt_cache(config.server.receipt_cache_bytes));
     // Built whether or not a route has spend rules now: a reload may add some.
     let spend = {
-        let announcer = parts.webhook.clone().map(|(url, client)| {
-            Arc::new(Webhook::start(url, client, metrics.clone())) as Arc<dyn Announcer>
-        });
+        let webhook = parts
+            .webhook
+            .clone()
+            .map(|(url, client)| Arc::new(Webhook::start(url, client, metrics.clone())));
+        // The admin audit trail goes to the same webhook as approval requests.
+        parts.admin.audit_hook = webhook.clone();
+        let announcer = webhook.map(|w| w as Arc<dyn Announcer>);
         Arc::new(Gate::new(
             stores.spend,
             claims.clone(),

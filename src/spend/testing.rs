@@ -33,6 +33,8 @@ pub fn approval(id: &str, t: u64) -> Approval {
         decided_by: None,
         reason: None,
         decided_ms: None,
+        first_approval: None,
+        variants: Vec::new(),
         version: 0,
     }
 }

@@ -28,6 +28,8 @@ pub fn record(state: State) -> Record {
             declined: false,
             attempt: 0,
             reconciled: false,
+            settled_ms: 0,
+            resolved: None,
         },
     }
 }
