@@ -346,14 +346,12 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// One store operation: its duration, and whether it failed (or was abandoned).
-    pub fn store_op(&self, op: &'static str, started: Instant, ok: bool) {
+    /// Where one store operation's timings go (looked up once: recording allocates nothing).
+    pub fn store_op(&self, op: &'static str) -> StoreOp {
         let labels = vec![("op".to_string(), op.to_string())];
-        self.store_seconds
-            .get_or_create(&labels)
-            .observe(started.elapsed().as_secs_f64());
-        if !ok {
-            self.store_errors.get_or_create(&labels).inc();
+        StoreOp {
+            seconds: self.store_seconds.get_or_create(&labels).clone(),
+            errors: self.store_errors.get_or_create(&labels).clone(),
         }
     }
 
@@ -363,6 +361,23 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// One store operation's duration histogram and error counter.
+#[derive(Clone)]
+pub struct StoreOp {
+    seconds: Histogram,
+    errors: Counter,
+}
+
+impl StoreOp {
+    /// One call: its duration, and whether it failed (or was abandoned).
+    pub fn record(&self, started: Instant, ok: bool) {
+        self.seconds.observe(started.elapsed().as_secs_f64());
+        if !ok {
+            self.errors.inc();
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use super::policy::Policy;
 use super::policy::{Hold, OnInFlight};
 use super::receipt_cache::ReceiptCache;
 use super::record::{Fence, Receipt, Record, RecordBody, ResolvedBy, State, Token};
-use super::store::{Clock, Deadline, Expiry, Store, StoreError};
+use super::store::{Clock, Expiry, Store, StoreError};
 use super::unconfirmed::Retrier;
 use super::waiters::Waiters;
 
@@ -135,6 +135,7 @@ impl Claim {
                 unknown_since_ms: 0,
                 note: None,
                 receipt: None,
+                sealed_receipt: None,
                 declined: false,
                 attempt: 0,
                 reconciled: false,
@@ -211,7 +212,7 @@ pub struct Executed<E> {
 }
 
 pub struct Claims {
-    /// Bounded by the store timeout (`Deadline`).
+    /// Every call bounded by the store timeout (the guard `store::open` puts around it).
     store: Arc<dyn Store>,
     waiters: Arc<Waiters>,
     /// Work that must finish before the process exits: forwards being settled, settles and
@@ -226,9 +227,9 @@ pub struct Claims {
 }
 
 impl Claims {
-    /// Claims over `store`, every operation of which is bounded by `op_timeout`.
-    pub fn new(store: Arc<dyn Store>, op_timeout: Duration) -> Claims {
-        let store = Deadline::wrap(store, op_timeout);
+    /// Claims over `store`, which bounds every call (`store::open` guards it so): a stalled
+    /// store must answer `Timeout`, for the request waiting on it to get its 503.
+    pub fn new(store: Arc<dyn Store>) -> Claims {
         let waiters = Arc::new(Waiters::new());
         store.listen_settled(waiters.clone());
         Claims {

@@ -116,6 +116,23 @@ impl Receipt {
     }
 }
 
+/// A receipt encrypted at rest: the cipher, and `nonce || ciphertext` of the receipt's JSON,
+/// bound to the record's scope and fingerprint (`crate::store` seals and opens it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedReceipt {
+    pub cipher: Cipher,
+    #[serde(with = "b64")]
+    pub data: Bytes,
+}
+
+/// How a sealed receipt was sealed; a store holding one this build does not know is corrupt
+/// to it, never replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Cipher {
+    #[serde(rename = "aes-256-gcm")]
+    Aes256Gcm,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub state: State,
@@ -140,6 +157,11 @@ pub struct RecordBody {
     pub note: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<Receipt>,
+    /// The receipt as a store keeps it under `[encryption]`, in place of `receipt`: only the
+    /// store's guard seals and opens it, so the claim machine never sees one. (Boxed: rare,
+    /// and every record carries the field.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_receipt: Option<Box<SealedReceipt>>,
     /// COMMITTED: the receipt says nothing happened (a decline), so a corrected request for
     /// the same derived operation may execute as a new attempt.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -274,6 +296,7 @@ impl Record {
                     headers: vec![],
                     body: Bytes::from_static(b"ok"),
                 }),
+                sealed_receipt: None,
                 declined: false,
                 attempt: 0,
                 reconciled: false,
@@ -327,6 +350,7 @@ mod tests {
                     )],
                     body: Bytes::from_static(&[0, 1, 2, 255]),
                 }),
+                sealed_receipt: None,
                 declined: true,
                 attempt: 3,
                 reconciled: true,
