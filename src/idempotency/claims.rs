@@ -37,14 +37,39 @@ pub struct ClaimRequest<'a> {
     pub strict: bool,
     /// Route name, for operators.
     pub route: &'a str,
+    /// How `scope` and `fingerprint` were derived (kept in the record).
+    pub derivation: u8,
+    /// The same operation as the other derivation scopes it, during an upgrade's window.
+    pub other: Option<OtherDerivation<'a>>,
 }
 
-impl ClaimRequest<'_> {
+/// Where another derivation (an older or newer proxy sharing the store) claims the same
+/// operation. A claim inserted under the request's own scope stands only if nothing is there
+/// (see `Claims::claimed`).
+#[derive(Debug, Clone, Copy)]
+pub struct OtherDerivation<'a> {
+    pub scope: &'a str,
+    pub fingerprint: &'a str,
+    pub derivation: u8,
+}
+
+impl<'a> ClaimRequest<'a> {
     fn ask(&self) -> Ask<'_> {
         Ask {
             fingerprint: self.fingerprint,
             strict: self.strict,
         }
+    }
+
+    /// The request as the other derivation makes it, if there is one.
+    fn as_other(&self) -> Option<ClaimRequest<'a>> {
+        self.other.map(|o| ClaimRequest {
+            scope: o.scope,
+            fingerprint: o.fingerprint,
+            derivation: o.derivation,
+            other: None,
+            ..*self
+        })
     }
 }
 
@@ -80,6 +105,11 @@ pub struct HeldClaim {
 }
 
 impl HeldClaim {
+    /// Where it is held (under the other derivation's scope, when found there).
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
     /// The attempt it held: the key that attempt passed down is the one to look up.
     pub fn attempt(&self) -> u32 {
         self.record.body.attempt
@@ -138,6 +168,7 @@ impl Claim {
                 declined: false,
                 attempt: 0,
                 reconciled: false,
+                derivation: req.derivation,
             },
             restore: None,
             after_hold: false,
@@ -312,7 +343,7 @@ impl Claims {
         // token, so it never touches anyone else's claim.
         let mut guard = AcquireGuard {
             claims: self,
-            scope: req.scope,
+            scopes: [Some(req.scope), req.other.map(|o| o.scope)],
             token: token.clone(),
             armed: true,
         };
@@ -328,20 +359,30 @@ impl Claims {
         token: Token,
     ) -> Result<Acquired, StoreError> {
         let claim = Claim::new(req, policy, token, self.clock.now_ms());
-        let mut found = match self.insert(&claim, policy).await {
-            Ok(None) => return Ok(Acquired::Execute(claim)),
-            Ok(Some(found)) => found,
-            Err(e) => return self.confirm_unanswered_claim(claim, req, policy, e).await,
-        };
+        match self.insert(&claim, policy).await {
+            Ok(None) => self.claimed(claim, req, policy).await,
+            Ok(Some(found)) => self.answer_or_retry(found, claim, req, policy).await,
+            Err(e) => self.confirm_unanswered_claim(claim, req, policy, e).await,
+        }
+    }
+
+    /// Answers what was found under `req.scope`; looks again (up to `MAX_ATTEMPTS`) when
+    /// someone moved it between our read and our write.
+    async fn answer_or_retry(
+        &self,
+        mut found: Record,
+        claim: Claim,
+        req: &ClaimRequest<'_>,
+        policy: &Policy,
+    ) -> Result<Acquired, StoreError> {
         for _ in 0..MAX_ATTEMPTS {
             if let Some(answer) = self.answer_found(&found, &claim, req, policy).await? {
                 return Ok(answer);
             }
-            // Someone else moved the record between our read and our write: look again.
             found = match self.store.get(req.scope).await? {
                 Some(r) => r,
                 None => match self.insert(&claim, policy).await {
-                    Ok(None) => return Ok(Acquired::Execute(claim)),
+                    Ok(None) => return self.claimed(claim, req, policy).await,
                     Ok(Some(r)) => r,
                     Err(e) => return self.confirm_unanswered_claim(claim, req, policy, e).await,
                 },
@@ -351,6 +392,73 @@ impl Claims {
             "claim for {} kept changing under us",
             req.scope
         )))
+    }
+
+    /// A claim just inserted under the request's scope, checked against the other
+    /// derivation's scope during an upgrade's window: a first attempt made before the upgrade
+    /// (or by a proxy still on the other version) is there, and its record answers this
+    /// request, whose own claim is withdrawn. Insert first, then read: of two proxies that
+    /// claim one operation under the two scopes at once, at least one sees the other's claim
+    /// (each store serialises its operations), so both never execute.
+    async fn claimed(
+        &self,
+        claim: Claim,
+        req: &ClaimRequest<'_>,
+        policy: &Policy,
+    ) -> Result<Acquired, StoreError> {
+        let Some(other) = req.as_other() else {
+            return Ok(Acquired::Execute(claim));
+        };
+        let found = match self.store.get(other.scope).await {
+            Ok(None) => return Ok(Acquired::Execute(claim)),
+            Ok(Some(found)) => found,
+            Err(e) => {
+                self.withdraw(claim, policy).await;
+                return Err(e);
+            }
+        };
+        tracing::info!(
+            scope = other.scope,
+            derivation = found.body.derivation,
+            "the operation was claimed under the other derivation's scope: answering from there"
+        );
+        let theirs = Claim::new(&other, policy, claim.token.clone(), self.clock.now_ms());
+        self.withdraw(claim, policy).await;
+        // `other` has no other derivation of its own: this recursion ends here.
+        Box::pin(self.answer_or_retry(found, theirs, &other, policy)).await
+    }
+
+    /// Takes back a claim nobody will forward (fenced on its token); in the background when
+    /// the store does not answer.
+    async fn withdraw(&self, claim: Claim, policy: &Policy) {
+        let fence = ours_unsettled(&claim);
+        if let Ok(true | false) = self.store.remove(&claim.scope, &fence).await {
+            self.waiters.wake(&claim.scope);
+            return;
+        }
+        self.withdraw_later(claim, policy);
+    }
+
+    /// Withdraws a claim in the background, until the store answers or the retry window ends,
+    /// so a claim nobody acts on does not turn into a held UNKNOWN.
+    fn withdraw_later(&self, claim: Claim, policy: &Policy) {
+        let (store, waiters, retrier) = (
+            self.store.clone(),
+            self.waiters.clone(),
+            self.retrier.clone(),
+        );
+        let retry_for = retry_window(policy);
+        self.tasks.spawn(async move {
+            let withdraw = || {
+                let fence = ours_unsettled(&claim);
+                let (store, scope) = (store.clone(), claim.scope.clone());
+                async move { store.remove(&scope, &fence).await }
+            };
+            if retrier.until_gone(retry_for, withdraw).await {
+                waiters.wake(&claim.scope);
+                tracing::info!(scope = %claim.scope, "withdrew a claim nobody forwards");
+            }
+        });
     }
 
     /// A COMMITTED record never changes, so a receipt seen here answers as the store would.
@@ -499,7 +607,7 @@ impl Claims {
         };
         match read_back {
             Ok(Some(r)) if r.token == claim.token && r.state == State::Pending => {
-                Ok(Acquired::Execute(claim))
+                Box::pin(self.claimed(claim, req, policy)).await
             }
             // Not ours: the insert did not land (and, on a connection that failed, cannot
             // land later). What is there answers this request as it would any retry.
@@ -519,20 +627,7 @@ impl Claims {
                 "the claim's insert failed ({failure}) and did not land"
             ))),
             Err(error) => {
-                let (store, waiters) = (self.store.clone(), self.waiters.clone());
-                let retry_for = retry_window(policy);
-                let retrier = self.retrier.clone();
-                self.tasks.spawn(async move {
-                    let withdraw = || {
-                        let fence = ours_unsettled(&claim);
-                        let (store, scope) = (store.clone(), claim.scope.clone());
-                        async move { store.remove(&scope, &fence).await }
-                    };
-                    if retrier.until_gone(retry_for, withdraw).await {
-                        waiters.wake(&claim.scope);
-                        tracing::info!(scope = %claim.scope, "withdrew a claim whose insert was not answered");
-                    }
-                });
+                self.withdraw_later(claim, policy);
                 Err(error)
             }
         }
@@ -993,10 +1088,11 @@ fn unknown_expiry(policy: &Policy) -> Expiry {
     }
 }
 
-/// Withdraws a claim whose acquiring request was dropped mid-flight (see `acquire`).
+/// Withdraws a claim whose acquiring request was dropped mid-flight (see `acquire`), under
+/// either derivation's scope (one token serves both).
 struct AcquireGuard<'a> {
     claims: &'a Claims,
-    scope: &'a str,
+    scopes: [Option<&'a str>; 2],
     token: Token,
     armed: bool,
 }
@@ -1006,26 +1102,28 @@ impl Drop for AcquireGuard<'_> {
         if !self.armed || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let store = self.claims.store.clone();
-        let (scope, fence) = (
-            self.scope.to_string(),
-            Fence {
-                token: self.token.clone(),
-                states: vec![State::Pending, State::Unknown],
-            },
-        );
-        self.claims.tasks.spawn(async move {
-            match store.remove(&scope, &fence).await {
-                Ok(true) => {
-                    tracing::info!(scope, "withdrew the claim of a request that went away")
+        for scope in self.scopes.into_iter().flatten() {
+            let store = self.claims.store.clone();
+            let (scope, fence) = (
+                scope.to_string(),
+                Fence {
+                    token: self.token.clone(),
+                    states: vec![State::Pending, State::Unknown],
+                },
+            );
+            self.claims.tasks.spawn(async move {
+                match store.remove(&scope, &fence).await {
+                    Ok(true) => {
+                        tracing::info!(scope, "withdrew the claim of a request that went away")
+                    }
+                    Ok(false) => {}
+                    Err(_) => tracing::warn!(
+                        scope,
+                        "could not withdraw the claim of a request that went away"
+                    ),
                 }
-                Ok(false) => {}
-                Err(_) => tracing::warn!(
-                    scope,
-                    "could not withdraw the claim of a request that went away"
-                ),
-            }
-        });
+            });
+        }
     }
 }
 

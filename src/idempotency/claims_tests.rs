@@ -68,6 +68,8 @@ fn request<'a>(scope: &'a str, fingerprint: &'a str, strict: bool) -> ClaimReque
         fingerprint,
         strict,
         route: "r",
+        derivation: 2,
+        other: None,
     }
 }
 

@@ -6,8 +6,8 @@ use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 
 use crate::http::body::{full, Body};
 use crate::http::problem::{Problem, ERROR_HEADER};
-use crate::idempotency::template::RequestView;
 use crate::providers::ErrorShape;
+use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::budget::{PriceError, Spender};
 use crate::spend::gate::{Ask, Gate, Refusal, Ticket};
@@ -99,7 +99,7 @@ pub async fn admit(
     gate: &Gate,
     route: &Route,
     spend: &RouteSpend,
-    view: &RequestView<'_>,
+    view: &Request<'_>,
     tunnel: Option<&TunnelRun>,
     scope: &str,
 ) -> Result<Ticket, SpendError> {
@@ -113,7 +113,7 @@ pub async fn admit(
             run: &run,
         },
         price,
-        method: view.method,
+        method: view.method.as_str(),
         path: view.path,
         body: view.body,
         retention: route.policy.retention,

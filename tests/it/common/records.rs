@@ -27,6 +27,7 @@ pub fn record(state: State) -> Record {
             declined: false,
             attempt: 0,
             reconciled: false,
+            derivation: 2,
         },
     }
 }
