@@ -43,9 +43,11 @@ pub struct ClaimRequest<'a> {
     pub other: Option<OtherDerivation<'a>>,
 }
 
-/// Where another derivation (an older or newer proxy sharing the store) claims the same
-/// operation. A claim inserted under the request's own scope stands only if nothing is there
-/// (see `Claims::claimed`).
+/// Where, and with which fingerprint, another derivation (an older or newer proxy sharing the
+/// store) claims the same operation: another scope (a claim inserted under the request's own
+/// stands only if nothing is there, see `Claims::claimed`), or the same scope with another
+/// fingerprint (a path the client spelled otherwise), which a record of that derivation is
+/// compared with.
 #[derive(Debug, Clone, Copy)]
 pub struct OtherDerivation<'a> {
     pub scope: &'a str,
@@ -54,11 +56,28 @@ pub struct OtherDerivation<'a> {
 }
 
 impl<'a> ClaimRequest<'a> {
-    fn ask(&self) -> Ask<'_> {
+    /// What a record found under this request's scope is compared with: the fingerprint of
+    /// the derivation the record was made under (one scope may hold either derivation's record
+    /// when the two derive the same scope, the fingerprints apart).
+    fn ask(&self, found: &Record) -> Ask<'_> {
+        let fingerprint = match self.other {
+            Some(o) if o.scope == self.scope && found.body.derivation == o.derivation => {
+                o.fingerprint
+            }
+            _ => self.fingerprint,
+        };
         Ask {
-            fingerprint: self.fingerprint,
+            fingerprint,
             strict: self.strict,
         }
+    }
+
+    /// Whether `fingerprint` is this request's, as either derivation computes it.
+    fn same_request(&self, fingerprint: &str) -> bool {
+        fingerprint == self.fingerprint
+            || self
+                .other
+                .is_some_and(|o| o.scope == self.scope && o.fingerprint == fingerprint)
     }
 
     /// The request as the other derivation makes it, if there is one.
@@ -406,7 +425,7 @@ impl Claims {
         req: &ClaimRequest<'_>,
         policy: &Policy,
     ) -> Result<Acquired, StoreError> {
-        let Some(other) = req.as_other() else {
+        let Some(other) = req.as_other().filter(|o| o.scope != req.scope) else {
             return Ok(Acquired::Execute(claim));
         };
         let found = match self.store.get(other.scope).await {
@@ -465,7 +484,7 @@ impl Claims {
     /// (Declined receipts are never cached: a corrected request must reach the store.)
     fn cached_answer(&self, req: &ClaimRequest<'_>) -> Option<Acquired> {
         let hit = self.receipts.as_ref()?.get(req.scope)?;
-        let same = hit.fingerprint == req.fingerprint;
+        let same = req.same_request(&hit.fingerprint);
         Some(if same || !req.strict {
             Acquired::Replay {
                 receipt: hit.receipt.clone(),
@@ -493,7 +512,7 @@ impl Claims {
     ) -> Result<Option<Acquired>, StoreError> {
         let scope = req.scope;
         Ok(Some(
-            match decide(found, req.ask(), self.clock.now_ms(), policy) {
+            match decide(found, req.ask(found), self.clock.now_ms(), policy) {
                 Decision::Replay { receipt, differs } => {
                     if !found.body.declined {
                         self.remember(scope, &found.body, &receipt, policy);
@@ -611,7 +630,7 @@ impl Claims {
             }
             // Not ours: the insert did not land (and, on a connection that failed, cannot
             // land later). What is there answers this request as it would any retry.
-            Ok(Some(found)) => match decide(&found, req.ask(), self.clock.now_ms(), policy) {
+            Ok(Some(found)) => match decide(&found, req.ask(&found), self.clock.now_ms(), policy) {
                 Decision::Replay { receipt, differs } => Ok(Acquired::Replay { receipt, differs }),
                 Decision::Mismatch => Ok(Acquired::Mismatch),
                 Decision::InFlight { retry_after } => Ok(Acquired::InFlight { retry_after }),
