@@ -1,8 +1,10 @@
-//! The pipeline of one protected request, top to bottom: `route → read → identify (key,
-//! account, fingerprint) → scope → spend → prepare → claim (or reconcile, or answer) →
-//! forward → settle → respond`.
-//! (The route was chosen by `dispatch`; the claim's life — lease, settle, waking waiters — is
-//! `Claims::execute`.) This file is HTTP only: each stage below is one function.
+//! The pipeline of one protected request, top to bottom: `route → read → refuse what reads
+//! two ways → identify (key, account, fingerprint) → scope → spend → prepare → claim (or
+//! reconcile, or answer) → forward → settle → respond`.
+//! (The route was chosen by `dispatch`, the path read in the one grammar by `routed`; the
+//! claim's life — lease, settle, waking waiters — is `Claims::execute`.) This file is HTTP
+//! only: each stage below is one function, and every stage reads the request through one
+//! view (`request::Request`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
