@@ -48,6 +48,16 @@ fn slug(r: &Reply) -> &str {
     r.header("x-idemproxy-error").unwrap_or("-")
 }
 
+/// The answer is this status and problem type; `what` names the request in a failure.
+fn answered(r: &Reply, status: u16, problem: &str, what: &str) {
+    assert_eq!(
+        (r.status, slug(r)),
+        (status, problem),
+        "{what}: {}",
+        r.text()
+    );
+}
+
 /// 500.00 USD: five times the cap.
 const OVER_CAP: &str = r#"{"amount":50000,"currency":"usd"}"#;
 
@@ -68,7 +78,7 @@ async fn every_spelling_of_a_capped_path_is_capped_or_refused() {
         ("/pay/v1/pay%252Fments", (400, "ambiguous-request")),
     ] {
         let r = ask(&proxy, "POST", spelling, &[], OVER_CAP).await;
-        assert_eq!((r.status, slug(&r)), want, "{spelling}: {}", r.text());
+        answered(&r, want.0, want.1, spelling);
         assert!(
             r.header("content-type").is_some_and(|c| c.contains("json")),
             "{spelling}: a problem or provider-shaped error"
@@ -170,12 +180,7 @@ async fn a_signed_request_with_a_non_canonical_path_is_refused_not_rewritten() {
         "/kraken/0/private/x/../AddOrder",
     ] {
         let r = ask(&proxy, "POST", target, &[], "{}").await;
-        assert_eq!(
-            (r.status, slug(&r)),
-            (400, "signed-request"),
-            "{target}: {}",
-            r.text()
-        );
+        answered(&r, 400, "signed-request", target);
     }
     assert_eq!(provider.received().len(), 0);
 }
@@ -211,12 +216,7 @@ async fn a_key_template_field_named_twice_in_json_is_refused() {
         r#"{"invoice":"3","invoice":"2"}"#,
     ] {
         let r = ask(&proxy, "POST", "/inv/v1/bills", &[], body).await;
-        assert_eq!(
-            (r.status, slug(&r)),
-            (400, "ambiguous-request"),
-            "{}",
-            r.text()
-        );
+        answered(&r, 400, "ambiguous-request", "");
     }
     assert_eq!(provider.received().len(), 0);
 }
@@ -259,21 +259,16 @@ async fn method_overrides_are_refused_on_a_routes_every_method() {
         ("GET", "/pay/v1/payments?_method=POST", ("x-none", "1")),
     ] {
         let r = ask(&proxy, method, target, &[extra], OVER_CAP).await;
-        assert_eq!(
-            (r.status, slug(&r)),
-            (400, "ambiguous-request"),
-            "{method} {target} {extra:?}: {}",
-            r.text()
+        answered(
+            &r,
+            400,
+            "ambiguous-request",
+            &format!("{method} {target} {extra:?}"),
         );
     }
     let in_body = r#"{"amount":50000,"currency":"usd","_method":"POST"}"#;
     let r = ask(&proxy, "PUT", "/pay/v1/payments", &[], in_body).await;
-    assert_eq!(
-        (r.status, slug(&r)),
-        (400, "ambiguous-request"),
-        "{}",
-        r.text()
-    );
+    answered(&r, 400, "ambiguous-request", "");
     assert_eq!(provider.received().len(), 0);
 }
 
@@ -297,12 +292,7 @@ async fn a_connection_header_may_not_name_what_the_proxy_reads() {
         body,
     )
     .await;
-    assert_eq!(
-        (named.status, slug(&named)),
-        (400, "ambiguous-request"),
-        "{}",
-        named.text()
-    );
+    answered(&named, 400, "ambiguous-request", "Connection: x-account");
     let plain = ask(&proxy, "POST", "/acct/v1/transfers", &[], body).await;
     assert_eq!(plain.status, 200, "{}", plain.text());
     for hop in ["content-type", "idempotency-key", "authorization"] {
