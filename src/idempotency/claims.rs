@@ -482,9 +482,22 @@ impl Claims {
 
     /// A COMMITTED record never changes, so a receipt seen here answers as the store would.
     /// (Declined receipts are never cached: a corrected request must reach the store.)
+    /// A retry whose first attempt was made under the other derivation's scope is answered
+    /// from there too.
     fn cached_answer(&self, req: &ClaimRequest<'_>) -> Option<Acquired> {
-        let hit = self.receipts.as_ref()?.get(req.scope)?;
-        let same = req.same_request(&hit.fingerprint);
+        let cache = self.receipts.as_ref()?;
+        let (hit, same) = match cache.get(req.scope) {
+            Some(hit) => {
+                let same = req.same_request(&hit.fingerprint);
+                (hit, same)
+            }
+            None => {
+                let other = req.as_other().filter(|o| o.scope != req.scope)?;
+                let hit = cache.get(other.scope)?;
+                let same = hit.fingerprint == other.fingerprint;
+                (hit, same)
+            }
+        };
         Some(if same || !req.strict {
             Acquired::Replay {
                 receipt: hit.receipt.clone(),

@@ -49,9 +49,14 @@ pub fn no_method_override(headers: &HeaderMap, query: &str) -> Result<(), Ambigu
 /// escape (`%5F`, `\u005f`) that could spell it. Most bodies do neither, and need not be
 /// parsed for this.
 pub fn may_override_in_body(body: &[u8]) -> bool {
-    body.windows(6).any(|w| w.eq_ignore_ascii_case(b"method"))
-        || body.contains(&b'%')
-        || body.windows(2).any(|w| w == b"\\u")
+    body.iter().enumerate().any(|(i, b)| match b {
+        b'%' => true,
+        b'\\' => body.get(i + 1) == Some(&b'u'),
+        b'm' | b'M' => body
+            .get(i..i + 6)
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"method")),
+        _ => false,
+    })
 }
 
 /// Refuses a `_method` field in a form or JSON body the proxy has read.
@@ -130,6 +135,19 @@ mod tests {
         assert!(no_body_method_override(&parsed).is_err());
         let parsed = Parsed::parse(&form, b"amount=1").expect("form");
         assert!(no_body_method_override(&parsed).is_ok());
+        for body in [
+            &b"a=1&_method=x"[..],
+            b"_%6Dethod",
+            br#"{"_\u006dethod":1}"#,
+            b"METHOD",
+        ] {
+            assert!(
+                may_override_in_body(body),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert!(!may_override_in_body(br#"{"amount":100,"currency":"usd"}"#));
     }
 
     #[test]

@@ -181,3 +181,21 @@ mod rolling {
         two_derivations_at_once_execute_once(Backend::Postgres).await;
     }
 }
+
+#[test]
+fn a_derivation_this_build_does_not_know_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idemproxy.toml");
+    std::fs::write(&path, "[identity]\nderivation = 3\n").expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .expect("idemproxy");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("identity.derivation") && said.contains("1 or 2"),
+        "{said}"
+    );
+}
