@@ -340,3 +340,43 @@ async fn connection_stripe_account_is_refused_on_a_stripe_route() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(provider.received().len(), 0);
 }
+
+/// What real SDKs and a provider's own docs send goes out untouched: an email's `@` escaped
+/// in a SendGrid path (a reserved character, kept as sent), and a crypto pair's encoded slash
+/// on Alpaca, whose profile documents it (on another route it is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documented_spellings_go_out_as_sent() {
+    let provider = FakeProvider::start().await;
+    let routes = [
+        route("sendgrid", provider.port(), "provider = \"sendgrid\""),
+        route("alpaca", provider.port(), "provider = \"alpaca\""),
+    ]
+    .concat();
+    let (proxy, _store) = start(&routes).await;
+    let sent = |r: &Reply, what: &str| assert_eq!(r.status, 200, "{what}: {}", r.text());
+    let r = ask(
+        &proxy,
+        "DELETE",
+        "/sendgrid/v3/suppression/bounces/ana%40example.com",
+        &[],
+        "",
+    )
+    .await;
+    sent(&r, "sendgrid");
+    let r = ask(&proxy, "DELETE", "/alpaca/v2/positions/BTC%2FUSD", &[], "").await;
+    sent(&r, "alpaca");
+    let got: Vec<String> = provider
+        .received()
+        .iter()
+        .map(|r| r.path_and_query.clone())
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            "/v3/suppression/bounces/ana%40example.com".to_string(),
+            "/v2/positions/BTC%2FUSD".to_string()
+        ]
+    );
+    let r = ask(&proxy, "DELETE", "/sendgrid/v3/x/BTC%2FUSD", &[], "").await;
+    answered(&r, 400, "ambiguous-request", "an encoded slash on SendGrid");
+}
