@@ -132,7 +132,7 @@ impl AccountSpec {
     pub fn normalises(&self) -> bool {
         matches!(self, AccountSpec::Parts(parts) if parts.iter().any(|p| matches!(
             p,
-            AccountPart::BearerOrBasicUser | AccountPart::HeaderOrBody(_)
+            AccountPart::BearerOrBasicUser | AccountPart::HeaderOrBody(_) | AccountPart::PathAfter(_)
         )))
     }
 }
@@ -168,8 +168,13 @@ impl AccountPart {
                 None => h.header(req.headers, &http::header::AUTHORIZATION),
             },
             AccountPart::PathAfter(segment) => {
+                // Derivation 1 compared the segment's case exactly.
+                let same = |s: &str| match derivation {
+                    Derivation::V1 => s == segment,
+                    Derivation::V2 => s.eq_ignore_ascii_case(segment),
+                };
                 let mut segments = req.path.split('/').filter(|s| !s.is_empty());
-                if segments.any(|s| s.eq_ignore_ascii_case(segment)) {
+                if segments.any(same) {
                     if let Some(id) = segments.next() {
                         h.add("path", id.as_bytes());
                     }
