@@ -747,7 +747,13 @@ impl Claims {
                 )
             }
             Verdict::NotFound => {
-                let mut claim = Claim::new(req, policy, Token::random(), now);
+                // The held claim may be under the other derivation's scope: this request
+                // executes it there, as that derivation's request.
+                let theirs = req
+                    .as_other()
+                    .filter(|o| o.scope == held.scope && o.scope != req.scope);
+                let mut claim =
+                    Claim::new(theirs.as_ref().unwrap_or(req), policy, Token::random(), now);
                 claim.body.attempt = held.record.body.attempt;
                 let pending = claim.record(State::Pending, claim.body.clone());
                 Ok(

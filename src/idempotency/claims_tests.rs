@@ -534,3 +534,33 @@ async fn one_scope_two_fingerprints_is_compared_by_the_record_s_derivation() {
         Acquired::Mismatch
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_held_claim_found_under_the_other_derivation_is_executed_there() {
+    let c = claims(memory());
+    let p = reconciling();
+    let old = ClaimRequest {
+        derivation: 1,
+        ..request("v1-scope", "fp1", true)
+    };
+    unknown(&c, &old, &p).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let retry = with_other(request("v2-scope", "fp2", true), "v1-scope", "fp1");
+    let Acquired::Held {
+        reconcilable: Some(held),
+        ..
+    } = acquire(&c, &retry, &p).await
+    else {
+        panic!("held under the other derivation's scope, reconcilable");
+    };
+    assert_eq!(held.scope(), "v1-scope");
+    let Reconciled::Execute(claim) = c
+        .reconcile(held, Verdict::NotFound, &retry, &p)
+        .await
+        .expect("store")
+    else {
+        panic!("not found: this retry executes it");
+    };
+    assert_eq!(claim.scope, "v1-scope", "where the held attempt was claimed");
+    assert!(c.store().get("v2-scope").await.expect("get").is_none());
+}
