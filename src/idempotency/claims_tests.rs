@@ -561,6 +561,9 @@ async fn a_held_claim_found_under_the_other_derivation_is_executed_there() {
     else {
         panic!("not found: this retry executes it");
     };
-    assert_eq!(claim.scope, "v1-scope", "where the held attempt was claimed");
+    assert_eq!(
+        claim.scope, "v1-scope",
+        "where the held attempt was claimed"
+    );
     assert!(c.store().get("v2-scope").await.expect("get").is_none());
 }

@@ -47,6 +47,7 @@ impl SpendError {
 
     pub fn slug(&self) -> &'static str {
         match self {
+            SpendError::Price(PriceError::Ambiguous(_)) => "ambiguous-request",
             SpendError::Price(_) => "amount-invalid",
             SpendError::Run(_) => "run-invalid",
             SpendError::Refused(Refusal::OverCap { .. }) => "spend-cap-exceeded",
@@ -59,6 +60,7 @@ impl SpendError {
 
     pub fn advice(&self) -> &'static str {
         match self {
+            SpendError::Price(PriceError::Ambiguous(_)) => "Nothing was forwarded: the proxy and the provider could read two amounts from this request, so it does not go out. Send each field once, in the body.",
             SpendError::Price(_) => "Nothing was forwarded: a capped route counts every payment, so one whose amount cannot be read does not go out.",
             SpendError::Run(_) => "Nothing was forwarded. Run ids are 1-64 letters, digits, '.', '_', ':' or '-'.",
             SpendError::Refused(Refusal::OverCap { .. }) => "Nothing was forwarded. An operator can raise the cap in the route's [routes.spend].",

@@ -9,7 +9,7 @@ use rust_decimal::Decimal;
 
 use super::money::{Currency, Money, MoneyError, Unit};
 use super::port::{CapName, Counter, Reservation};
-use crate::request::body::{Field as BodyField, Parsed};
+use crate::request::body::{BodyError, Field as BodyField, Parsed};
 use crate::request::template::Template;
 use crate::request::Request;
 
@@ -18,6 +18,10 @@ use crate::request::Request;
 pub enum PriceError {
     #[error("the amount cannot be read: {0}")]
     Unreadable(String),
+    /// The proxy and the provider could read two amounts from the request (a key named
+    /// twice, a field in the query too).
+    #[error("the amount reads two ways: {0}")]
+    Ambiguous(String),
     #[error("the amount {0}")]
     Invalid(MoneyError),
     #[error("the currency {0}")]
@@ -380,13 +384,22 @@ impl Field {
         match self {
             Field::Template(t) => Ok(t
                 .first_value(req)
-                .map_err(|e| PriceError::Unreadable(e.to_string()))?
+                .map_err(|e| {
+                    if e.is_ambiguity() {
+                        PriceError::Ambiguous(e.to_string())
+                    } else {
+                        PriceError::Unreadable(e.to_string())
+                    }
+                })?
                 .into_iter()
                 .collect()),
             Field::EveryElement { before, after } => {
-                let unreadable = |e: &dyn std::fmt::Display| PriceError::Unreadable(e.to_string());
-                req.not_in_query(before).map_err(|e| unreadable(&e))?;
-                let parsed = req.parsed().map_err(|e| unreadable(&e))?;
+                req.not_in_query(before)
+                    .map_err(|e| PriceError::Ambiguous(e.to_string()))?;
+                let parsed = req.parsed().map_err(|e| match e {
+                    BodyError::DuplicateKey(_) => PriceError::Ambiguous(e.to_string()),
+                    e => PriceError::Unreadable(e.to_string()),
+                })?;
                 if !matches!(parsed, Parsed::Json(_)) {
                     return Err(PriceError::Unreadable("the body is not JSON".into()));
                 }
