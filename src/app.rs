@@ -102,7 +102,7 @@ fn webhook(config: &Config) -> Result<Option<(http::Uri, UpstreamClient)>, Confi
 
 /// The proxy's runtime state, its store opened, and the admin settings.
 pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartError> {
-    let parts = Parts::check(config)?;
+    let mut parts = Parts::check(config)?;
     let metrics = Arc::new(Metrics::new());
     let opened = store::open_config(&config.store).await?;
     let store = TimedStore::wrap(
@@ -119,9 +119,13 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
             Bounded::wrap(opened.spend, config.store.op_timeout.0),
             parts.sealer.clone(),
         );
-        let announcer = parts.webhook.clone().map(|(url, client)| {
-            Arc::new(Webhook::start(url, client, metrics.clone())) as Arc<dyn Announcer>
-        });
+        let webhook = parts
+            .webhook
+            .clone()
+            .map(|(url, client)| Arc::new(Webhook::start(url, client, metrics.clone())));
+        // The admin audit trail goes to the same webhook as approval requests.
+        parts.admin.audit_hook = webhook.clone();
+        let announcer = webhook.map(|w| w as Arc<dyn Announcer>);
         Arc::new(Gate::new(store, claims.clone(), announcer, metrics.clone()))
     };
     let app = App {

@@ -73,6 +73,7 @@ pub struct Metrics {
     /// Set at scrape time from the store: approvals waiting for a person.
     pub approvals_pending: Gauge,
     connect_refused: Family<Labels, Counter>,
+    unprotected: Family<Labels, Counter>,
     config_reloads: Family<Labels, Counter>,
     /// Claims this process holds while their upstream call runs.
     pub claims_in_flight: Gauge,
@@ -113,6 +114,7 @@ impl Metrics {
             approval_notices: Family::default(),
             approvals_pending: Gauge::default(),
             connect_refused: Family::default(),
+            unprotected: Family::default(),
             config_reloads: Family::default(),
             claims_in_flight: Gauge::default(),
             unknown_claims: Gauge::default(),
@@ -208,6 +210,11 @@ impl Metrics {
             "connect_refused",
             "CONNECT requests refused, and intercepted tunnels whose client broke off the TLS handshake, by reason (see docs/troubleshooting.md)",
             self.connect_refused.clone(),
+        );
+        r.register(
+            "unprotected_requests",
+            "Protected methods forwarded without a claim, by route and reason: no_key (no key and no template field to derive one) or store_unavailable (fail_open)",
+            self.unprotected.clone(),
         );
         r.register(
             "config_reloads",
@@ -315,6 +322,15 @@ impl Metrics {
     pub fn connect_refused(&self, reason: &'static str) {
         self.connect_refused
             .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc();
+    }
+
+    pub fn unprotected(&self, route: &str, reason: &'static str) {
+        self.unprotected
+            .get_or_create(&vec![
+                ("route".into(), route.into()),
+                ("reason".into(), reason.into()),
+            ])
             .inc();
     }
 

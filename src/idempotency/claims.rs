@@ -13,7 +13,7 @@ use super::outcome::{classify, CallFailure, Outcome};
 use super::policy::Policy;
 use super::policy::{Hold, OnInFlight};
 use super::receipt_cache::ReceiptCache;
-use super::record::{Fence, Receipt, Record, RecordBody, State, Token};
+use super::record::{Fence, Receipt, Record, RecordBody, ResolvedBy, State, Token};
 use super::store::{Clock, Deadline, Expiry, Store, StoreError};
 use super::unconfirmed::Retrier;
 use super::waiters::Waiters;
@@ -188,6 +188,8 @@ impl Claim {
                 attempt: 0,
                 reconciled: false,
                 derivation: req.derivation,
+                settled_ms: 0,
+                resolved: None,
             },
             restore: None,
             after_hold: false,
@@ -935,7 +937,7 @@ impl Claims {
         scope: &str,
         seen_token: &str,
         how: Resolution,
-        by: &str,
+        by: ResolvedBy,
         retention: impl Fn(&str) -> Duration,
     ) -> Result<Resolved, StoreError> {
         let Some(found) = self.store.get(scope).await? else {
@@ -953,10 +955,9 @@ impl Claims {
                 let mut body = found.body.clone();
                 body.reconciled = reconciled;
                 body.receipt = Some(receipt);
-                body.note = Some(format!(
-                    "receipt committed by {by} at {} ms",
-                    self.clock.now_ms()
-                ));
+                body.note = Some(format!("receipt committed by {} at {} ms", by.by, by.at_ms));
+                body.settled_ms = by.at_ms;
+                body.resolved = Some(Box::new(by));
                 let record = Record {
                     state: State::Committed,
                     token: Token::random(),
@@ -1004,6 +1005,7 @@ impl Claims {
         let mut body = claim.body.clone();
         body.receipt = Some(receipt);
         body.declined = declined;
+        body.settled_ms = self.clock.now_ms();
         let record = claim.record(State::Committed, body);
         // Not cached here: most keys are never retried, and caching every commit cost
         // throughput and memory in the benchmark. The first replay caches it.

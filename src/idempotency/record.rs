@@ -151,6 +151,12 @@ pub struct RecordBody {
     /// COMMITTED by asking the provider (a lookup), not by the call's own answer.
     #[serde(default, skip_serializing_if = "is_false")]
     pub reconciled: bool,
+    /// When the outcome was written (COMMITTED), for the operator's history.
+    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    pub settled_ms: u64,
+    /// Who resolved a held outcome, when, how and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<Box<ResolvedBy>>,
     /// How the scope and fingerprint were derived from the request (`identity::derivation`);
     /// records written before versions were kept are version 1.
     #[serde(default = "first_derivation")]
@@ -159,6 +165,25 @@ pub struct RecordBody {
 
 fn first_derivation() -> u8 {
     1
+}
+
+/// A person's (or a lookup's) resolution of a held outcome, kept with the receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedBy {
+    pub by: String,
+    pub at_ms: u64,
+    /// `committed` (a receipt the operator gave), `attested` (a response pasted by the
+    /// operator, marked so on every replay), `reconciled` (the provider was asked).
+    pub how: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The provider's id of the object the operation made, when the operator gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+}
+
+fn is_zero_ms(n: &u64) -> bool {
+    *n == 0
 }
 
 fn is_false(b: &bool) -> bool {
@@ -261,6 +286,8 @@ impl Record {
                 attempt: 0,
                 reconciled: false,
                 derivation: 2,
+                settled_ms: 0,
+                resolved: None,
             },
         }
     }
@@ -313,6 +340,14 @@ mod tests {
                 attempt: 3,
                 reconciled: true,
                 derivation: 2,
+                settled_ms: 5,
+                resolved: Some(Box::new(ResolvedBy {
+                    by: "ana".into(),
+                    at_ms: 6,
+                    how: "attested".into(),
+                    why: Some("seen in the dashboard".into()),
+                    object: Some("ch_1".into()),
+                })),
             },
         };
         let enc = r.encode();

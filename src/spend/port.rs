@@ -125,10 +125,40 @@ pub struct Approval {
     pub reason: Option<String>,
     #[serde(default)]
     pub decided_ms: Option<u64>,
+    /// Four eyes: the first of two approvers, while the second is awaited (still pending).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_approval: Option<FirstApproval>,
+    /// Other requests that arrived under the same operation while it waited: what they
+    /// asked and a digest of their body (never the body). An approver sees the conflict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<Variant>,
     /// Bumped on every change; a decision is written only over the version it read.
     #[serde(default)]
     pub version: u64,
 }
+
+/// Who approved first when an approval needs two people, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirstApproval {
+    pub by: String,
+    pub at_ms: u64,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// A request under an approval's operation that differs from the one the approval shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Variant {
+    pub amount: String,
+    pub method: String,
+    pub path: String,
+    /// SHA-256 of its body, hex.
+    pub body_sha256: String,
+    pub seen_ms: u64,
+}
+
+/// Variants an approval keeps at most (the first ones: enough to show the conflict).
+pub const MAX_VARIANTS: usize = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -882,7 +882,11 @@ impl Store for RedisStore {
                     .arg("MATCH")
                     .arg(&pattern)
                     .arg("COUNT")
-                    .arg(1000);
+                    .arg(1000)
+                    // Claims are strings; spend counters and approvals share the namespace
+                    // as sorted sets and hashes, which a GET would fail on (WRONGTYPE).
+                    .arg("TYPE")
+                    .arg("string");
                 let value = match (&self.link, &master) {
                     (Link::Cluster { conn, .. }, Some((host, port))) => conn
                         .clone()

@@ -128,6 +128,8 @@ mod tests {
             decided_by: None,
             reason: None,
             decided_ms: None,
+            first_approval: None,
+            variants: Vec::new(),
             version: 0,
         }
     }

@@ -386,6 +386,8 @@ async fn approvals_are_opened_once_and_decided_compare_and_set(backend: Backend)
         decided_by: None,
         reason: None,
         decided_ms: None,
+        first_approval: None,
+        variants: Vec::new(),
         version: 0,
     };
     let (first, opened) = s.open_approval(&a, t).await.expect("open");

@@ -28,6 +28,8 @@ pub fn record(state: State) -> Record {
             attempt: 0,
             reconciled: false,
             derivation: 2,
+            settled_ms: 0,
+            resolved: None,
         },
     }
 }
