@@ -59,6 +59,8 @@ impl Parts {
             egress: Some(egress.clone()),
         })
         .map_err(|e| config.invalid("server", e.to_string()))?;
+        let admin = AdminSettings::from_config(config)?;
+        approvals_can_be_decided(config, &admin)?;
         Ok(Parts {
             routes: Routes::build(config)?,
             connect: ConnectPolicy::build(config)?,
@@ -67,11 +69,46 @@ impl Parts {
             sealer: Sealer::load(&config.encryption)
                 .map_err(|e| config.invalid(e.field, e.message))?
                 .map(Arc::new),
-            admin: AdminSettings::from_config(config)?,
+            admin,
             default_client,
             webhook: webhook(config)?,
         })
     }
+}
+
+/// A route that parks payments for a person's approval needs the admin listener and its
+/// token, through which people decide: without them a parked payment can never go out, and
+/// the agent waiting on it is stuck.
+fn approvals_can_be_decided(config: &Config, admin: &AdminSettings) -> Result<(), ConfigError> {
+    let with_approvals = config.routes.iter().enumerate().find_map(|(i, r)| {
+        let spend = r.spend.as_ref()?;
+        let field = match (&spend.approve_above, &spend.approve_run_above) {
+            (Some(_), _) => "approve_above",
+            (None, Some(_)) => "approve_run_above",
+            (None, None) => return None,
+        };
+        Some(format!("routes[{i}] ({}).spend.{field}", r.name))
+    });
+    let Some(field) = with_approvals else {
+        return Ok(());
+    };
+    let token = format!(
+        "the admin token: the environment variable {} (admin.token_env) set when the proxy starts, or admin.token_sha256",
+        config.admin.token_env
+    );
+    if config.server.admin_listen.is_none() {
+        return Err(config.invalid(
+            field,
+            format!("payments above it wait for a person's approval, given through the admin listener, and none is configured: add server.admin_listen (e.g. \"127.0.0.1:9090\") and {token}"),
+        ));
+    }
+    if !admin.has_token() {
+        return Err(config.invalid(
+            field,
+            format!("payments above it wait for a person's approval, given through the admin API, which is off without a token: set {token}"),
+        ));
+    }
+    Ok(())
 }
 
 /// The approvals webhook's URL and a client for it (the operator's own endpoint: not

@@ -58,6 +58,11 @@ impl AdminSettings {
             list_limit: admin.list_limit,
         })
     }
+
+    /// Whether the admin API has a token: without one the key and approvals API is off.
+    pub fn has_token(&self) -> bool {
+        self.token_hash.is_some()
+    }
 }
 
 /// Re-reads the config file. `serve` wires in `crate::reload::Reloader`, which admin cannot

@@ -74,7 +74,7 @@ pub fn fingerprint(
 }
 
 /// `a=1&b=x%20y` → `[("a","1"), ("b","x y")]`; undecodable escapes are kept as written.
-fn form_pairs(raw: &[u8]) -> Vec<(String, String)> {
+pub(crate) fn form_pairs(raw: &[u8]) -> Vec<(String, String)> {
     raw.split(|b| *b == b'&')
         .filter(|p| !p.is_empty())
         .map(|pair| {

@@ -27,7 +27,7 @@ pub async fn to_route(
         Ok(uri) => uri,
         Err(e) => {
             return ProxyError::BadRequest(format!("the request path cannot be forwarded: {e}"))
-                .into_response()
+                .into_response(route.errors)
         }
     };
     if route.protects(req.method()) {
@@ -40,7 +40,7 @@ pub async fn to_route(
             given: req.method().to_string(),
             protected: protected.to_string(),
         }
-        .into_response()
+        .into_response(route.errors)
     } else {
         app.metrics
             .request(&route.name, RequestOutcome::Passthrough);
