@@ -475,7 +475,10 @@ mod amount {
         }
     }
 
-    fn field<'de, D: Deserializer<'de>>(d: D, name: &'static str) -> Result<Option<String>, D::Error> {
+    fn field<'de, D: Deserializer<'de>>(
+        d: D,
+        name: &'static str,
+    ) -> Result<Option<String>, D::Error> {
         d.deserialize_any(Amount(name))
     }
 
@@ -514,8 +517,8 @@ mod amount {
                     }
                     other => {
                         return Err(de::Error::custom(format!(
-                            "rates are text: write rates = {{ {currency} = \"{other}\" }}, not {other}"
-                        )))
+                        "rates are text: write rates = {{ {currency} = \"{other}\" }}, not {other}"
+                    )))
                     }
                 }
             }

@@ -235,7 +235,11 @@ fn run_demo(config: Option<PathBuf>) -> anyhow::Result<()> {
     let shop_host = config
         .routes
         .iter()
-        .find(|r| run.stand_ins.iter().any(|s| s.route == r.name && matches!(s.kind, idemproxy::demo::Kind::Counter)))
+        .find(|r| {
+            run.stand_ins
+                .iter()
+                .any(|s| s.route == r.name && matches!(s.kind, idemproxy::demo::Kind::Counter))
+        })
         .and_then(|r| r.host.clone());
     let stand_ins = run.stand_ins.clone();
     let config_path = run.config.clone();
@@ -262,7 +266,8 @@ fn run_demo(config: Option<PathBuf>) -> anyhow::Result<()> {
 type OnListening = Box<
     dyn FnOnce(
             std::net::SocketAddr,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>
         + Send,
 >;
 

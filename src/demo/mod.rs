@@ -160,7 +160,6 @@ impl Run {
         }
         Ok(())
     }
-
 }
 
 /// The section `name` of the config, made when missing.
@@ -192,7 +191,11 @@ fn stand_in(route: &toml::Table) -> Result<Option<StandIn>, String> {
     let host = upstream.host().unwrap_or_default().to_string();
     let port = upstream
         .port_u16()
-        .unwrap_or(if upstream.scheme_str() == Some("https") { 443 } else { 80 });
+        .unwrap_or(if upstream.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
     let dialled = match text("connect_to") {
         Some(to) => to.to_string(),
         None => format!("{host}:{port}"),
@@ -252,7 +255,10 @@ pub fn instructions(proxy: SocketAddr, stand_ins: &[StandIn], shop_host: Option<
             ));
         }
     }
-    if stand_ins.iter().any(|s| matches!(s.kind, Kind::Stripe { .. })) {
+    if stand_ins
+        .iter()
+        .any(|s| matches!(s.kind, Kind::Stripe { .. }))
+    {
         out.push_str(
             "\nThe official Stripe SDK through HTTPS_PROXY (README.md: \"The official Stripe SDK, no Stripe account needed\"):\n\n\
              \x20 eval \"$(idemproxy env --dir certs)\"   # the worker setup: proxy, CA, the SDK's start-up hook\n\

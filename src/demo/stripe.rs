@@ -72,10 +72,21 @@ fn lock(state: &Shared) -> std::sync::MutexGuard<'_, State> {
 
 async fn answer(req: Request<Incoming>, state: Shared) -> Result<Response<Body>, Infallible> {
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let secret = match secret_key(&parts.headers) {
         Ok(secret) => secret,
-        Err(refusal) => return Ok(refusal),
+        Err(message) => {
+            return Ok(error(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                None,
+                &message,
+            ))
+        }
     };
     let path = parts.uri.path().to_string();
     if parts.method == Method::GET {
@@ -114,14 +125,14 @@ async fn answer(req: Request<Incoming>, state: Shared) -> Result<Response<Body>,
 }
 
 /// `Bearer sk_test_…`, or Basic with the key as the user name; test-mode keys only.
-fn secret_key(headers: &HeaderMap) -> Result<String, Response<Body>> {
+/// The refusal is Stripe's 401 message.
+fn secret_key(headers: &HeaderMap) -> Result<String, String> {
     use base64::Engine as _;
-    let unauthorized = |message: String| {
-        error(StatusCode::UNAUTHORIZED, "invalid_request_error", None, &message)
-    };
-    let Some(value) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+    let Some(value) = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
     else {
-        return Err(unauthorized("You did not provide an API key. You need to provide your API key in the Authorization header, using Bearer auth (e.g. 'Authorization: Bearer YOUR_SECRET_KEY').".into()));
+        return Err("You did not provide an API key. You need to provide your API key in the Authorization header, using Bearer auth (e.g. 'Authorization: Bearer YOUR_SECRET_KEY').".into());
     };
     let key = match value.split_once(' ') {
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim().to_string(),
@@ -139,9 +150,9 @@ fn secret_key(headers: &HeaderMap) -> Result<String, Response<Body>> {
         return Ok(key);
     }
     let shown: String = key.chars().take(8).collect();
-    Err(unauthorized(format!(
+    Err(format!(
         "Invalid API Key provided: {shown}***. This stand-in for Stripe takes test-mode secret keys (sk_test_...) only."
-    )))
+    ))
 }
 
 fn read(state: &Shared, path: &str) -> Response<Body> {
@@ -318,7 +329,10 @@ fn declined(payment_intent: Option<Value>) -> (StatusCode, Value) {
 /// An id as Stripe writes them: a prefix and random letters and digits.
 fn id(prefix: &str) -> String {
     use rand::distr::{Alphanumeric, SampleString as _};
-    format!("{prefix}_{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
+    format!(
+        "{prefix}_{}",
+        Alphanumeric.sample_string(&mut rand::rng(), 24)
+    )
 }
 
 fn not_found(method: &Method, path: &str) -> Response<Body> {
@@ -330,7 +344,12 @@ fn not_found(method: &Method, path: &str) -> Response<Body> {
     )
 }
 
-fn error_value(status: StatusCode, kind: &str, code: Option<&str>, message: &str) -> (StatusCode, Value) {
+fn error_value(
+    status: StatusCode,
+    kind: &str,
+    code: Option<&str>,
+    message: &str,
+) -> (StatusCode, Value) {
     (
         status,
         json!({"error": {"type": kind, "code": code, "message": message}}),

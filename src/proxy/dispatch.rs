@@ -9,9 +9,9 @@ use hyper::body::Incoming;
 use super::connection::LocalAddr;
 use super::routed::to_route;
 use super::{connect, passthrough};
-use crate::providers::ErrorShape;
 use crate::http::body::Body;
 use crate::metrics::RequestOutcome;
+use crate::providers::ErrorShape;
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 
@@ -86,7 +86,8 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
                 None => match app.egress.check(host, port).await {
                     Ok(_) => {
                         app.metrics.request(NO_ROUTE, RequestOutcome::Passthrough);
-                        passthrough::forward(&app.default_client, req, uri, ErrorShape::Problem).await
+                        passthrough::forward(&app.default_client, req, uri, ErrorShape::Problem)
+                            .await
                     }
                     Err(e) => {
                         tracing::info!(%tenant, host, port, error = %e, "egress refused");

@@ -307,3 +307,71 @@ fn stripe_type(status: StatusCode, slug: &str) -> &'static str {
         _ => "invalid_request_error",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+
+    async fn rendered(
+        e: ProxyError,
+        shape: ErrorShape,
+    ) -> (http::response::Parts, serde_json::Value) {
+        let (parts, body) = e.into_response(shape).into_parts();
+        let bytes = body.collect().await.expect("a full body").to_bytes();
+        (parts, serde_json::from_slice(&bytes).expect("JSON"))
+    }
+
+    fn header<'p>(parts: &'p http::response::Parts, name: &str) -> Option<&'p str> {
+        parts.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[tokio::test]
+    async fn every_refusal_takes_the_route_shape_with_its_slug_as_the_code() {
+        let (parts, body) = rendered(ProxyError::KeyReused, ErrorShape::Stripe).await;
+        assert_eq!(parts.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(header(&parts, "content-type"), Some("application/json"));
+        assert_eq!(
+            header(&parts, "x-idemproxy-error"),
+            Some("idempotency-key-reused")
+        );
+        assert_eq!(header(&parts, "stripe-should-retry"), Some("false"));
+        assert_eq!(body["error"]["code"], "idemproxy_idempotency_key_reused");
+        assert_eq!(body["error"]["type"], "idempotency_error");
+
+        let in_flight = ProxyError::InFlight {
+            retry_after: Duration::from_secs(3),
+        };
+        let (parts, body) = rendered(in_flight, ErrorShape::Stripe).await;
+        assert_eq!(header(&parts, "stripe-should-retry"), Some("true"));
+        assert_eq!(header(&parts, "retry-after"), Some("3"));
+        assert_eq!(body["error"]["code"], "idemproxy_request_in_flight");
+
+        let unknown = ProxyError::OutcomeUnknown { retry_after: None };
+        let (parts, body) = rendered(unknown, ErrorShape::Alpaca).await;
+        assert_eq!(parts.status, StatusCode::CONFLICT);
+        assert_eq!(header(&parts, "stripe-should-retry"), None);
+        assert!(body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unknown")));
+
+        let (parts, body) = rendered(ProxyError::KeyReused, ErrorShape::Problem).await;
+        assert_eq!(
+            header(&parts, "content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(body["type"], "urn:idemproxy:problem:idempotency-key-reused");
+    }
+
+    #[tokio::test]
+    async fn a_template_operation_missing_its_field_does_not_blame_the_header() {
+        let e = ProxyError::Identity(IdentityError::MissingKeyField {
+            header: None,
+            field: "body.metadata.invoice_id".into(),
+        });
+        let (_, body) = rendered(e, ErrorShape::Stripe).await;
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("body.metadata.invoice_id"), "{message}");
+        assert!(!message.contains("header"), "{message}");
+    }
+}

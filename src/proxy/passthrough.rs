@@ -5,10 +5,10 @@ use hyper::body::Incoming;
 
 use super::headers::{for_upstream, strip_hop_by_hop};
 use super::upstream::UpstreamClient;
-use crate::providers::ErrorShape;
 use crate::http::body::{stream, Body};
 use crate::identity::provider_key::KeyField;
 use crate::identity::DEFAULT_TENANT;
+use crate::providers::ErrorShape;
 use crate::proxy::error::ProxyError;
 use crate::routes::Route;
 

@@ -210,7 +210,10 @@ fn the_readme_walkthrough_works_as_written() {
         6,
         "install + demo, base URL, HTTPS_PROXY, the SDK's setup, its runs, test mode: {shell:?}"
     );
-    assert_eq!(shell[0], ["cargo install --locked --path .", "idemproxy demo"]);
+    assert_eq!(
+        shell[0],
+        ["cargo install --locked --path .", "idemproxy demo"]
+    );
     let python = blocks(&section, "python");
     assert_eq!(python.len(), 1, "one SDK snippet");
     let snippet = python[0].join("\n") + "\n";
@@ -256,7 +259,10 @@ fn the_readme_walkthrough_works_as_written() {
     let list: serde_json::Value = serde_json::from_str(list).expect("the charge list is JSON");
     let charges = list["data"].as_array().expect("a Stripe list");
     assert_eq!(charges.len(), 1, "one charge for two runs: {list}");
-    assert_eq!(charges[0]["id"].as_str(), Some(printed_charge(first).as_str()));
+    assert_eq!(
+        charges[0]["id"].as_str(),
+        Some(printed_charge(first).as_str())
+    );
     demo.stop();
 
     // A second demo run starts afresh: what the README says holds again.
@@ -378,8 +384,15 @@ async fn the_https_proxy_page_works_as_written() {
 
     // 3. The compose example's worker is what `env --format compose` prints.
     let out = sh.command(&shell[1].join("\n")).output().expect("env");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let printed = yaml(&format!("worker:\n{}", String::from_utf8_lossy(&out.stdout)));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = yaml(&format!(
+        "worker:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    ));
     let example = yaml(&(blocks(&page, "yaml")[0].join("\n") + "\n"));
     let worker = &example["services"]["worker"];
     assert_eq!(worker["environment"], printed["worker"]["environment"]);
@@ -407,15 +420,27 @@ async fn the_https_proxy_page_works_as_written() {
     );
     let certs = sh.dir.path().join("certs");
     let mut tls = toml::Table::new();
-    tls.insert("ca_cert".into(), certs.join("ca.pem").display().to_string().into());
-    tls.insert("ca_key".into(), certs.join("ca.key").display().to_string().into());
+    tls.insert(
+        "ca_cert".into(),
+        certs.join("ca.pem").display().to_string().into(),
+    );
+    tls.insert(
+        "ca_key".into(),
+        certs.join("ca.key").display().to_string().into(),
+    );
     cfg.insert("tls".into(), tls.into());
     let route = cfg["routes"]
         .as_array_mut()
         .and_then(|r| r[0].as_table_mut())
         .expect("a route");
-    route.insert("connect_to".into(), format!("127.0.0.1:{}", fake.port()).into());
-    route.insert("upstream_ca".into(), pki.ca_path().display().to_string().into());
+    route.insert(
+        "connect_to".into(),
+        format!("127.0.0.1:{}", fake.port()).into(),
+    );
+    route.insert(
+        "upstream_ca".into(),
+        pki.ca_path().display().to_string().into(),
+    );
     let proxy = Proxy::start_in(sh.dir.path(), &toml::to_string(&cfg).expect("TOML"));
     let check: String = shell[2]
         .iter()
@@ -424,7 +449,10 @@ async fn the_https_proxy_page_works_as_written() {
         .collect();
     let worker_env = [
         ("HTTPS_PROXY", format!("http://{}", proxy.addr)),
-        ("CURL_CA_BUNDLE", certs.join("ca-bundle.pem").display().to_string()),
+        (
+            "CURL_CA_BUNDLE",
+            certs.join("ca-bundle.pem").display().to_string(),
+        ),
         ("STRIPE_KEY", KEY.to_string()),
     ];
     let run = || {

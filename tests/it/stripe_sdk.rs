@@ -148,10 +148,11 @@ async fn timed(args: &[&str], env: &[(&str, String)]) -> (Value, std::time::Dura
         .output()
         .await
         .expect("python3");
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("tool output {e}: {}", String::from_utf8_lossy(&out.stderr))
-    });
-    let seconds = printed["seconds"].as_f64().expect("the tool times its call");
+    let printed: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("tool output {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let seconds = printed["seconds"]
+        .as_f64()
+        .expect("the tool times its call");
     (printed, std::time::Duration::from_secs_f64(seconds))
 }
 
@@ -629,13 +630,14 @@ async fn an_undecided_approval_holds_stripe_node_under_30_s_and_the_re_run_pays_
         async move {
             let out = cmd.output().await.expect("node");
             let stdout = String::from_utf8_lossy(&out.stdout);
-            serde_json::from_str::<Value>(stdout.lines().last().unwrap_or_default())
-                .unwrap_or_else(|e| {
+            serde_json::from_str::<Value>(stdout.lines().last().unwrap_or_default()).unwrap_or_else(
+                |e| {
                     panic!(
                         "no JSON line ({e}): {stdout} {}",
                         String::from_utf8_lossy(&out.stderr)
                     )
-                })
+                },
+            )
         }
     };
     let out = node("inv-9201").await;
@@ -645,7 +647,10 @@ async fn an_undecided_approval_holds_stripe_node_under_30_s_and_the_re_run_pays_
     assert!(s.fake.charges().is_empty());
     approve_with_the_cli(&s.proxy);
     let paid = node("inv-9201").await;
-    assert!(paid.get("error").is_none(), "the re-run after the approval: {paid}");
+    assert!(
+        paid.get("error").is_none(),
+        "the re-run after the approval: {paid}"
+    );
     let again = node("inv-9201").await;
     assert_eq!(again["id"], paid["id"], "{again}");
     assert_eq!(s.fake.charges().len(), 1, "approved once, paid once");
@@ -659,7 +664,11 @@ async fn an_undecided_approval_holds_stripe_node_under_30_s_and_the_re_run_pays_
 fn refused_as(out: &Value, class: &str, status: u16, code: &str) {
     assert_eq!(
         (&out["error"], &out["http_status"], &out["code"]),
-        (&Value::from(class), &Value::from(status), &Value::from(code)),
+        (
+            &Value::from(class),
+            &Value::from(status),
+            &Value::from(code)
+        ),
         "{out}"
     );
     let message = out["message"].as_str().unwrap_or_default();
@@ -684,7 +693,9 @@ async fn refusals_on_the_shipped_stripe_route_are_stripe_errors() {
     let message = out["message"].as_str().unwrap_or_default();
     assert!(
         message.contains("metadata.invoice_id")
-            && !message.to_ascii_lowercase().contains("no idempotency-key header"),
+            && !message
+                .to_ascii_lowercase()
+                .contains("no idempotency-key header"),
         "{out}"
     );
     assert!(s.fake.charges().is_empty());
@@ -854,10 +865,7 @@ fn approvals_nobody_can_decide_are_refused_at_start() {
     let text = std::fs::read_to_string(&path).expect("config");
     std::fs::write(
         &path,
-        text.replace(
-            "[server]\n",
-            "[server]\nadmin_listen = \"127.0.0.1:0\"\n",
-        ),
+        text.replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n"),
     )
     .expect("write");
     for err in [
@@ -899,8 +907,8 @@ fn an_amount_written_as_a_number_says_how_to_write_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_commands_take_the_admin_url_after_the_subcommand() {
     let s = with_approvals(Backend::Sqlite, "1s").await;
-    let listed: Value = serde_json::from_str(&approvals_cli(&s.proxy, &["list", "--state", "all"]))
-        .expect("JSON");
+    let listed: Value =
+        serde_json::from_str(&approvals_cli(&s.proxy, &["list", "--state", "all"])).expect("JSON");
     assert!(listed["approvals"].is_array(), "{listed}");
     let admin = format!("http://{}", s.proxy.admin.expect("admin"));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
