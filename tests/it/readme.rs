@@ -263,6 +263,7 @@ fn the_readme_walkthrough_works_as_written() {
         charges[0]["id"].as_str(),
         Some(printed_charge(first).as_str())
     );
+    stripe_stand_in_behaves_like_stripe(&sh);
     demo.stop();
 
     // A second demo run starts afresh: what the README says holds again.
@@ -271,6 +272,26 @@ fn the_readme_walkthrough_works_as_written() {
     demo.stop();
 
     test_mode(&sh, &shell[5]);
+}
+
+/// The demo's Stripe stand-in, asked directly (not through the proxy): it refuses a key that
+/// is not a test key in Stripe's error shape, and deduplicates on `Idempotency-Key` as Stripe
+/// does.
+fn stripe_stand_in_behaves_like_stripe(sh: &Shell) {
+    let direct = "curl -si --cacert certs/ca.pem --resolve api.stripe.com:8098:127.0.0.1 https://api.stripe.com:8098/v1/charges";
+    let refused = sh.run(&format!("{direct} -u sk_live_nope:")).0;
+    assert!(refused.contains(" 401"), "{refused}");
+    let error: serde_json::Value = serde_json::from_str(&body(&refused)).expect("JSON");
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+    let charge = format!(
+        "{direct} -H 'Authorization: Bearer sk_test_direct' -H 'Idempotency-Key: direct-1' -d amount=700 -d currency=usd -d source=tok_visa"
+    );
+    let (first, again) = (sh.lower(&charge), sh.lower(&charge));
+    assert!(!first.contains("idempotent-replayed"), "{first}");
+    assert!(again.contains("idempotent-replayed: true"), "{again}");
+    assert_eq!(body(&first), body(&again));
+    let other = sh.lower(&charge.replace("amount=700", "amount=800"));
+    assert!(other.contains("idempotency_error"), "{other}");
 }
 
 /// The steps to Stripe's test mode: `ca init` finds the demo's CA and prints its `[tls]`
