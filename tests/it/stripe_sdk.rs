@@ -514,7 +514,7 @@ both_backends!(
 // An approval nobody has decided yet, as the SDKs at their defaults live it: they retry a 409
 // and honour `Stripe-Should-Retry` (stripe-python 16 and stripe-node 23: two retries, 0.5-1 s
 // apart, Retry-After ignored). Each attempt would be parked for `approval_wait` (default
-// 20 s): three of them held the call 76 s. The whole call must end within a tool's usual 30 s
+// 20 s): three of them held the call 82-86 s (25 s each then). The whole call must end within a tool's usual 30 s
 // (measured by the tool around the SDK call, its retries included), with an error the
 // agent's model can act on, and the re-run after the approval pays once.
 
