@@ -60,7 +60,7 @@ pub async fn run(
         Ok(resp) => resp,
         Err(e) => {
             trace.outcome.get_or_insert(outcome_of(&e));
-            e.into_response()
+            e.into_response(route.errors)
         }
     };
     trace.finish(app, route, tenant, started, resp.status().as_u16());
@@ -252,10 +252,7 @@ async fn spend(
         }
         Err(error) => {
             trace.spend = Some(error.slug().to_string());
-            Err(ProxyError::Spend {
-                error,
-                shape: route.errors,
-            })
+            Err(ProxyError::Spend(error))
         }
     }
 }
