@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::{Response, StatusCode, Uri};
 
-use super::drain::{Intercepted, Pass};
+use crate::proxy::drain::{Intercepted, Pass};
 use crate::config::{Config, ConfigError, UnknownHosts};
 use crate::http::body::Body;
 use crate::http::problem::Problem;

@@ -14,8 +14,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::connect_policy::{ConnectError, Target};
-use super::egress::{Egress, EgressError};
+use super::policy::{ConnectError, Target};
+use crate::proxy::egress::{Egress, EgressError};
 
 /// The addresses a tunnel to `target` may use. This is the one place that decides where blind
 /// tunnels can go: the egress rules (allow-list, internal ranges refused) judge the resolved

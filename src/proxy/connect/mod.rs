@@ -7,13 +7,16 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use super::connect_policy::{ConnectError, Target};
+use self::policy::{ConnectError, Target};
 use super::connection::ConnectionSlot;
-use super::{intercept, tunnel};
 use crate::config::UnknownHosts;
 use crate::http::body::{empty, Body};
 use crate::metrics::RequestOutcome;
 use crate::proxy::App;
+
+pub mod intercept;
+pub mod policy;
+pub mod tunnel;
 
 /// How long a blind tunnel may take to reach its target.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);

@@ -17,10 +17,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
-use super::connect_policy::Target;
-use super::drain::Requests;
-use super::limits::{first_request_within, FirstRequest};
-use super::routed;
+use super::policy::Target;
+use crate::proxy::drain::Requests;
+use crate::proxy::limits::{first_request_within, FirstRequest};
+use crate::proxy::routed;
 use super::tunnel::{until_idle, Activity};
 use crate::http::body::Body;
 use crate::http::problem::Problem;
