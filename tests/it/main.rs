@@ -22,6 +22,7 @@ mod reconcile;
 mod redis_topologies;
 mod sdk_matrix;
 mod shared_redis;
+mod side_doors;
 mod signed_providers;
 mod spend;
 mod store_conformance;
