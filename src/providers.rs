@@ -185,6 +185,9 @@ pub struct Profile {
     /// How its own errors look: refusals the proxy makes on its behalf (caps, approvals)
     /// take this shape, so its SDKs raise a meaningful error.
     pub errors: ErrorShape,
+    /// Other hosts of the provider that perform the same side effects outside the API the
+    /// route protects (SMTP relays; `*` stands for one label): CONNECT to them is refused.
+    pub side_doors: &'static [&'static str],
 }
 
 /// A profile's defaults for `[routes.spend]`: which requests cost money and where the amount
@@ -260,6 +263,7 @@ struct Spec {
     lookup: Option<(&'static str, &'static str, &'static str, &'static str)>,
     spend: Option<SpendDefaults>,
     errors: ErrorShape,
+    side_doors: &'static [&'static str],
 }
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -288,6 +292,7 @@ const HEADER: Spec = Spec {
     lookup: None,
     spend: None,
     errors: ErrorShape::Problem,
+    side_doors: &[],
 };
 
 /// No provider-side deduplication: the proxy's claim is the only protection, and ambiguous
@@ -399,11 +404,12 @@ const SPECS: &[Spec] = &[
         name: "gocardless",
         ..HEADER
     },
-    // Resend: `Idempotency-Key` ≤ 256, kept 24 h [RS].
+    // Resend: `Idempotency-Key` ≤ 256, kept 24 h [RS]. SMTP relay: smtp.resend.com [RS-SMTP].
     Spec {
         name: "resend",
         max_len: 256,
         retention: None,
+        side_doors: &["smtp.resend.com"],
         ..HEADER
     },
     // Razorpay X payouts: `X-Payout-Idempotency`, 4–36 of `[A-Za-z0-9 _-]` [RZP].
@@ -713,6 +719,8 @@ const SPECS: &[Spec] = &[
     Spec {
         name: "sendgrid",
         account: &[Part::Headers(&["authorization", "on-behalf-of"])],
+        // SMTP relay [SG-SMTP].
+        side_doors: &["smtp.sendgrid.net"],
         ..NO_KEY
     },
     Spec {
@@ -721,11 +729,15 @@ const SPECS: &[Spec] = &[
             "x-postmark-server-token",
             "x-postmark-account-token",
         ])],
+        // SMTP servers, transactional and broadcast streams [PM-SMTP].
+        side_doors: &["smtp.postmarkapp.com", "smtp-broadcasts.postmarkapp.com"],
         ..NO_KEY
     },
     Spec {
         name: "mailgun",
         account: &[Part::Headers(&["authorization", "x-mailgun-on-behalf-of"])],
+        // SMTP in the US and EU regions [MG-SMTP].
+        side_doors: &["smtp.mailgun.org", "smtp.eu.mailgun.org"],
         ..NO_KEY
     },
     // AWS SES v2: SigV4; the account is the access key id, region and service of the
@@ -735,6 +747,8 @@ const SPECS: &[Spec] = &[
         name: "ses",
         account: &[Part::SigV4],
         signing: Signing::SigV4,
+        // The SMTP interface of every region [SES-SMTP].
+        side_doors: &["email-smtp.*.amazonaws.com"],
         ..NO_KEY
     },
     // Twilio: Basic auth; the account is in the path (`Accounts/{AccountSid}`) [TW].
@@ -782,6 +796,7 @@ fn build(spec: &Spec) -> Profile {
             }),
         spend: spec.spend,
         errors: spec.errors,
+        side_doors: spec.side_doors,
     }
 }
 

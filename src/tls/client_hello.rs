@@ -314,10 +314,10 @@ mod tests {
         assert_eq!(parse(b"SSH-2.0-OpenSSH_9.6\r\n"), Hello::NotTls);
         assert_eq!(parse(&[0x80, 0x2e, 0x01]), Hello::NotTls, "SSLv2 hello");
         for bad in [
-            &[22u8, 9, 9, 0, 5][..],           // not TLS's version
-            &[22, 3, 1, 0, 0],                  // an empty record
-            &[22, 3, 1, 0x40, 0x01],            // longer than 2^14
-            &[22, 3, 1, 0, 4, 2, 0, 0, 0],      // a ServerHello
+            &[22u8, 9, 9, 0, 5][..],                // not TLS's version
+            &[22, 3, 1, 0, 0],                      // an empty record
+            &[22, 3, 1, 0x40, 0x01],                // longer than 2^14
+            &[22, 3, 1, 0, 4, 2, 0, 0, 0],          // a ServerHello
             &[22, 3, 1, 0, 4, 1, 0xff, 0xff, 0xff], // larger than the bound
         ] {
             assert!(matches!(parse(bad), Hello::Malformed(_)), "{bad:?}");
@@ -361,7 +361,9 @@ mod tests {
 
     #[test]
     fn ech_and_duplicate_extensions() {
-        let ech = edited("public.example", |b| append_extension(b, 0xfe0d, &[0, 1, 2]));
+        let ech = edited("public.example", |b| {
+            append_extension(b, 0xfe0d, &[0, 1, 2])
+        });
         assert_eq!(
             parse(&ech),
             Hello::ClientHello(ClientHello {

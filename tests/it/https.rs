@@ -776,11 +776,13 @@ async fn refusals_are_clear_and_the_proxy_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_ca_routed_hosts_are_refused_not_tunnelled() {
     let provider = FakeProvider::start().await;
+    let other = FakeProvider::start().await;
     let store = StoreFixture::new(Backend::Sqlite);
     let routes = format!(
-        "[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\n\n[tls]\nconnect_ports = [443, {}]\n\n[egress]\nallow = [\"127.0.0.1\"]\n",
+        "[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\n\n[tls]\nconnect_ports = [443, {}, {}]\n\n[egress]\nallow = [\"127.0.0.1\"]\n",
         provider.port(),
-        provider.port()
+        provider.port(),
+        other.port()
     );
     let proxy = Proxy::start(&config(&store.url(), &routes));
     let c = connect::connect(proxy.addr, &format!("{HOST}:443"))
@@ -794,11 +796,22 @@ async fn without_a_ca_routed_hosts_are_refused_not_tunnelled() {
         "{}",
         c.head
     );
-    // Unrouted hosts still tunnel.
-    let c = connect::connect(proxy.addr, &format!("127.0.0.1:{}", provider.port()))
+    // Unrouted hosts still tunnel; the route's own upstream address does not.
+    let c = connect::connect(proxy.addr, &format!("127.0.0.1:{}", other.port()))
         .await
         .expect("connect");
     assert_eq!(c.status, 200, "{}", c.head);
+    let c = connect::connect(proxy.addr, &format!("127.0.0.1:{}", provider.port()))
+        .await
+        .expect("connect");
+    assert_eq!(c.status, 403, "{}", c.head);
+    assert!(
+        c.head
+            .to_ascii_lowercase()
+            .contains("connect-routed-address"),
+        "{}",
+        c.head
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,12 +53,16 @@ impl Setup {
     async fn start(deployment: Deployment, tls_extra: &str) -> Setup {
         let provider_pki = TestPki::new("fake provider CA");
         let names = [HOST, "localhost", "127.0.0.1"];
-        let provider =
-            FakeProvider::start_https(ProviderOptions::default(), provider_pki.server_config(&names))
-                .await;
-        let twin =
-            FakeProvider::start_https(ProviderOptions::default(), provider_pki.server_config(&names))
-                .await;
+        let provider = FakeProvider::start_https(
+            ProviderOptions::default(),
+            provider_pki.server_config(&names),
+        )
+        .await;
+        let twin = FakeProvider::start_https(
+            ProviderOptions::default(),
+            provider_pki.server_config(&names),
+        )
+        .await;
         let site_pki = TestPki::new("some site's CA");
         let (site_leaf, site_key) = site_pki.leaf(&["localhost", "127.0.0.1"]);
         let site = FakeProvider::start_https(
@@ -123,10 +127,13 @@ impl Setup {
             "POST /v1/charges HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer sk_test_side\r\nIdempotency-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{CHARGE}",
             CHARGE.len()
         );
-        let (proxy, authority, client) = (self.proxy.addr, authority.to_string(), self.client.clone());
-        tokio::task::spawn_blocking(move || raw_attempt(proxy, &authority, &hello, client, &request))
-            .await
-            .expect("raw client")
+        let (proxy, authority, client) =
+            (self.proxy.addr, authority.to_string(), self.client.clone());
+        tokio::task::spawn_blocking(move || {
+            raw_attempt(proxy, &authority, &hello, client, &request)
+        })
+        .await
+        .expect("raw client")
     }
 
     /// Effects the provider performed at either of its addresses.
@@ -196,27 +203,45 @@ fn intercepted(s: &Setup, a: &Attempt) {
 async fn connect_by_address(deployment: Deployment) {
     let s = Setup::start(deployment, "").await;
     let a = s
-        .attempt(&format!("127.0.0.1:{}", s.provider.port()), sni(HOST), HOST, "by-ip")
+        .attempt(
+            &format!("127.0.0.1:{}", s.provider.port()),
+            sni(HOST),
+            HOST,
+            "by-ip",
+        )
         .await;
     let slug = match deployment {
         Deployment::Spend => "connect-address-forbidden",
         Deployment::Plain => "connect-routed-address",
     };
     refused(&a, Some(slug));
-    assert_eq!(s.executed(), 0, "a blind tunnel reached the provider: {a:?}");
+    assert_eq!(
+        s.executed(),
+        0,
+        "a blind tunnel reached the provider: {a:?}"
+    );
 }
 
 async fn connect_by_another_name(deployment: Deployment) {
     let s = Setup::start(deployment, "").await;
     let a = s
-        .attempt(&format!("localhost:{}", s.provider.port()), sni(HOST), HOST, "by-name")
+        .attempt(
+            &format!("localhost:{}", s.provider.port()),
+            sni(HOST),
+            HOST,
+            "by-name",
+        )
         .await;
     let slug = match deployment {
         Deployment::Spend => "connect-host-forbidden",
         Deployment::Plain => "connect-routed-address",
     };
     refused(&a, Some(slug));
-    assert_eq!(s.executed(), 0, "a blind tunnel reached the provider: {a:?}");
+    assert_eq!(
+        s.executed(),
+        0,
+        "a blind tunnel reached the provider: {a:?}"
+    );
 }
 
 async fn sibling_name_carrying_the_routed_host(deployment: Deployment) {
@@ -235,7 +260,11 @@ async fn sibling_name_carrying_the_routed_host(deployment: Deployment) {
         Deployment::Plain => "connect-routed-address",
     };
     refused(&a, Some(slug));
-    assert_eq!(s.executed(), 0, "a blind tunnel reached the provider: {a:?}");
+    assert_eq!(
+        s.executed(),
+        0,
+        "a blind tunnel reached the provider: {a:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -256,10 +285,9 @@ async fn sni_naming_a_routed_host_is_intercepted_to_the_route() {
         let again = s.attempt(&twin, hello, HOST, &key).await;
         intercepted(&s, &again);
         assert!(
-            again
-                .answer
-                .as_ref()
-                .is_some_and(|(_, h, _)| h.to_ascii_lowercase().contains("idempotent-replayed: true")),
+            again.answer.as_ref().is_some_and(|(_, h, _)| h
+                .to_ascii_lowercase()
+                .contains("idempotent-replayed: true")),
             "{again:?}"
         );
         assert_eq!(
@@ -268,8 +296,16 @@ async fn sni_naming_a_routed_host_is_intercepted_to_the_route() {
             "the replay carries the first answer's bytes"
         );
     }
-    assert_eq!(s.provider.effects(), 2, "one charge per key, at the route's upstream");
-    assert_eq!(s.twin.effects(), 0, "nothing reached the address the CONNECT named");
+    assert_eq!(
+        s.provider.effects(),
+        2,
+        "one charge per key, at the route's upstream"
+    );
+    assert_eq!(
+        s.twin.effects(),
+        0,
+        "nothing reached the address the CONNECT named"
+    );
     assert!(s.twin.received().is_empty());
 }
 
@@ -286,10 +322,16 @@ async fn spend_deployments_refuse_hellos_that_hide_the_name() {
     ] {
         let a = s.attempt(&twin, hello, HOST, what).await;
         refused(&a, None);
-        assert_eq!(s.executed(), 0, "{what}: a blind tunnel reached the provider: {a:?}");
+        assert_eq!(
+            s.executed(),
+            0,
+            "{what}: a blind tunnel reached the provider: {a:?}"
+        );
     }
     // Plain HTTP (or anything else that is not a ClientHello) sent first: refused too.
-    let mut c = connect::connect(s.proxy.addr, &twin).await.expect("connect");
+    let mut c = connect::connect(s.proxy.addr, &twin)
+        .await
+        .expect("connect");
     assert_eq!(c.status, 200);
     let charge = format!(
         "POST /v1/charges HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {}\r\n\r\n{CHARGE}",
@@ -300,9 +342,7 @@ async fn spend_deployments_refuse_hellos_that_hide_the_name() {
     let _ = tokio::time::timeout(Duration::from_secs(10), c.stream.read_to_end(&mut got)).await;
     assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
     assert!(s.twin.received().is_empty());
-    let m = |reason: &str| {
-        format!("idemproxy_connect_refused_total{{reason=\"{reason}\"}}")
-    };
+    let m = |reason: &str| format!("idemproxy_connect_refused_total{{reason=\"{reason}\"}}");
     assert_eq!(metric(&s.proxy, &m("sni_mismatch")).await, 2.0);
     assert_eq!(metric(&s.proxy, &m("no_sni")).await, 1.0);
     assert_eq!(metric(&s.proxy, &m("not_tls")).await, 1.0);
@@ -336,7 +376,10 @@ async fn an_allowed_site_streams_untouched_on_a_spend_deployment() {
     let (tls, presented) = connect::tls(s.proxy.addr, &authority, "localhost", client)
         .await
         .expect("tunnel");
-    assert_eq!(presented, s.site_leaf, "the tunnel must not touch the TLS session");
+    assert_eq!(
+        presented, s.site_leaf,
+        "the tunnel must not touch the TLS session"
+    );
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
             .await
@@ -347,7 +390,11 @@ async fn an_allowed_site_streams_untouched_on_a_spend_deployment() {
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .expect("request");
     let started = Instant::now();
-    let mut body = sender.send_request(req).await.expect("response").into_body();
+    let mut body = sender
+        .send_request(req)
+        .await
+        .expect("response")
+        .into_body();
     let mut arrivals = Vec::new();
     while let Some(frame) = body.frame().await {
         if frame.expect("frame").is_data() {
@@ -365,7 +412,12 @@ async fn an_allowed_site_streams_untouched_on_a_spend_deployment() {
     );
     // The provider's sibling name, allowed or not, is still no way to the provider.
     let a = s
-        .attempt(&format!("localhost:{}", s.provider.port()), sni("localhost"), HOST, "x")
+        .attempt(
+            &format!("localhost:{}", s.provider.port()),
+            sni("localhost"),
+            HOST,
+            "x",
+        )
         .await;
     refused(&a, Some("connect-routed-address"));
     assert_eq!(s.executed(), 0);
@@ -374,7 +426,9 @@ async fn an_allowed_site_streams_untouched_on_a_spend_deployment() {
 /// A server that speaks first (SMTP, SSH): the client sends nothing until it has the
 /// banner, so after a short peek the tunnel is spliced instead of waiting for a ClientHello.
 async fn server_speaks_first(deployment: Deployment) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let port = listener.local_addr().expect("addr").port();
     tokio::spawn(async move {
         while let Ok((mut sock, _)) = listener.accept().await {
@@ -407,7 +461,11 @@ async fn server_speaks_first(deployment: Deployment) {
         .expect("the banner arrives")
         .expect("read");
     assert_eq!(&banner, b"220 smtp.test ESMTP ready\r\n");
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     c.stream.write_all(b"EHLO worker\r\n").await.expect("write");
     let mut echo = [0u8; 13];
     c.stream.read_exact(&mut echo).await.expect("echo");

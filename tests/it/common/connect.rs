@@ -230,9 +230,7 @@ pub fn raw_attempt(
         match stream.read_to_end(&mut got) {
             Ok(_) => Ok(got),
             // A server that closes without close_notify still sent a whole answer.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !got.is_empty() => {
-                Ok(got)
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !got.is_empty() => Ok(got),
             Err(e) => Err(e),
         }
     })();
