@@ -166,6 +166,7 @@ fn check_config(path: PathBuf) -> anyhow::Result<()> {
     // Exactly what `serve` builds before it opens the store.
     idemproxy::app::Parts::check(&config)?;
     println!("{}: OK ({} routes)", path.display(), config.routes.len());
+    println!("{}", idemproxy::proxy::connect::policy::summary(&config));
     Ok(())
 }
 

@@ -514,3 +514,101 @@ both_deployments!(
     sibling_name_carrying_the_routed_host,
     server_speaks_first,
 );
+
+// ---------------------------------------------------------------------------------------
+// The settings, as `check-config` reads them.
+
+fn check_config(text: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idemproxy.toml");
+    std::fs::write(&path, text).expect("write config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run idemproxy");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn check_config_says_what_unknown_hosts_get_and_why() {
+    let capped = "[[routes]]\nname = \"stripe\"\nupstream = \"https://api.stripe.com\"\nprovider = \"stripe\"\n[routes.spend]\ncaps_currency = \"usd\"\nper_request = \"100.00\"\n";
+    let store = "[store]\nurl = \"sqlite://x.db\"\n";
+
+    // Spend caps: unknown hosts are refused unless listed, and check-config says so.
+    let (ok, out) = check_config(&format!(
+        "{store}[tls]\ntunnel_hosts = [\"api.openai.com\", \"*.anthropic.com\"]\n{capped}"
+    ));
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("refused, because route `stripe` caps spend")
+            && out.contains("tunnelled: api.openai.com, *.anthropic.com"),
+        "{out}"
+    );
+
+    // "tunnel" on such a config needs its acknowledgement, and the error says why.
+    let tunnel = format!("{store}[tls]\nunknown_hosts = \"tunnel\"\n{capped}");
+    let (ok, out) = check_config(&tunnel);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("tls.unknown_hosts")
+            && out.contains("route `stripe` caps spend")
+            && out.contains("tls.tunnel_with_spend = true")
+            && out.contains("tls.tunnel_hosts"),
+        "{out}"
+    );
+    let (ok, out) = check_config(&tunnel.replace(
+        "unknown_hosts = \"tunnel\"\n",
+        "unknown_hosts = \"tunnel\"\ntunnel_with_spend = true\n",
+    ));
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("blind tunnel although route `stripe` caps spend"),
+        "{out}"
+    );
+
+    // Without caps nothing changes: unknown hosts tunnel, "tunnel" needs nothing more.
+    let plain = "[[routes]]\nname = \"mail\"\nupstream = \"https://api.sendgrid.com\"\nprovider = \"sendgrid\"\n";
+    let (ok, out) = check_config(&format!(
+        "{store}[tls]\nunknown_hosts = \"tunnel\"\n{plain}"
+    ));
+    assert!(ok && out.contains("blind tunnel"), "{out}");
+
+    // The allow-list takes names, never addresses or ports.
+    for bad in ["1.2.3.4", "api.openai.com:443", "*", "bad name.com"] {
+        let (ok, out) = check_config(&format!("{store}[tls]\ntunnel_hosts = [\"{bad}\"]\n"));
+        assert!(!ok && out.contains("tls.tunnel_hosts[0]"), "{bad}: {out}");
+    }
+}
+
+/// An email provider's SMTP relay sends the same mail past the route: refused on any
+/// deployment and any port (here 587, submission with STARTTLS), before any DNS lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smtp_relays_of_routed_email_providers_are_refused() {
+    let store = StoreFixture::new(Backend::Sqlite);
+    let text = config(
+        &store.url(),
+        "[tls]\nconnect_ports = [443, 465, 587]\n\n[[routes]]\nname = \"sendgrid\"\nupstream = \"https://api.sendgrid.com\"\nprovider = \"sendgrid\"\n\n[[routes]]\nname = \"ses\"\nupstream = \"https://email.us-east-1.amazonaws.com\"\nprovider = \"ses\"\n",
+    );
+    let proxy = Proxy::start(&text);
+    for target in [
+        "smtp.sendgrid.net:587",
+        "SMTP.SendGrid.net.:465",
+        "email-smtp.eu-west-1.amazonaws.com:587",
+    ] {
+        let c = connect::connect(proxy.addr, target).await.expect("connect");
+        assert_eq!(c.status, 403, "{target}: {}", c.head);
+        assert!(
+            c.head
+                .to_ascii_lowercase()
+                .contains("x-idemproxy-error: connect-provider-side-door"),
+            "{target}: {}",
+            c.head
+        );
+    }
+}

@@ -84,6 +84,30 @@ impl ConnectPolicy {
     }
 }
 
+/// What `check-config` says about CONNECT to hosts no route covers, and why.
+pub fn summary(config: &Config) -> String {
+    let capped = config.routes.iter().find(|r| r.spend.is_some());
+    let listed = if config.tls.tunnel_hosts.is_empty() {
+        "none".to_string()
+    } else {
+        config.tls.tunnel_hosts.join(", ")
+    };
+    match (config.unknown_hosts(), capped) {
+        (UnknownHosts::Deny, Some(route)) if config.tls.unknown_hosts.is_none() => format!(
+            "CONNECT to hosts no route covers: refused, because route `{}` caps spend (an agent must not reach a payment provider by another name or address); tunnelled: {listed} (tls.tunnel_hosts). IP addresses and ClientHellos that hide or change the name are refused too.",
+            route.name
+        ),
+        (UnknownHosts::Deny, _) => format!(
+            "CONNECT to hosts no route covers: refused (tls.unknown_hosts = \"deny\"); tunnelled: {listed} (tls.tunnel_hosts)."
+        ),
+        (UnknownHosts::Tunnel, Some(route)) => format!(
+            "CONNECT to hosts no route covers: blind tunnel although route `{}` caps spend (tls.tunnel_with_spend = true). IP addresses and ClientHellos that hide or change the name are still refused.",
+            route.name
+        ),
+        (UnknownHosts::Tunnel, None) => "CONNECT to hosts no route covers: blind tunnel (tls.unknown_hosts = \"tunnel\"), except the routes' own upstream addresses and providers' SMTP relays.".to_string(),
+    }
+}
+
 /// Why a CONNECT was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
