@@ -315,8 +315,9 @@ pub struct RouteConfig {
     /// Methods this route protects; others pass through untouched.
     #[serde(default = "default_methods")]
     pub methods: Vec<String>,
-    #[serde(default)]
-    pub missing_key: MissingKey,
+    /// A request without a key: `forward` (unprotected), `reject` (400) or `derive` (the
+    /// whole request within `dedup_window`). Default: the profile's, else `forward`.
+    pub missing_key: Option<MissingKey>,
     #[serde(default)]
     pub on_in_flight: OnInFlight,
     /// With `on_in_flight = "wait"`: how long a duplicate waits for the first to settle

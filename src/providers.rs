@@ -13,8 +13,8 @@ use crate::config::LookupConfig;
 use crate::idempotency::policy::{BodyRule, Condition, RuleOutcome, StatusSet, Test};
 use crate::identity::account::AccountPart;
 use crate::identity::provider_key::KeyField;
-use crate::identity::KeySource;
 use crate::identity::Signing;
+use crate::identity::{KeySource, MissingKey};
 
 /// Which keys a provider accepts: a length range and a set of ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +176,8 @@ pub struct Profile {
     pub signing: Signing,
     /// Where a route without a template takes the operation's identity from.
     pub key_source: Option<KeySource>,
+    /// What a request without a key gets on a route that does not say (`missing_key`).
+    pub missing_key: Option<MissingKey>,
     pub retention: Option<Duration>,
     pub dedup_window: Option<Duration>,
     /// How to ask the provider whether a held operation happened.
@@ -257,6 +259,7 @@ struct Spec {
     volatile: &'static [&'static str],
     signing: Signing,
     key_source: Option<KeySource>,
+    missing_key: Option<MissingKey>,
     retention: Option<Duration>,
     dedup_window: Option<Duration>,
     /// `(request, found statuses, not found statuses, field a found answer carries)`.
@@ -287,6 +290,7 @@ const HEADER: Spec = Spec {
     volatile: &[],
     signing: Signing::None,
     key_source: None,
+    missing_key: None,
     retention: Some(WEEK),
     dedup_window: None,
     lookup: None,
@@ -295,12 +299,21 @@ const HEADER: Spec = Spec {
     side_doors: &[],
 };
 
+/// How long an email or message sent without a key counts as sent, so an agent's re-run of
+/// the tool is the same send: an hour covers a retried run; the same text to the same
+/// recipient sent on purpose twice within it goes out once (docs/providers.md).
+const MESSAGE_WINDOW: Duration = Duration::from_secs(3600);
+
 /// No provider-side deduplication: the proxy's claim is the only protection, and ambiguous
-/// outcomes (timeouts, 500/502/504) are held as UNKNOWN.
+/// outcomes (timeouts, 500/502/504) are held as UNKNOWN. Email and SMS APIs: their SDKs send
+/// no key, so a request without one is identified by its whole content within an hour
+/// rather than forwarded unprotected.
 const NO_KEY: Spec = Spec {
     honours_key: false,
     header: None,
     retention: None,
+    missing_key: Some(MissingKey::Derive),
+    dedup_window: Some(MESSAGE_WINDOW),
     ..HEADER
 };
 
@@ -405,10 +418,14 @@ const SPECS: &[Spec] = &[
         ..HEADER
     },
     // Resend: `Idempotency-Key` ≤ 256, kept 24 h [RS]. SMTP relay: smtp.resend.com [RS-SMTP].
+    // Its SDKs send a key only when the tool passes one [RS-PY]: without one, the whole
+    // request is the email for 24 h, the derived key passed down (Resend keeps it as long).
     Spec {
         name: "resend",
         max_len: 256,
         retention: None,
+        missing_key: Some(MissingKey::Derive),
+        dedup_window: Some(DAY),
         side_doors: &["smtp.resend.com"],
         ..HEADER
     },
@@ -783,6 +800,7 @@ fn build(spec: &Spec) -> Profile {
         volatile: spec.volatile,
         signing: spec.signing,
         key_source: spec.key_source,
+        missing_key: spec.missing_key,
         retention: spec.retention,
         dedup_window: spec.dedup_window,
         lookup: spec

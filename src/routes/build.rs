@@ -270,7 +270,10 @@ impl<'a> Builder<'a> {
             key_source,
             template,
             operations,
-            missing_key: r.missing_key,
+            missing_key: r
+                .missing_key
+                .or(self.profile.as_ref().and_then(|p| p.missing_key))
+                .unwrap_or_default(),
             account: self.account()?,
             volatile: self
                 .profile

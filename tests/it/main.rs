@@ -20,6 +20,7 @@ mod providers;
 mod readme;
 mod reconcile;
 mod redis_topologies;
+mod sdk_examples;
 mod sdk_matrix;
 mod shared_redis;
 mod side_doors;
