@@ -208,8 +208,8 @@ pub enum Identification {
 pub enum IdentityError {
     #[error(transparent)]
     InvalidKey(#[from] KeyError),
-    #[error("this route requires an idempotency key in the {header} header")]
-    MissingKey { header: String },
+    #[error("this route requires an idempotency key in {wanted}")]
+    MissingKey { wanted: String },
     #[error("the request has no {header} header and its key template needs {field}, which the request does not carry")]
     MissingKeyField { header: String, field: String },
     #[error("{0}")]
@@ -357,7 +357,15 @@ impl RouteIdentity {
                 header,
                 field: missing_field(t, view),
             }),
-            (MissingKey::Reject, None) => Err(IdentityError::MissingKey { header }),
+            (MissingKey::Reject, None) => Err(IdentityError::MissingKey {
+                // A provider's own key field (Alpaca's `client_order_id`) is a key too.
+                wanted: match &self.provider_key {
+                    Some(KeyField::Body(field)) => {
+                        format!("the {header} header, or `{field}` in the body")
+                    }
+                    _ => format!("the {header} header"),
+                },
+            }),
         }
     }
 
