@@ -40,10 +40,11 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
-# The worker matrix (tests/it/sdk_matrix.rs): SDKs as shipped. mcp < 2 is what CrewAI requires.
-if ! python3 -c 'import stripe, twilio, sendgrid, alpaca, aiohttp, mcp.client.stdio' >/dev/null 2>&1; then
-  echo "installing: python stripe, twilio, sendgrid, alpaca-py, aiohttp, mcp"
-  python3 -m pip install -q stripe twilio sendgrid alpaca-py aiohttp 'mcp>=1.30,<2'
+# The worker matrix (tests/it/sdk_matrix.rs) and the shipped examples' SDKs
+# (tests/it/sdk_examples.rs): SDKs as shipped. mcp < 2 is what CrewAI requires.
+if ! python3 -c 'import stripe, twilio, sendgrid, alpaca, aiohttp, mcp.client.stdio, postmarker, resend, mailgun' >/dev/null 2>&1; then
+  echo "installing: python stripe, twilio, sendgrid, alpaca-py, aiohttp, mcp, postmarker, resend, mailgun"
+  python3 -m pip install -q stripe twilio sendgrid alpaca-py aiohttp 'mcp>=1.30,<2' postmarker resend mailgun
 fi
 if [ ! -f tests/node/node_modules/.package-lock.json ] || [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; then
   echo "installing: node stripe, axios, undici (tests/node)"

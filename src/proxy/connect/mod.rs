@@ -189,12 +189,19 @@ impl Tunnel {
             }
         };
         let policy = &self.app.connect;
-        // A client of an intercepted host has nothing to wait for: it speaks first.
-        let first_byte = match plan {
-            Plan::Intercept => policy.handshake_timeout,
-            Plan::Tunnel(_) => policy.peek_timeout,
+        let whole = policy.handshake_timeout;
+        let peeked = match &plan {
+            // A client of an intercepted host has nothing to wait for: it speaks first.
+            Plan::Intercept => peek(&mut io, std::future::pending(), whole).await,
+            // A server that speaks first (SMTP, SSH) is spliced as soon as it does, or once
+            // the client has said nothing for the peek timeout.
+            Plan::Tunnel(upstream) => {
+                let spoke = async {
+                    let _ = tokio::time::timeout(policy.peek_timeout, upstream.readable()).await;
+                };
+                peek(&mut io, spoke, whole).await
+            }
         };
-        let peeked = peek(&mut io, first_byte, policy.handshake_timeout).await;
         let client = Replay::new(peeked.bytes, io);
         match plan {
             Plan::Intercept => self.intercept_routed(client, peeked.seen).await,

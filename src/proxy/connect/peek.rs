@@ -3,6 +3,7 @@
 //! client that waits for the server to speak first (SMTP, SSH). Everything read is kept to
 //! be replayed, byte for byte, to whoever gets the connection ([`super::replay::Replay`]).
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -29,29 +30,30 @@ pub struct Peeked {
     pub seen: Seen,
 }
 
-/// Reads until the bytes are a whole ClientHello or something else: the first byte within
-/// `first_byte`, the rest within `whole` from the start.
-pub async fn peek<IO: AsyncRead + Unpin>(
-    io: &mut IO,
-    first_byte: Duration,
-    whole: Duration,
-) -> Peeked {
-    let started = tokio::time::Instant::now();
+/// Reads until the bytes are a whole ClientHello or something else, all within `whole`. Until
+/// the first byte comes, `server_spoke` ending (the first-byte timeout, or the server's own
+/// first bytes) means the client waits for the server: [`Seen::Silence`].
+pub async fn peek<IO, S>(io: &mut IO, server_spoke: S, whole: Duration) -> Peeked
+where
+    IO: AsyncRead + Unpin,
+    S: Future<Output = ()>,
+{
+    let deadline = tokio::time::Instant::now() + whole;
     let mut bytes = Vec::with_capacity(2048);
     let mut chunk = [0u8; 4096];
+    tokio::pin!(server_spoke);
     loop {
-        let deadline = if bytes.is_empty() {
-            started + first_byte
-        } else {
-            started + whole
-        };
         let room = MAX_HELLO_BYTES.saturating_sub(bytes.len()).min(chunk.len());
-        let read = tokio::time::timeout_at(deadline, io.read(&mut chunk[..room])).await;
+        let read = tokio::select! {
+            read = tokio::time::timeout_at(deadline, io.read(&mut chunk[..room])) => Some(read),
+            () = &mut server_spoke, if bytes.is_empty() => None,
+        };
         let seen = match read {
-            Err(_) if bytes.is_empty() => Some(Seen::Silence),
-            Err(_) => Some(Seen::Malformed("the ClientHello stalled")),
-            Ok(Ok(0)) | Ok(Err(_)) => Some(Seen::Closed),
-            Ok(Ok(n)) => {
+            None => Some(Seen::Silence),
+            Some(Err(_)) if bytes.is_empty() => Some(Seen::Silence),
+            Some(Err(_)) => Some(Seen::Malformed("the ClientHello stalled")),
+            Some(Ok(Ok(0)) | Ok(Err(_))) => Some(Seen::Closed),
+            Some(Ok(Ok(n))) => {
                 bytes.extend_from_slice(&chunk[..n]);
                 match client_hello::parse(&bytes) {
                     Hello::Incomplete => None,
