@@ -91,6 +91,11 @@ async fn email_postmark_postmarker_without_a_tag() {
         &["bob@example.com", "Your invoice"],
     )
     .await;
+    let sent = fake.sent();
+    assert_eq!(
+        (sent[0].to.as_str(), sent[0].id.clone()),
+        ("ada@example.com", id(&a))
+    );
     // The comment: the same email sent on purpose again within the hour goes out once…
     let again = run(&w, "postmark", &first, &creds).await;
     assert_eq!(id(&again), id(&a));

@@ -14,17 +14,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use crate::common::client::send;
 use crate::common::fakes::accounts::{Alpaca, AlpacaKeys};
 use crate::common::fakes::signed::{Fake, Ses, SES_HOST};
 use crate::common::fakes::stripe::FakeStripe;
 use crate::common::pki::{ProxyCa, TestPki};
 use crate::common::provider::{FakeProvider, ProviderOptions};
-use crate::common::proxy::{Proxy, StoreFixture};
 use crate::common::worker::{env_file_lines, failed, python_script, repo, tool, Worker};
-use crate::common::Backend;
 use serde_json::Value;
 
 const STRIPE_SECRET: &str = "sk_test_worker_77";

@@ -70,8 +70,11 @@ pub fn side_door<'r>(routes: &'r [Arc<Route>], host: &str) -> Option<&'r Arc<Rou
 /// now (cached for a minute), so a tunnel to the same address under another name is refused.
 #[derive(Default)]
 pub struct RoutedAddresses {
-    answers: Mutex<HashMap<(String, u16), (Instant, Arc<Vec<SocketAddr>>)>>,
+    answers: Mutex<Answers>,
 }
+
+/// `(host, port)` → when it was resolved, and what to.
+type Answers = HashMap<(String, u16), (Instant, Arc<Vec<SocketAddr>>)>;
 
 impl RoutedAddresses {
     /// The route that dials one of `addrs` (same address and port), if any.
@@ -118,9 +121,7 @@ impl RoutedAddresses {
         addrs
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, u16), (Instant, Arc<Vec<SocketAddr>>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Answers> {
         self.answers.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
