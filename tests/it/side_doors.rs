@@ -43,6 +43,8 @@ struct Setup {
     ca: ProxyCa,
     client: Arc<rustls::ClientConfig>,
     proxy: Proxy,
+    /// The config the proxy started on.
+    text: String,
     _provider_pki: TestPki,
     _store: StoreFixture,
 }
@@ -116,6 +118,7 @@ impl Setup {
             ca,
             client,
             proxy,
+            text,
             _provider_pki: provider_pki,
             _store: store,
         }
@@ -514,6 +517,46 @@ both_deployments!(
     sibling_name_carrying_the_routed_host,
     server_speaks_first,
 );
+
+/// Whether unknown hosts are refused follows the routes as they are now: a reload that adds
+/// spend caps closes the door for the next CONNECT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_adds_spend_caps_closes_the_door() {
+    let s = Setup::start(Deployment::Plain, "").await;
+    let site = format!("localhost:{}", s.site.port());
+    let c = connect::connect(s.proxy.addr, &site)
+        .await
+        .expect("connect");
+    assert_eq!(c.status, 200, "{}", c.head);
+    let capped = s.text.replace(
+        "honours_key = false\n",
+        "honours_key = false\n[routes.spend]\noperations = [\"POST /v1/charges\"]\namount = [\"{body.amount}\"]\ncurrency = \"usd\"\nunit = \"minor\"\ncaps_currency = \"usd\"\nper_request = \"100.00\"\n",
+    );
+    assert_ne!(capped, s.text);
+    s.proxy.write_config(&capped);
+    s.proxy.hangup();
+    crate::common::eventually_async("the reload is applied", Duration::from_secs(10), || async {
+        (metric(
+            &s.proxy,
+            "idemproxy_config_reloads_total{result=\"applied\"}",
+        )
+        .await
+            == 1.0)
+            .then_some(())
+    })
+    .await;
+    let c = connect::connect(s.proxy.addr, &site)
+        .await
+        .expect("connect");
+    assert_eq!(c.status, 403, "{}", c.head);
+    assert!(
+        c.head
+            .to_ascii_lowercase()
+            .contains("x-idemproxy-error: connect-host-forbidden"),
+        "{}",
+        c.head
+    );
+}
 
 // ---------------------------------------------------------------------------------------
 // The settings, as `check-config` reads them.
