@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian machine: installs what the tests talk to
-# (redis-server with TLS, PostgreSQL's server package, curl, Python requests/httpx, boto3 for the
+# (redis-server with TLS, PostgreSQL's server package, curl, Chromium and chromedriver for the
+# console's browser tests, Python requests/httpx, boto3 for the
 # SES tests, PyYAML for the compose-file check; for the worker matrix in tests/it/sdk_matrix.rs: the
 # providers' Python SDKs, aiohttp and mcp from PyPI, Node.js packages from npm into tests/node, Go
 # and a JDK from Debian), then runs every test. Each install is skipped when what it installs is
@@ -25,6 +26,10 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v go >/dev/null 2>&1 || missing+=(golang-go)
 command -v java >/dev/null 2>&1 || missing+=(default-jdk-headless)
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+# The console's browser tests (tests/it/console_browser.rs) drive headless Chromium through
+# chromedriver.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   as_root apt-get update -qq

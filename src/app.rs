@@ -17,11 +17,7 @@ use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 use crate::proxy::App;
 use crate::routes::{RouteTable, Routes};
 use crate::spend::gate::{Announcer, Gate};
-use crate::spend::port::Bounded;
-use crate::store::sealed::{SealedStore, Sealer};
-use crate::store::sealed_spend::SealedSpend;
-use crate::store::timed::TimedStore;
-use crate::store::{self, StoreError, StoreUrl};
+use crate::store::{self, Sealer, StoreError, StoreUrl};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -102,27 +98,27 @@ fn webhook(config: &Config) -> Result<Option<(http::Uri, UpstreamClient)>, Confi
 
 /// The proxy's runtime state, its store opened, and the admin settings.
 pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartError> {
-    let parts = Parts::check(config)?;
+    let mut parts = Parts::check(config)?;
     let metrics = Arc::new(Metrics::new());
-    let opened = store::open_config(&config.store).await?;
-    let store = TimedStore::wrap(
-        SealedStore::wrap(opened.claims, parts.sealer.clone()),
-        metrics.clone(),
-    );
-    let claims = Arc::new(
-        Claims::new(store, config.store.op_timeout.0)
-            .with_receipt_cache(config.server.receipt_cache_bytes),
-    );
+    // Both ports behind the store's one guard: deadline, timing, sealing.
+    let stores = store::open(&config.store, parts.sealer.clone(), metrics.clone()).await?;
+    let claims =
+        Arc::new(Claims::new(stores.claims).with_receipt_cache(config.server.receipt_cache_bytes));
     // Built whether or not a route has spend rules now: a reload may add some.
     let spend = {
-        let store = SealedSpend::wrap(
-            Bounded::wrap(opened.spend, config.store.op_timeout.0),
-            parts.sealer.clone(),
-        );
-        let announcer = parts.webhook.clone().map(|(url, client)| {
-            Arc::new(Webhook::start(url, client, metrics.clone())) as Arc<dyn Announcer>
-        });
-        Arc::new(Gate::new(store, claims.clone(), announcer, metrics.clone()))
+        let webhook = parts
+            .webhook
+            .clone()
+            .map(|(url, client)| Arc::new(Webhook::start(url, client, metrics.clone())));
+        // The admin audit trail goes to the same webhook as approval requests.
+        parts.admin.audit_hook = webhook.clone();
+        let announcer = webhook.map(|w| w as Arc<dyn Announcer>);
+        Arc::new(Gate::new(
+            stores.spend,
+            claims.clone(),
+            announcer,
+            metrics.clone(),
+        ))
     };
     let app = App {
         routes: RouteTable::new(parts.routes),

@@ -44,6 +44,14 @@ impl std::fmt::Debug for Tenants {
 }
 
 impl Tenants {
+    /// The tenants' names; `[DEFAULT_TENANT]` when authentication is off.
+    pub fn names(&self) -> Vec<String> {
+        if self.tenants.is_empty() {
+            return vec![DEFAULT_TENANT.to_string()];
+        }
+        self.tenants.iter().map(|t| t.name.clone()).collect()
+    }
+
     pub fn build(config: &Config) -> Result<Tenants, ConfigError> {
         Self::build_with_env(config, |name| std::env::var(name).ok())
     }

@@ -62,12 +62,36 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
-    /// Environment variable holding the key API's bearer token.
+    /// Environment variable holding the key API's bearer token (one token, named `admin`,
+    /// with the operator role).
     pub token_env: String,
     /// Or: hex SHA-256 of the token, so the config file holds no secret.
     pub token_sha256: Option<String>,
     /// Most records one list (and the `unknown_claims` gauge) looks at.
     pub list_limit: usize,
+    /// Named tokens, each with a role: who may look, approve, or resolve (console and API).
+    pub tokens: Vec<AdminTokenConfig>,
+    /// Environment variable holding the key that signs console sessions (at least 32 bytes,
+    /// as 64 hex digits or base64). Give every replica the same key so a session works on
+    /// all of them; without one each process makes its own and sessions stay on it.
+    pub session_key_env: Option<String>,
+    /// Or: a file holding that key.
+    pub session_key_file: Option<PathBuf>,
+    /// How long a console login lasts.
+    pub session_ttl: Dur,
+    /// Failed console logins one client address may make per minute before it waits.
+    pub login_attempts_per_minute: u32,
+    /// Approvals above one of these amounts (`"1000.00 USD"`) need two different
+    /// approvers; an approval in a currency not listed needs two as soon as the list is
+    /// non-empty.
+    pub four_eyes_above: Vec<String>,
+    /// PEM certificate (chain) and key: the admin listener speaks HTTPS.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// The console is reached over HTTPS through something that terminates TLS in front of
+    /// the admin listener: session cookies are marked `Secure` (they always are when the
+    /// listener has `tls_cert`).
+    pub behind_tls: bool,
 }
 
 impl Default for AdminConfig {
@@ -76,8 +100,32 @@ impl Default for AdminConfig {
             token_env: "IDEMPROXY_ADMIN_TOKEN".into(),
             token_sha256: None,
             list_limit: 1000,
+            tokens: Vec::new(),
+            session_key_env: None,
+            session_key_file: None,
+            session_ttl: Dur(Duration::from_secs(8 * 3600)),
+            login_attempts_per_minute: 10,
+            four_eyes_above: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
+            behind_tls: false,
         }
     }
+}
+
+/// One named admin token (`[[admin.tokens]]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminTokenConfig {
+    /// Who holds it: recorded with every decision made with it.
+    pub name: String,
+    /// `viewer` (looks), `approver` (also approves and denies), `operator` (also resolves
+    /// held outcomes, reloads, freezes).
+    pub role: String,
+    /// Hex SHA-256 of the token …
+    pub sha256: Option<String>,
+    /// … or the environment variable holding it.
+    pub env: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

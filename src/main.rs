@@ -165,6 +165,9 @@ fn check_config(path: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(&path)?;
     // Exactly what `serve` builds before it opens the store.
     idemproxy::app::Parts::check(&config)?;
+    for warning in idemproxy::admin::warnings(&config) {
+        eprintln!("{}: warning: {warning}", path.display());
+    }
     println!("{}: OK ({} routes)", path.display(), config.routes.len());
     println!("{}", idemproxy::proxy::connect::policy::summary(&config));
     Ok(())
@@ -335,7 +338,10 @@ async fn start_admin(
         .local_addr()
         .context("admin listener has no local address")?;
     if !admin.key_api_enabled() {
-        tracing::warn!("admin key API disabled: no token in admin.token_env / admin.token_sha256");
+        tracing::warn!("admin key API and console disabled: no token in admin.token_env / admin.token_sha256 / [[admin.tokens]]");
+    }
+    for warning in idemproxy::admin::warnings(config) {
+        tracing::warn!("{warning}");
     }
     tokio::spawn(idemproxy::admin::serve(Arc::new(admin), listener));
     Ok(Some(local))

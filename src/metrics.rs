@@ -74,6 +74,7 @@ pub struct Metrics {
     pub approvals_pending: Gauge,
     connect_refused: Family<Labels, Counter>,
     tunnels: Family<Labels, Counter>,
+    unprotected: Family<Labels, Counter>,
     config_reloads: Family<Labels, Counter>,
     /// Claims this process holds while their upstream call runs.
     pub claims_in_flight: Gauge,
@@ -115,6 +116,7 @@ impl Metrics {
             approvals_pending: Gauge::default(),
             connect_refused: Family::default(),
             tunnels: Family::default(),
+            unprotected: Family::default(),
             config_reloads: Family::default(),
             claims_in_flight: Gauge::default(),
             unknown_claims: Gauge::default(),
@@ -215,6 +217,11 @@ impl Metrics {
             "tunnels",
             "Blind tunnels spliced, by what their client sent first: sni_match (a ClientHello naming the CONNECT host), sni_other (another unrouted name), no_sni, ech, not_tls, unparsed (no well-formed ClientHello within the bound), server_first (nothing within tls.peek_timeout)",
             self.tunnels.clone(),
+        );
+        r.register(
+            "unprotected_requests",
+            "Protected methods forwarded without a claim, by route and reason: no_key (no key and no template field to derive one) or store_unavailable (fail_open)",
+            self.unprotected.clone(),
         );
         r.register(
             "config_reloads",
@@ -331,6 +338,15 @@ impl Metrics {
             .inc();
     }
 
+    pub fn unprotected(&self, route: &str, reason: &'static str) {
+        self.unprotected
+            .get_or_create(&vec![
+                ("route".into(), route.into()),
+                ("reason".into(), reason.into()),
+            ])
+            .inc();
+    }
+
     pub fn config_reload(&self, result: &'static str) {
         self.config_reloads
             .get_or_create(&vec![("result".into(), result.into())])
@@ -343,14 +359,12 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// One store operation: its duration, and whether it failed (or was abandoned).
-    pub fn store_op(&self, op: &'static str, started: Instant, ok: bool) {
+    /// Where one store operation's timings go (looked up once: recording allocates nothing).
+    pub fn store_op(&self, op: &'static str) -> StoreOp {
         let labels = vec![("op".to_string(), op.to_string())];
-        self.store_seconds
-            .get_or_create(&labels)
-            .observe(started.elapsed().as_secs_f64());
-        if !ok {
-            self.store_errors.get_or_create(&labels).inc();
+        StoreOp {
+            seconds: self.store_seconds.get_or_create(&labels).clone(),
+            errors: self.store_errors.get_or_create(&labels).clone(),
         }
     }
 
@@ -360,6 +374,23 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// One store operation's duration histogram and error counter.
+#[derive(Clone)]
+pub struct StoreOp {
+    seconds: Histogram,
+    errors: Counter,
+}
+
+impl StoreOp {
+    /// One call: its duration, and whether it failed (or was abandoned).
+    pub fn record(&self, started: Instant, ok: bool) {
+        self.seconds.observe(started.elapsed().as_secs_f64());
+        if !ok {
+            self.errors.inc();
+        }
     }
 }
 

@@ -7,10 +7,13 @@ use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;
 
-use super::{json, problem, Admin};
+use super::access::{Principal, Role};
+use super::{audit, json, problem, Admin};
 use crate::http::body::{read_limited, Body};
+use crate::http::problem::Problem;
+use crate::idempotency::store::StoreError;
 use crate::spend::gate::wake_key;
-use crate::spend::port::{Approval, ApprovalState};
+use crate::spend::port::{Approval, ApprovalState, FirstApproval};
 
 const MAX_REQUEST: usize = 64 * 1024;
 const MAX_LIST: usize = 1000;
@@ -19,30 +22,62 @@ const MAX_LIST: usize = 1000;
 #[serde(deny_unknown_fields)]
 struct Decision {
     id: String,
-    /// Who decides (a name or an email): recorded with the decision.
-    by: String,
+    /// Who decides (a name or an email): recorded with the decision. Needed with the shared
+    /// token; a named token decides as its name.
+    #[serde(default)]
+    by: Option<String>,
     #[serde(default)]
     reason: Option<String>,
 }
 
-pub(super) async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
+/// What a decision did.
+#[derive(Debug)]
+pub(super) enum Decided {
+    /// Approved or denied: the parked request hears it now.
+    Final(Approval),
+    /// Four eyes: the first approval is recorded; a second, different approver must follow.
+    FirstOfTwo(Approval),
+}
+
+pub(super) async fn handle(
+    admin: &Admin,
+    who: &Principal,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let query = req.uri().query().unwrap_or("").to_string();
-    match (method, path.as_str()) {
-        (Method::GET, "/v1/approvals") => list(admin, &query).await,
-        (Method::POST, "/v1/approvals/approve") => match decision(req).await {
-            Ok(d) => decide(admin, d, ApprovalState::Approved).await,
-            Err(resp) => resp,
-        },
-        (Method::POST, "/v1/approvals/deny") => match decision(req).await {
-            Ok(d) => decide(admin, d, ApprovalState::Denied).await,
-            Err(resp) => resp,
-        },
-        _ => problem(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "Approvals API: GET /v1/approvals?state=pending, POST /v1/approvals/approve, POST /v1/approvals/deny.",
-        ),
+    let to = match (method, path.as_str()) {
+        (Method::GET, "/v1/approvals") => return list(admin, &query).await,
+        (Method::POST, "/v1/approvals/approve") => ApprovalState::Approved,
+        (Method::POST, "/v1/approvals/deny") => ApprovalState::Denied,
+        _ => {
+            return problem(
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "Approvals API: GET /v1/approvals?state=pending, POST /v1/approvals/approve, POST /v1/approvals/deny.",
+            )
+        }
+    };
+    if let Err(resp) = super::require(who, Role::Approver) {
+        return *resp;
+    }
+    let d = match decision(req).await {
+        Ok(d) => d,
+        Err(resp) => return resp,
+    };
+    let by = match (&d.by, who.shared) {
+        (Some(by), true) if !by.trim().is_empty() => by.trim().to_string(),
+        (_, true) => {
+            return bad("by: say who decides (a name or an email); it is recorded");
+        }
+        (Some(by), false) if by.trim() != who.name => format!("{} (as {})", who.name, by.trim()),
+        (_, false) => who.name.clone(),
+    };
+    let now = admin.app.claims.clock().now_ms();
+    match decide(admin, who, &by, "api", &d.id, d.reason, to).await {
+        Ok(Decided::Final(a)) => json(StatusCode::OK, &view(&a, now)),
+        Ok(Decided::FirstOfTwo(a)) => json(StatusCode::ACCEPTED, &view(&a, now)),
+        Err(p) => p.into_response(),
     }
 }
 
@@ -50,25 +85,23 @@ async fn decision(req: Request<Incoming>) -> Result<Decision, Response<Body>> {
     let bytes = read_limited(req.into_body(), MAX_REQUEST)
         .await
         .map_err(|e| bad(&format!("cannot read the request body: {e}")))?;
-    let d: Decision = serde_json::from_slice(&bytes).map_err(|e| {
+    serde_json::from_slice(&bytes).map_err(|e| {
         bad(&format!(
             "the request body is not valid: {e} (send {{\"id\", \"by\", \"reason\"}})"
         ))
-    })?;
-    if d.by.trim().is_empty() {
-        return Err(bad(
-            "by: say who decides (a name or an email); it is recorded",
-        ));
-    }
-    Ok(d)
+    })
 }
 
 fn bad(detail: &str) -> Response<Body> {
     problem(StatusCode::BAD_REQUEST, "bad-request", detail)
 }
 
+/// Up to `limit` approvals, newest first (the store keeps them a day past expiry).
+pub(super) async fn all(admin: &Admin) -> Result<Vec<Approval>, StoreError> {
+    admin.app.spend.store().approvals(MAX_LIST).await
+}
+
 async fn list(admin: &Admin, query: &str) -> Response<Body> {
-    let gate = &admin.app.spend;
     let mut wanted = "pending".to_string();
     let mut limit = 100;
     for (k, v) in query.split('&').filter_map(|kv| kv.split_once('=')) {
@@ -85,7 +118,7 @@ async fn list(admin: &Admin, query: &str) -> Response<Body> {
         return bad("state must be pending, approved, denied, expired or all");
     }
     let now = admin.app.claims.clock().now_ms();
-    match gate.store().approvals(MAX_LIST).await {
+    match all(admin).await {
         Ok(all) => {
             let shown: Vec<_> = all
                 .iter()
@@ -98,34 +131,42 @@ async fn list(admin: &Admin, query: &str) -> Response<Body> {
                 &serde_json::json!({"state": wanted, "count": shown.len(), "approvals": shown}),
             )
         }
-        Err(e) => store_error(e),
+        Err(e) => store_error(e).into_response(),
     }
 }
 
-async fn decide(admin: &Admin, d: Decision, to: ApprovalState) -> Response<Body> {
+/// Approves or denies approval `id` as `by` (the console and the API both decide here):
+/// only a pending, unexpired approval, written over the version read, so two people
+/// deciding at once never both win. Above `four_eyes_above` an approval takes two different
+/// named approvers. Every decision goes to the audit trail.
+pub(super) async fn decide(
+    admin: &Admin,
+    who: &Principal,
+    by: &str,
+    via: &'static str,
+    id: &str,
+    reason: Option<String>,
+    to: ApprovalState,
+) -> Result<Decided, Problem> {
     let gate = &admin.app.spend;
     let now = admin.app.claims.clock().now_ms();
-    let current = match gate.store().approval(&d.id).await {
+    let current = match gate.store().approval(id).await {
         Ok(Some(a)) => a,
         Ok(None) => {
-            return problem(
+            return Err(Problem::new(
                 StatusCode::NOT_FOUND,
                 "approval-not-found",
-                &format!(
-                    "No approval {}: check the id `idemproxy approvals list` printed.",
-                    d.id
-                ),
-            )
+                format!("No approval {id}: check the id `idemproxy approvals list` printed."),
+            ))
         }
-        Err(e) => return store_error(e),
+        Err(e) => return Err(store_error(e)),
     };
     if current.state != ApprovalState::Pending || current.expired(now) {
-        return problem(
+        return Err(Problem::new(
             StatusCode::CONFLICT,
             "approval-decided",
-            &format!(
-                "Approval {} is {}{}: nothing was changed.",
-                d.id,
+            format!(
+                "Approval {id} is {}{}: nothing was changed.",
                 state_name(&current, now),
                 current
                     .decided_by
@@ -133,31 +174,94 @@ async fn decide(admin: &Admin, d: Decision, to: ApprovalState) -> Response<Body>
                     .map(|b| format!(" (by {b})"))
                     .unwrap_or_default()
             ),
-        );
+        ));
     }
-    let mut decided = current.clone();
-    decided.state = to;
-    decided.decided_by = Some(d.by.trim().to_string());
-    decided.reason = d.reason.filter(|r| !r.trim().is_empty());
-    decided.decided_ms = Some(now);
+    let reason = reason
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    let (decided, waits_for_second) =
+        decision_on(admin, who, by, &current, reason.clone(), to, now)?;
     match gate.store().update_approval(&decided).await {
-        Ok(true) => {
-            let event = if to == ApprovalState::Approved { "approved" } else { "denied" };
-            admin.app.claims.announce(&wake_key(&decided.id));
-            admin.app.metrics.approval(&decided.route, event);
-            tracing::info!(approval = %decided.id, route = %decided.route, run = %decided.run, amount = %decided.amount, by = %d.by, reason = decided.reason.as_deref(), "{event}");
-            json(StatusCode::OK, &view(&decided, now))
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(Problem::new(
+                StatusCode::CONFLICT,
+                "approval-decided",
+                format!("Approval {id} changed while deciding (someone else decided it): nothing was changed; list it again."),
+            ))
         }
-        Ok(false) => problem(
-            StatusCode::CONFLICT,
-            "approval-decided",
-            &format!("Approval {} changed while deciding (someone else decided it): nothing was changed; list it again.", d.id),
-        ),
-        Err(e) => store_error(e),
+        Err(e) => return Err(store_error(e)),
     }
+    let event = match (waits_for_second, to) {
+        (true, _) => "approval.first_approval",
+        (false, ApprovalState::Approved) => "approval.approved",
+        (false, _) => "approval.denied",
+    };
+    admin.audit.record(&audit::about_approval(
+        event, who, by, via, now, reason, &decided,
+    ));
+    if waits_for_second {
+        return Ok(Decided::FirstOfTwo(decided));
+    }
+    let label = if to == ApprovalState::Approved {
+        "approved"
+    } else {
+        "denied"
+    };
+    admin.app.claims.announce(&wake_key(&decided.id));
+    admin.app.metrics.approval(&decided.route, label);
+    tracing::info!(approval = %decided.id, route = %decided.route, run = %decided.run, amount = %decided.amount, by = %by, reason = decided.reason.as_deref(), "{label}");
+    Ok(Decided::Final(decided))
 }
 
-fn state_name(a: &Approval, now: u64) -> &'static str {
+/// `current` with the decision applied: approved or denied, or — four eyes — only the
+/// first approval recorded (then `true`: a second approver must follow).
+fn decision_on(
+    admin: &Admin,
+    who: &Principal,
+    by: &str,
+    current: &Approval,
+    reason: Option<String>,
+    to: ApprovalState,
+    now: u64,
+) -> Result<(Approval, bool), Problem> {
+    let id = &current.id;
+    let mut decided = current.clone();
+    if to == ApprovalState::Approved && admin.access.needs_two(&current.amount) {
+        if who.shared {
+            return Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                "four-eyes-needs-names",
+                format!("Approval {id} ({}) needs two different approvers, and the shared admin token cannot tell people apart: approve with a named token ([[admin.tokens]]).", current.amount),
+            ));
+        }
+        match &current.first_approval {
+            Some(first) if first.by == by => {
+                return Err(Problem::new(
+                    StatusCode::CONFLICT,
+                    "four-eyes",
+                    format!("Approval {id} ({}) needs a second approver other than {by}, who approved first: nothing was changed.", current.amount),
+                ))
+            }
+            Some(_) => {}
+            None => {
+                decided.first_approval = Some(FirstApproval {
+                    by: by.to_string(),
+                    at_ms: now,
+                    reason,
+                });
+                return Ok((decided, true));
+            }
+        }
+    }
+    decided.state = to;
+    decided.decided_by = Some(by.to_string());
+    decided.reason = reason;
+    decided.decided_ms = Some(now);
+    Ok((decided, false))
+}
+
+pub(super) fn state_name(a: &Approval, now: u64) -> &'static str {
     if a.expired(now) {
         return "expired";
     }
@@ -192,13 +296,14 @@ fn view(a: &Approval, now: u64) -> serde_json::Value {
         "decided_by": a.decided_by,
         "reason": a.reason,
         "decided_ms": a.decided_ms,
+        "first_approval": a.first_approval,
     })
 }
 
-fn store_error(e: crate::idempotency::store::StoreError) -> Response<Body> {
-    problem(
+fn store_error(e: StoreError) -> Problem {
+    Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "store-unavailable",
-        &format!("{e}. Nothing was changed; try again."),
+        format!("{e}. Nothing was changed; try again."),
     )
 }

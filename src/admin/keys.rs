@@ -14,10 +14,13 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Status
 use hyper::body::Incoming;
 use serde::Deserialize;
 
-use super::{json, problem, Admin};
+use super::access::{Principal, Role};
+use super::audit;
+use super::{json, problem, require, Admin};
 use crate::http::body::{read_limited, Body};
+use crate::http::problem::Problem;
 use crate::idempotency::claims::{Resolution, Resolved, Verdict};
-use crate::idempotency::record::{Receipt, Record, State};
+use crate::idempotency::record::{Receipt, Record, ResolvedBy, State};
 use crate::idempotency::scope;
 use crate::idempotency::store::StoreError;
 use crate::idempotency::template::RequestView;
@@ -37,6 +40,12 @@ struct Resolve {
     token: String,
     action: Action,
     receipt: Option<OperatorReceipt>,
+    /// Who resolves: needed with the shared token; a named token resolves as its name.
+    by: Option<String>,
+    /// Why (recorded in the audit trail and with the receipt).
+    reason: Option<String>,
+    /// The provider's id of what the operation made (`ch_…`), if known.
+    object: Option<String>,
 }
 
 /// How an operator names a claim: the scope a list showed, or route + tenant + client key
@@ -84,10 +93,19 @@ struct OperatorReceipt {
 
 const MAX_REQUEST: usize = 1 << 20;
 
-pub(super) async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
+pub(super) async fn handle(
+    admin: &Admin,
+    who: &Principal,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
+    if matches!(path.as_str(), "/v1/keys/resolve" | "/v1/keys/reconcile") {
+        if let Err(resp) = require(who, Role::Operator) {
+            return *resp;
+        }
+    }
     match (method, path.as_str()) {
         (Method::GET, "/v1/keys") => list(admin, &query).await,
         (Method::POST, "/v1/keys/show") => match body::<LookupFields>(req).await {
@@ -95,11 +113,11 @@ pub(super) async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Bo
             Err(resp) => resp,
         },
         (Method::POST, "/v1/keys/resolve") => match body::<Resolve>(req).await {
-            Ok(r) => resolve(admin, r).await,
+            Ok(r) => resolve(admin, who, r).await,
             Err(resp) => resp,
         },
         (Method::POST, "/v1/keys/reconcile") => match body::<Reconcile>(req).await {
-            Ok(r) => reconcile(admin, r).await,
+            Ok(r) => reconcile(admin, who, r).await,
             Err(resp) => resp,
         },
         _ => problem(
@@ -177,52 +195,181 @@ async fn show(admin: &Admin, lookup: LookupFields) -> Response<Body> {
 }
 
 fn not_found(scope: &str) -> Response<Body> {
-    problem(
+    not_found_problem(scope).into_response()
+}
+
+fn not_found_problem(scope: &str) -> Problem {
+    Problem::new(
         StatusCode::NOT_FOUND,
         "key-not-found",
-        &format!("No claim under {scope}: never claimed, released, or expired. Check route, tenant, key and the credential headers the client sent."),
+        format!("No claim under {scope}: never claimed, released, or expired. Check route, tenant, key and the credential headers the client sent."),
     )
 }
 
-async fn resolve(admin: &Admin, r: Resolve) -> Response<Body> {
+async fn resolve(admin: &Admin, who: &Principal, r: Resolve) -> Response<Body> {
     let scope = match scope_of(admin, r.lookup) {
         Ok(s) => s,
         Err(resp) => return *resp,
     };
-    let (how, action) = match r.action {
-        Action::Release => (Resolution::Release, "released"),
+    let decision = match r.action {
+        Action::Release => Held::Release,
         Action::Commit => match r.receipt.map(operator_receipt) {
-            Some(Ok(receipt)) => (Resolution::Commit(receipt), "committed"),
+            Some(Ok(receipt)) => Held::Attest(receipt),
             Some(Err(detail)) => return bad(&detail),
             None => {
                 return bad("action commit needs a receipt: {status, headers, body | body_base64}")
             }
         },
     };
-    let claims = &admin.app.claims;
+    let by = match (r.by.as_deref().map(str::trim), who.shared) {
+        (Some(by), true) if !by.is_empty() => by.to_string(),
+        (_, true) => "an operator".to_string(),
+        (_, false) => who.name.clone(),
+    };
+    let held = HeldDecision {
+        decision,
+        why: r.reason,
+        object: r.object,
+    };
+    match resolve_held(admin, who, &by, "api", &scope, &r.token, held).await {
+        Ok(action) => json(
+            StatusCode::OK,
+            &serde_json::json!({"scope": scope, "resolved": action}),
+        ),
+        Err(p) => p.into_response(),
+    }
+}
+
+/// What a person decided about a held (UNKNOWN) outcome.
+pub(super) enum Held {
+    /// It did not happen: the next retry executes.
+    Release,
+    /// It happened, and this is its response as the operator has it (operator-attested).
+    Attest(Receipt),
+}
+
+pub(super) struct HeldDecision {
+    pub decision: Held,
+    pub why: Option<String>,
+    /// The provider's id of what the operation made.
+    pub object: Option<String>,
+}
+
+/// The header every replay of an operator-attested receipt carries.
+pub const ATTESTED_HEADER: &str = "idempotent-receipt-source";
+
+/// Resolves the UNKNOWN claim under `scope`, if it still is the one with `token` (the console
+/// and the API both resolve here). An attested receipt is marked on every replay with who
+/// attested it; the decision goes to the audit trail.
+pub(super) async fn resolve_held(
+    admin: &Admin,
+    who: &Principal,
+    by: &str,
+    via: &'static str,
+    scope: &str,
+    token: &str,
+    held: HeldDecision,
+) -> Result<&'static str, Problem> {
+    let object = object_id(held.object.as_deref())?;
+    let why = held
+        .why
+        .map(|w| w.trim().to_string())
+        .filter(|w| !w.is_empty());
+    let now = admin.app.claims.clock().now_ms();
+    let (how, action) = match held.decision {
+        Held::Release => (Resolution::Release, "released"),
+        Held::Attest(mut receipt) => {
+            receipt.headers.retain(|(k, _)| k != ATTESTED_HEADER);
+            receipt.headers.push((
+                ATTESTED_HEADER.into(),
+                attested_value(by, now, object.as_deref()),
+            ));
+            (Resolution::Commit(receipt), "committed")
+        }
+    };
+    let record = admin.app.claims.store().get(scope).await.ok().flatten();
+    let resolved_by = ResolvedBy {
+        by: by.to_string(),
+        at_ms: now,
+        how: if action == "released" {
+            "released".into()
+        } else {
+            "attested".into()
+        },
+        why: why.clone(),
+        object: object.clone(),
+    };
+    let resolved_by_copy = resolved_by.clone();
     let retention = |route: &str| retention_of(admin, route);
-    match claims
-        .resolve(&scope, &r.token, how, "an operator", retention)
+    match admin
+        .app
+        .claims
+        .resolve(scope, token, how, resolved_by, retention)
         .await
     {
         Ok(Resolved::Done { route }) => {
+            admin.held.clear();
             admin.app.metrics.unknown_resolved(&route, "operator");
-            tracing::info!(scope, action, "operator resolved an UNKNOWN claim");
-            json(
-                StatusCode::OK,
-                &serde_json::json!({"scope": scope, "resolved": action}),
-            )
+            tracing::info!(scope, action, by, "operator resolved an UNKNOWN claim");
+            let fingerprint = record.map(|r| r.body.fingerprint).unwrap_or_default();
+            admin.audit.record(&audit::about_claim(
+                who,
+                via,
+                scope,
+                &route,
+                fingerprint,
+                &resolved_by_copy,
+            ));
+            Ok(action)
         }
-        Ok(Resolved::Changed(now)) => changed(&scope, &now),
-        Ok(Resolved::Gone) => not_found(&scope),
-        Err(e) => store_error(e),
+        Ok(Resolved::Changed(now)) => Err(changed_problem(scope, &now)),
+        Ok(Resolved::Gone) => Err(not_found_problem(scope)),
+        Err(e) => Err(Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            format!("{e}. Nothing was changed; try again."),
+        )),
     }
+}
+
+/// A provider object id as an operator typed it: `None` when blank.
+fn object_id(given: Option<&str>) -> Result<Option<String>, Problem> {
+    match given.map(str::trim).filter(|o| !o.is_empty()) {
+        None => Ok(None),
+        Some(o)
+            if o.len() <= 255
+                && o.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b)) =>
+        {
+            Ok(Some(o.to_string()))
+        }
+        Some(_) => Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "object: a provider object id is 1-255 letters, digits, `_`, `-`, `.` or `:`",
+        )),
+    }
+}
+
+/// `operator-attested; by="ana"; at=1733…; object="ch_1"`: what a replay of an attested
+/// receipt says about it. Quotes and control bytes in the name are dropped.
+fn attested_value(by: &str, at_ms: u64, object: Option<&str>) -> String {
+    let by: String = by
+        .chars()
+        .filter(|c| c.is_ascii_graphic() && *c != '"' && *c != '\\' || *c == ' ')
+        .take(128)
+        .collect();
+    let mut v = format!("operator-attested; by=\"{by}\"; at={at_ms}");
+    if let Some(o) = object {
+        v.push_str(&format!("; object=\"{o}\""));
+    }
+    v
 }
 
 /// Asks the provider about a held claim, with the credentials the operator gave (the
 /// route's lookup, as a retry would), and applies the verdict: found → committed (marked
 /// reconciled), not found → released (the next retry executes), unclear → nothing changes.
-async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
+async fn reconcile(admin: &Admin, who: &Principal, r: Reconcile) -> Response<Body> {
     // The scope is computed from the credentials given, so the lookup runs as the account
     // that made the request. A scope alone cannot show whose credentials these are: another
     // account's "not found" would release an operation that happened.
@@ -255,7 +402,7 @@ async fn reconcile(admin: &Admin, r: Reconcile) -> Response<Body> {
         return bad("give key (the client's key) or passed_down (the key the provider got)");
     };
     let verdict = ask(admin, &route, lookup, &credentials, &tenant, &passed_down).await;
-    apply(admin, &scope, &r.token, &route, verdict).await
+    apply(admin, who, &scope, &r.token, &route, verdict).await
 }
 
 /// The UNKNOWN claim under `scope`, if it is still the one the operator saw (`token`), and
@@ -328,6 +475,7 @@ async fn ask(
 /// unclear verdict changes nothing.
 async fn apply(
     admin: &Admin,
+    who: &Principal,
     scope: &str,
     token: &str,
     route: &Route,
@@ -348,10 +496,23 @@ async fn apply(
     match admin
         .app
         .claims
-        .resolve(scope, token, how, "a lookup", retention)
+        .resolve(
+            scope,
+            token,
+            how,
+            ResolvedBy {
+                by: format!("a lookup asked by {}", who.name),
+                at_ms: admin.app.claims.clock().now_ms(),
+                how: "reconciled".into(),
+                why: None,
+                object: None,
+            },
+            retention,
+        )
         .await
     {
         Ok(Resolved::Done { .. }) => {
+            admin.held.clear();
             admin.app.metrics.unknown_resolved(&route.name, "lookup");
             json(
                 StatusCode::OK,
@@ -377,10 +538,14 @@ fn retention_of(admin: &Admin, route: &str) -> Duration {
 }
 
 fn changed(scope: &str, now: &Record) -> Response<Body> {
-    problem(
+    changed_problem(scope, now).into_response()
+}
+
+fn changed_problem(scope: &str, now: &Record) -> Problem {
+    Problem::new(
         StatusCode::CONFLICT,
         "claim-changed",
-        &format!(
+        format!(
             "Nothing was changed: the claim under {scope} is now {} with token {}, not the UNKNOWN claim with the token you gave. Show it again and decide on what it is now.",
             now.state.as_str(),
             now.token.as_str()
@@ -419,6 +584,24 @@ fn operator_receipt(r: OperatorReceipt) -> Result<Receipt, String> {
             .collect(),
         body,
     })
+}
+
+/// The scope of client key `key` on `route` for `tenant`, sent without credentials (the
+/// console's lookup; a route whose account comes from a credential needs the API's).
+pub(super) fn scope_for(
+    admin: &Admin,
+    route: &str,
+    tenant: &str,
+    key: &str,
+) -> Result<String, String> {
+    let fields = LookupFields {
+        scope: None,
+        route: Some(route.to_string()),
+        tenant: tenant.to_string(),
+        key: Some(key.to_string()),
+        credentials: BTreeMap::new(),
+    };
+    scope_of(admin, fields).map_err(|_| format!("No route `{route}`, or its account needs the client's credential: use `idemproxy keys show`."))
 }
 
 fn scope_of(admin: &Admin, l: LookupFields) -> Result<String, Box<Response<Body>>> {
@@ -483,7 +666,7 @@ fn scope_of(admin: &Admin, l: LookupFields) -> Result<String, Box<Response<Body>
 
 /// A record as operators see it: no receipt body, no header values (they may carry
 /// provider-set secrets such as cookies).
-fn view(scope: &str, r: &Record) -> serde_json::Value {
+pub(super) fn view(scope: &str, r: &Record) -> serde_json::Value {
     let tenant = scope.split(':').nth(1).unwrap_or("");
     serde_json::json!({
         "scope": scope,
@@ -498,6 +681,8 @@ fn view(scope: &str, r: &Record) -> serde_json::Value {
         "note": r.body.note,
         "attempt": r.body.attempt,
         "reconciled": r.body.reconciled,
+        "settled_ms": r.body.settled_ms,
+        "resolved": r.body.resolved,
         "receipt": r.body.receipt.as_ref().map(|rc| serde_json::json!({
             "status": rc.status,
             "header_names": rc.headers.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),

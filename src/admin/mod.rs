@@ -1,63 +1,113 @@
 //! The admin listener, separate from the proxy port: health, readiness, Prometheus metrics,
-//! and the token-protected key API operators use to inspect and resolve claims.
+//! the token-protected JSON API operators and the CLI use to inspect and resolve claims and
+//! decide approvals, and the console (the same operations in a browser).
 
+pub mod access;
 mod approvals;
+mod audit;
 pub mod cli;
 pub mod client;
+mod console;
+mod held_cache;
 mod keys;
+mod listener;
+pub mod session;
+mod throttle;
+mod traffic;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
-use tokio::net::TcpListener;
 
+use self::access::{Access, Principal, Role};
+use self::audit::Audit;
+pub use self::listener::serve;
+use self::session::Sessions;
+use self::throttle::Throttle;
+use self::traffic::Traffic;
 use crate::config::{Config, ConfigError};
 use crate::http::body::{full, Body};
 use crate::http::problem::Problem;
 use crate::idempotency::record::State;
+use crate::proxy::announce::Webhook;
 use crate::proxy::App;
 
 /// The admin listener's settings, checked when the config is.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AdminSettings {
-    /// SHA-256 of the bearer token; `None`: the key API is disabled.
-    token_hash: Option<[u8; 32]>,
+    access: Access,
+    sessions: Arc<Sessions>,
     list_limit: usize,
+    login_per_minute: u32,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    /// Where audit events go besides the log (the `[approvals] webhook`); set when the app
+    /// is built, since the sender needs the runtime.
+    pub audit_hook: Option<Arc<Webhook>>,
+}
+
+impl std::fmt::Debug for AdminSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminSettings")
+            .field("tokens", &self.access.enabled())
+            .field("sessions", &self.sessions)
+            .field("list_limit", &self.list_limit)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl AdminSettings {
     pub fn from_config(config: &Config) -> Result<AdminSettings, ConfigError> {
         let admin = &config.admin;
-        let token_hash = match &admin.token_sha256 {
-            Some(h) => Some(
-                hex::decode(h.trim())
-                    .ok()
-                    .and_then(|b| <[u8; 32]>::try_from(b).ok())
-                    .ok_or_else(|| {
-                        config.invalid("admin.token_sha256", "must be 64 hex digits (a SHA-256)")
-                    })?,
-            ),
-            None => std::env::var(&admin.token_env)
-                .ok()
-                .filter(|t| !t.is_empty())
-                .map(|t| Sha256::digest(t.as_bytes()).into()),
-        };
         if admin.list_limit == 0 {
             return Err(config.invalid("admin.list_limit", "must be greater than 0"));
         }
+        if admin.login_attempts_per_minute == 0 {
+            return Err(config.invalid("admin.login_attempts_per_minute", "must be greater than 0"));
+        }
         Ok(AdminSettings {
-            token_hash,
+            access: Access::from_config(config)?,
+            sessions: Arc::new(Sessions::from_config(config)?),
             list_limit: admin.list_limit,
+            login_per_minute: admin.login_attempts_per_minute,
+            tls: listener::tls_config(config)?,
+            audit_hook: None,
         })
     }
+}
+
+/// What `check-config` and `serve` warn about in `[admin]` and `server.admin_listen`.
+pub fn warnings(config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(admin_listen) = &config.server.admin_listen else {
+        return out;
+    };
+    let host = |a: &str| a.parse::<std::net::SocketAddr>().map(|s| s.ip()).ok();
+    if let (Some(a), Some(w)) = (host(admin_listen), host(&config.server.listen)) {
+        if a == w || a.is_unspecified() || w.is_unspecified() {
+            out.push(format!(
+                "server.admin_listen ({admin_listen}) shares an interface with server.listen ({}): workers that reach the proxy can reach the admin listener and the console; bind it to an address only operators reach",
+                config.server.listen
+            ));
+        }
+    }
+    let admin = &config.admin;
+    if admin.session_key_env.is_none()
+        && admin.session_key_file.is_none()
+        && (!admin.tokens.is_empty() || admin.token_sha256.is_some())
+    {
+        out.push("admin.session_key_env / admin.session_key_file is not set: console sessions are signed with a key made up at start-up, so a login holds on this process only and ends when it restarts; give every replica the same key".into());
+    }
+    if admin.tls_cert.is_none() && !admin.behind_tls && !admin.tokens.is_empty() {
+        if let Some(a) = host(admin_listen) {
+            if !a.is_loopback() {
+                out.push(format!("the admin listener ({admin_listen}) is not loopback and has no admin.tls_cert: tokens and session cookies cross the network in clear (set admin.tls_cert and admin.tls_key, or admin.behind_tls when TLS ends in front of it)"));
+            }
+        }
+    }
+    out
 }
 
 /// Re-reads the config file. `serve` wires in `crate::reload::Reloader`, which admin cannot
@@ -70,19 +120,31 @@ pub trait Reload: Send + Sync {
 /// Everything the admin handlers need besides the app.
 pub struct Admin {
     app: Arc<App>,
-    /// SHA-256 of the bearer token; `None`: the key API is disabled.
-    token_hash: Option<[u8; 32]>,
+    access: Access,
+    sessions: Arc<Sessions>,
     list_limit: usize,
     reload: Option<Arc<dyn Reload>>,
+    throttle: Throttle,
+    audit: Audit,
+    traffic: Arc<Traffic>,
+    held: held_cache::HeldCache,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Admin {
     pub fn new(app: Arc<App>, settings: AdminSettings) -> Admin {
+        let traffic = Arc::new(Traffic::default());
         Admin {
+            traffic,
             app,
-            token_hash: settings.token_hash,
+            access: settings.access,
+            sessions: settings.sessions,
             list_limit: settings.list_limit,
             reload: None,
+            throttle: Throttle::new(settings.login_per_minute),
+            audit: Audit::new(settings.audit_hook),
+            held: held_cache::HeldCache::default(),
+            tls: settings.tls,
         }
     }
 
@@ -93,19 +155,24 @@ impl Admin {
     }
 
     pub fn key_api_enabled(&self) -> bool {
-        self.token_hash.is_some()
+        self.access.enabled()
     }
 
-    /// Constant-time check of `Authorization: Bearer <token>` (hashes compared, so the
-    /// length of the token does not leak either).
-    fn authorized(&self, req: &Request<Incoming>) -> Result<(), Box<Response<Body>>> {
-        let Some(expected) = &self.token_hash else {
+    /// Whether the listener speaks HTTPS.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The holder of the `Authorization: Bearer <token>` the request carries (compared by
+    /// hash in constant time, so neither the token nor its length leaks).
+    fn bearer(&self, req: &Request<Incoming>) -> Result<Principal, Box<Response<Body>>> {
+        if !self.access.enabled() {
             return Err(Box::new(problem(
                 StatusCode::FORBIDDEN,
                 "admin-api-disabled",
-                "The key API is disabled: set the token in the environment variable named by admin.token_env (default IDEMPROXY_ADMIN_TOKEN) or admin.token_sha256.",
+                "The key API is disabled: set the token in the environment variable named by admin.token_env (default IDEMPROXY_ADMIN_TOKEN), admin.token_sha256, or [[admin.tokens]].",
             )));
-        };
+        }
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -114,48 +181,54 @@ impl Admin {
                 let (scheme, token) = v.trim().split_once(' ')?;
                 scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             });
-        let ok = given.is_some_and(|t| {
-            let hash: [u8; 32] = Sha256::digest(t.as_bytes()).into();
-            hash.ct_eq(expected).unwrap_u8() == 1
-        });
-        if ok {
-            Ok(())
-        } else {
-            let mut resp = problem(
-                StatusCode::UNAUTHORIZED,
-                "admin-unauthorized",
-                "Send Authorization: Bearer <admin token>.",
-            );
-            resp.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"idemproxy-admin\""),
-            );
-            Err(Box::new(resp))
+        match given.and_then(|t| self.access.check(t)) {
+            Some(who) => Ok(who),
+            None => {
+                let mut resp = problem(
+                    StatusCode::UNAUTHORIZED,
+                    "admin-unauthorized",
+                    "Send Authorization: Bearer <admin token>.",
+                );
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"idemproxy-admin\""),
+                );
+                Err(Box::new(resp))
+            }
         }
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: std::net::IpAddr,
+    ) -> Result<Response<Body>, Infallible> {
         let path = req.uri().path().to_string();
         let resp = match (req.method().clone(), path.as_str()) {
             (Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
             (Method::GET, "/readyz") => self.readyz().await,
             (Method::GET, "/metrics") => self.metrics().await,
-            (Method::POST, "/v1/reload") => match self.authorized(&req) {
+            (_, "/" | "/console") => console::redirect("/console/"),
+            (_, p) if p.starts_with("/console/") => console::handle(&self, req, peer).await,
+            (Method::POST, "/v1/reload") => match self.bearer(&req) {
                 Err(resp) => *resp,
-                Ok(()) => self.reload().await,
+                Ok(who) => match require(&who, Role::Operator) {
+                    Err(resp) => *resp,
+                    Ok(()) => self.reload().await,
+                },
             },
             (_, "/v1/reload") => problem(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
                 "Use POST.",
             ),
-            (_, p) if p.starts_with("/v1/keys") => match self.authorized(&req) {
+            (_, p) if p.starts_with("/v1/keys") => match self.bearer(&req) {
                 Err(resp) => *resp,
-                Ok(()) => keys::handle(&self, req).await,
+                Ok(who) => keys::handle(&self, &who, req).await,
             },
-            (_, p) if p.starts_with("/v1/approvals") => match self.authorized(&req) {
+            (_, p) if p.starts_with("/v1/approvals") => match self.bearer(&req) {
                 Err(resp) => *resp,
-                Ok(()) => approvals::handle(&self, req).await,
+                Ok(who) => approvals::handle(&self, &who, req).await,
             },
             (_, "/healthz" | "/readyz" | "/metrics") => problem(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -165,7 +238,7 @@ impl Admin {
             _ => problem(
                 StatusCode::NOT_FOUND,
                 "not-found",
-                "Admin endpoints: /healthz, /readyz, /metrics, /v1/keys (show, resolve, reconcile), /v1/approvals (approve, deny), /v1/reload.",
+                "Admin endpoints: /healthz, /readyz, /metrics, /console/, /v1/keys (show, resolve, reconcile), /v1/approvals (approve, deny), /v1/reload.",
             ),
         };
         Ok(resp)
@@ -260,34 +333,6 @@ impl Admin {
     }
 }
 
-/// Serves the admin endpoints until the process exits.
-pub async fn serve(admin: Arc<Admin>, listener: TcpListener) {
-    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(10));
-    let builder = Arc::new(builder);
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "admin accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let admin = admin.clone();
-        let builder = builder.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| admin.clone().handle(req));
-            if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
-                tracing::debug!(error = %e, "admin connection ended with an error");
-            }
-        });
-    }
-}
-
 fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     let mut resp = Response::new(full(value.to_string()));
     *resp.status_mut() = status;
@@ -300,4 +345,21 @@ fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
 
 fn problem(status: StatusCode, slug: &'static str, detail: &str) -> Response<Body> {
     Problem::new(status, slug, detail).into_response()
+}
+
+/// `Ok` when `who` may do what `needs` may; a 403 naming both otherwise.
+fn require(who: &Principal, needs: Role) -> Result<(), Box<Response<Body>>> {
+    if who.role >= needs {
+        return Ok(());
+    }
+    Err(Box::new(problem(
+        StatusCode::FORBIDDEN,
+        "admin-forbidden",
+        &format!(
+            "The token {} has the {} role; this needs {}.",
+            who.name,
+            who.role.as_str(),
+            needs.as_str()
+        ),
+    )))
 }

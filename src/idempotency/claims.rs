@@ -13,8 +13,8 @@ use super::outcome::{classify, CallFailure, Outcome};
 use super::policy::Policy;
 use super::policy::{Hold, OnInFlight};
 use super::receipt_cache::ReceiptCache;
-use super::record::{Fence, Receipt, Record, RecordBody, State, Token};
-use super::store::{Clock, Deadline, Expiry, Store, StoreError};
+use super::record::{Fence, Receipt, Record, RecordBody, ResolvedBy, State, Token};
+use super::store::{Clock, Expiry, Store, StoreError};
 use super::unconfirmed::Retrier;
 use super::waiters::Waiters;
 
@@ -135,9 +135,12 @@ impl Claim {
                 unknown_since_ms: 0,
                 note: None,
                 receipt: None,
+                sealed_receipt: None,
                 declined: false,
                 attempt: 0,
                 reconciled: false,
+                settled_ms: 0,
+                resolved: None,
             },
             restore: None,
             after_hold: false,
@@ -209,7 +212,7 @@ pub struct Executed<E> {
 }
 
 pub struct Claims {
-    /// Bounded by the store timeout (`Deadline`).
+    /// Every call bounded by the store timeout (the guard `store::open` puts around it).
     store: Arc<dyn Store>,
     waiters: Arc<Waiters>,
     /// Work that must finish before the process exits: forwards being settled, settles and
@@ -224,9 +227,9 @@ pub struct Claims {
 }
 
 impl Claims {
-    /// Claims over `store`, every operation of which is bounded by `op_timeout`.
-    pub fn new(store: Arc<dyn Store>, op_timeout: Duration) -> Claims {
-        let store = Deadline::wrap(store, op_timeout);
+    /// Claims over `store`, which bounds every call (`store::open` guards it so): a stalled
+    /// store must answer `Timeout`, for the request waiting on it to get its 503.
+    pub fn new(store: Arc<dyn Store>) -> Claims {
         let waiters = Arc::new(Waiters::new());
         store.listen_settled(waiters.clone());
         Claims {
@@ -802,7 +805,7 @@ impl Claims {
         scope: &str,
         seen_token: &str,
         how: Resolution,
-        by: &str,
+        by: ResolvedBy,
         retention: impl Fn(&str) -> Duration,
     ) -> Result<Resolved, StoreError> {
         let Some(found) = self.store.get(scope).await? else {
@@ -820,10 +823,9 @@ impl Claims {
                 let mut body = found.body.clone();
                 body.reconciled = reconciled;
                 body.receipt = Some(receipt);
-                body.note = Some(format!(
-                    "receipt committed by {by} at {} ms",
-                    self.clock.now_ms()
-                ));
+                body.note = Some(format!("receipt committed by {} at {} ms", by.by, by.at_ms));
+                body.settled_ms = by.at_ms;
+                body.resolved = Some(Box::new(by));
                 let record = Record {
                     state: State::Committed,
                     token: Token::random(),
@@ -871,6 +873,7 @@ impl Claims {
         let mut body = claim.body.clone();
         body.receipt = Some(receipt);
         body.declined = declined;
+        body.settled_ms = self.clock.now_ms();
         let record = claim.record(State::Committed, body);
         // Not cached here: most keys are never retried, and caching every commit cost
         // throughput and memory in the benchmark. The first replay caches it.

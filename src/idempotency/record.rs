@@ -116,6 +116,23 @@ impl Receipt {
     }
 }
 
+/// A receipt encrypted at rest: the cipher, and `nonce || ciphertext` of the receipt's JSON,
+/// bound to the record's scope and fingerprint (`crate::store` seals and opens it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedReceipt {
+    pub cipher: Cipher,
+    #[serde(with = "b64")]
+    pub data: Bytes,
+}
+
+/// How a sealed receipt was sealed; a store holding one this build does not know is corrupt
+/// to it, never replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Cipher {
+    #[serde(rename = "aes-256-gcm")]
+    Aes256Gcm,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub state: State,
@@ -140,6 +157,11 @@ pub struct RecordBody {
     pub note: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<Receipt>,
+    /// The receipt as a store keeps it under `[encryption]`, in place of `receipt`: only the
+    /// store's guard seals and opens it, so the claim machine never sees one. (Boxed: rare,
+    /// and every record carries the field.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_receipt: Option<Box<SealedReceipt>>,
     /// COMMITTED: the receipt says nothing happened (a decline), so a corrected request for
     /// the same derived operation may execute as a new attempt.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -151,6 +173,31 @@ pub struct RecordBody {
     /// COMMITTED by asking the provider (a lookup), not by the call's own answer.
     #[serde(default, skip_serializing_if = "is_false")]
     pub reconciled: bool,
+    /// When the outcome was written (COMMITTED), for the operator's history.
+    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    pub settled_ms: u64,
+    /// Who resolved a held outcome, when, how and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<Box<ResolvedBy>>,
+}
+
+/// A person's (or a lookup's) resolution of a held outcome, kept with the receipt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedBy {
+    pub by: String,
+    pub at_ms: u64,
+    /// `committed` (a receipt the operator gave), `attested` (a response pasted by the
+    /// operator, marked so on every replay), `reconciled` (the provider was asked).
+    pub how: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The provider's id of the object the operation made, when the operator gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+}
+
+fn is_zero_ms(n: &u64) -> bool {
+    *n == 0
 }
 
 fn is_false(b: &bool) -> bool {
@@ -249,9 +296,12 @@ impl Record {
                     headers: vec![],
                     body: Bytes::from_static(b"ok"),
                 }),
+                sealed_receipt: None,
                 declined: false,
                 attempt: 0,
                 reconciled: false,
+                settled_ms: 0,
+                resolved: None,
             },
         }
     }
@@ -300,9 +350,18 @@ mod tests {
                     )],
                     body: Bytes::from_static(&[0, 1, 2, 255]),
                 }),
+                sealed_receipt: None,
                 declined: true,
                 attempt: 3,
                 reconciled: true,
+                settled_ms: 5,
+                resolved: Some(Box::new(ResolvedBy {
+                    by: "ana".into(),
+                    at_ms: 6,
+                    how: "attested".into(),
+                    why: Some("seen in the dashboard".into()),
+                    object: Some("ch_1".into()),
+                })),
             },
         };
         let enc = r.encode();

@@ -1,8 +1,8 @@
 //! The store the claim state machine needs (its port): atomic insert-if-absent, fenced
 //! replace and remove, expiry, a settle feed for waiters on other proxies, and the clock.
-//! Adapters (SQLite, Redis, sealing, metrics) live in `crate::store` and implement it.
+//! The backends (SQLite, Redis, PostgreSQL) live in `crate::store`, which opens each behind
+//! one guard that bounds every call (`store.op_timeout`), times it and seals receipts.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -135,82 +135,5 @@ impl Clock {
             Clock::System => now_ms(),
             Clock::Tokio { anchor, at_ms } => at_ms + anchor.elapsed().as_millis() as u64,
         }
-    }
-}
-
-/// Every operation of `inner` bounded by one deadline (`store.op_timeout`): a store that
-/// stalls answers `Timeout`, and the request that waited on it gets a 503 instead of hanging.
-/// The one place store calls are timed out.
-pub struct Deadline {
-    inner: Arc<dyn Store>,
-    limit: Duration,
-}
-
-impl Deadline {
-    pub fn wrap(inner: Arc<dyn Store>, limit: Duration) -> Arc<dyn Store> {
-        Arc::new(Deadline { inner, limit })
-    }
-
-    async fn bounded<T>(
-        &self,
-        op: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.limit, op)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.limit)))
-    }
-}
-
-#[async_trait]
-impl Store for Deadline {
-    async fn insert_if_absent(
-        &self,
-        scope: &str,
-        record: &Record,
-        expiry: Expiry,
-    ) -> Result<Option<Record>, StoreError> {
-        self.bounded(self.inner.insert_if_absent(scope, record, expiry))
-            .await
-    }
-
-    async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
-        self.bounded(self.inner.get(scope)).await
-    }
-
-    async fn replace(
-        &self,
-        scope: &str,
-        fence: &Fence,
-        record: &Record,
-        expiry: Expiry,
-    ) -> Result<bool, StoreError> {
-        self.bounded(self.inner.replace(scope, fence, record, expiry))
-            .await
-    }
-
-    async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError> {
-        self.bounded(self.inner.remove(scope, fence)).await
-    }
-
-    async fn list(&self, state: State, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
-        self.bounded(self.inner.list(state, limit)).await
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.bounded(self.inner.ping()).await
-    }
-
-    async fn durability_warning(&self) -> Option<String> {
-        tokio::time::timeout(self.limit, self.inner.durability_warning())
-            .await
-            .unwrap_or(None)
-    }
-
-    async fn announce_settled(&self, scope: &str) -> Result<(), StoreError> {
-        self.bounded(self.inner.announce_settled(scope)).await
-    }
-
-    fn listen_settled(&self, sink: Arc<dyn SettleSink>) {
-        self.inner.listen_settled(sink)
     }
 }

@@ -1,6 +1,7 @@
 //! Test doubles of the store port, for testing the claim state machine in milliseconds next
 //! to the real-store suites: an in-memory store with the stores' semantics (expiry on the
-//! clock it is given, fenced writes), and a wrapper that injects faults into chosen calls.
+//! clock it is given, fenced writes; held to the same conformance suite as the real stores,
+//! tests/it/store_conformance.rs), and a wrapper that injects faults into chosen calls.
 //! Compiled for the crate's own tests and behind the `test-store` feature.
 
 use std::collections::{HashMap, VecDeque};
@@ -33,17 +34,16 @@ impl MemoryStore {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn live(&self, scope: &str) -> Option<Vec<u8>> {
+    /// The live record under `scope` in `records` (one already past its expiry is dropped).
+    fn live<'r>(&self, records: &'r mut Records, scope: &str) -> Option<&'r Vec<u8>> {
         let now = self.clock.now_ms();
-        let mut records = self.lock();
-        match records.get(scope) {
-            Some((_, Some(until))) if *until <= now => {
-                records.remove(scope);
-                None
-            }
-            Some((raw, _)) => Some(raw.clone()),
-            None => None,
+        if records
+            .get(scope)
+            .is_some_and(|(_, until)| until.is_some_and(|until| until <= now))
+        {
+            records.remove(scope);
         }
+        records.get(scope).map(|(raw, _)| raw)
     }
 
     fn until(&self, expiry: Expiry) -> Option<u64> {
@@ -54,6 +54,7 @@ impl MemoryStore {
     }
 }
 
+// Each operation holds the lock from its check to its write: atomic, as the real stores are.
 #[async_trait]
 impl Store for MemoryStore {
     async fn insert_if_absent(
@@ -62,16 +63,20 @@ impl Store for MemoryStore {
         record: &Record,
         expiry: Expiry,
     ) -> Result<Option<Record>, StoreError> {
-        if let Some(raw) = self.live(scope) {
-            return Ok(Some(Record::decode(&raw)?));
+        let mut records = self.lock();
+        if let Some(raw) = self.live(&mut records, scope) {
+            return Ok(Some(Record::decode(raw)?));
         }
-        let until = self.until(expiry);
-        self.lock().insert(scope.into(), (record.encode(), until));
+        records.insert(scope.into(), (record.encode(), self.until(expiry)));
         Ok(None)
     }
 
     async fn get(&self, scope: &str) -> Result<Option<Record>, StoreError> {
-        Ok(Record::decode_found(self.live(scope))?)
+        let mut records = self.lock();
+        Ok(self
+            .live(&mut records, scope)
+            .map(|raw| Record::decode(raw))
+            .transpose()?)
     }
 
     async fn replace(
@@ -81,32 +86,42 @@ impl Store for MemoryStore {
         record: &Record,
         expiry: Expiry,
     ) -> Result<bool, StoreError> {
-        match self.live(scope) {
-            Some(raw) if fence.admits_encoded(&raw) => {
-                let until = self.until(expiry);
-                self.lock().insert(scope.into(), (record.encode(), until));
-                Ok(true)
-            }
-            _ => Ok(false),
+        let mut records = self.lock();
+        if !self
+            .live(&mut records, scope)
+            .is_some_and(|raw| fence.admits_encoded(raw))
+        {
+            return Ok(false);
         }
+        records.insert(scope.into(), (record.encode(), self.until(expiry)));
+        Ok(true)
     }
 
     async fn remove(&self, scope: &str, fence: &Fence) -> Result<bool, StoreError> {
-        match self.live(scope) {
-            Some(raw) if fence.admits_encoded(&raw) => {
-                self.lock().remove(scope);
-                Ok(true)
-            }
-            _ => Ok(false),
+        let mut records = self.lock();
+        if !self
+            .live(&mut records, scope)
+            .is_some_and(|raw| fence.admits_encoded(raw))
+        {
+            return Ok(false);
         }
+        records.remove(scope);
+        Ok(true)
     }
 
     async fn list(&self, state: State, limit: usize) -> Result<Vec<(String, Record)>, StoreError> {
-        let scopes: Vec<String> = self.lock().keys().cloned().collect();
+        let mut records = self.lock();
+        let mut scopes: Vec<String> = records.keys().cloned().collect();
+        // In scope order, as the SQL stores list them.
+        scopes.sort();
         let mut out = Vec::new();
         for scope in scopes {
-            if let Some(r) = self.get(&scope).await? {
-                if r.state == state && out.len() < limit {
+            if out.len() >= limit {
+                break;
+            }
+            if let Some(raw) = self.live(&mut records, &scope) {
+                let r = Record::decode(raw)?;
+                if r.state == state {
                     out.push((scope, r));
                 }
             }

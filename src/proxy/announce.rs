@@ -22,34 +22,40 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Webhook {
-    queue: mpsc::Sender<Approval>,
+    /// Notices, rendered: new approvals, and the admin audit trail's events.
+    queue: mpsc::Sender<(String, String)>,
     metrics: Arc<Metrics>,
 }
 
 impl Webhook {
     /// Starts the sender task; it ends when the proxy drops the webhook.
     pub fn start(url: Uri, client: UpstreamClient, metrics: Arc<Metrics>) -> Webhook {
-        let (queue, mut rx) = mpsc::channel::<Approval>(QUEUE);
+        let (queue, mut rx) = mpsc::channel::<(String, String)>(QUEUE);
         let m = metrics.clone();
         tokio::spawn(async move {
-            while let Some(approval) = rx.recv().await {
-                let sent = deliver(&client, &url, &notice(&approval)).await;
+            while let Some((about, body)) = rx.recv().await {
+                let sent = deliver(&client, &url, &body).await;
                 m.approval_notice(if sent { "sent" } else { "failed" });
                 if !sent {
-                    tracing::warn!(approval = %approval.id, "the approvals webhook did not take the notice after {ATTEMPTS} attempts; the approval waits in `idemproxy approvals list`");
+                    tracing::warn!(about = %about, "the approvals webhook did not take a notice after {ATTEMPTS} attempts");
                 }
             }
         });
         Webhook { queue, metrics }
     }
+
+    /// Queues a JSON notice (`about` names it in logs); a full queue drops it.
+    pub fn send(&self, about: &str, body: String) {
+        if self.queue.try_send((about.to_string(), body)).is_err() {
+            self.metrics.approval_notice("dropped");
+            tracing::warn!(about = %about, "the approvals webhook queue is full: notice dropped");
+        }
+    }
 }
 
 impl Announcer for Webhook {
     fn announce(&self, approval: &Approval) {
-        if self.queue.try_send(approval.clone()).is_err() {
-            self.metrics.approval_notice("dropped");
-            tracing::warn!(approval = %approval.id, "the approvals webhook queue is full: notice dropped");
-        }
+        self.send(&approval.id, notice(approval));
     }
 }
 

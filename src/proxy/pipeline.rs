@@ -697,6 +697,15 @@ impl Trace {
     fn finish(self, app: &App, route: &Route, tenant: &str, started: Instant, status: u16) {
         let outcome = self.outcome.unwrap_or(RequestOutcome::Rejected);
         app.metrics.request(&route.name, outcome);
+        if outcome == RequestOutcome::Unprotected {
+            // Identification says why it had no key; otherwise the store was down (fail_open).
+            let reason = if self.unprotected.is_some() {
+                "no_key"
+            } else {
+                "store_unavailable"
+            };
+            app.metrics.unprotected(&route.name, reason);
+        }
         tracing::info!(
             route = %route.name,
             %tenant,

@@ -307,7 +307,46 @@ impl Gate {
                 a.announce(&current);
             }
         }
+        let current = self.note_variant(current, &fresh, now).await;
         self.decision(budget, ask, current, fresh.amount, why).await
+    }
+
+    /// Records on a pending approval that another request arrived under its operation
+    /// (another amount, path or body), so the approver sees the conflict. Best effort: a
+    /// lost race or a store error leaves the approval as it was.
+    async fn note_variant(&self, current: Approval, fresh: &Approval, now: u64) -> Approval {
+        let digest = |b: &[u8]| crate::idempotency::hex::lower(&Sha256::digest(b));
+        let body_sha256 = digest(&fresh.body);
+        let differs = current.amount != fresh.amount
+            || current.method != fresh.method
+            || current.path != fresh.path
+            || digest(&current.body) != body_sha256;
+        if !differs
+            || current.state != ApprovalState::Pending
+            || current.variants.len() >= super::port::MAX_VARIANTS
+            || current
+                .variants
+                .iter()
+                .any(|v| v.body_sha256 == body_sha256 && v.amount == fresh.amount)
+        {
+            return current;
+        }
+        let mut noted = current.clone();
+        noted.variants.push(super::port::Variant {
+            amount: fresh.amount.clone(),
+            method: fresh.method.clone(),
+            path: fresh.path.clone(),
+            body_sha256,
+            seen_ms: now,
+        });
+        match self.store.update_approval(&noted).await {
+            Ok(true) => {
+                tracing::warn!(approval = %noted.id, amount = %fresh.amount, "another request arrived under an operation waiting for approval");
+                noted.version += 1;
+                noted
+            }
+            _ => current,
+        }
     }
 
     /// Waits up to the route's `approval_wait` for a person to decide `current`, which this
@@ -389,6 +428,8 @@ fn fresh_approval(budget: &Budget, ask: &Ask<'_>, why: &str, now: u64) -> Approv
         decided_by: None,
         reason: None,
         decided_ms: None,
+        first_approval: None,
+        variants: Vec::new(),
         version: 0,
     }
 }

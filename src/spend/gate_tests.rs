@@ -41,9 +41,7 @@ struct World {
 
 fn world() -> World {
     let clock = Clock::tokio();
-    let claims = Arc::new(
-        Claims::new(MemoryStore::new(clock), Duration::from_millis(500)).with_clock(clock),
-    );
+    let claims = Arc::new(Claims::new(MemoryStore::new(clock)).with_clock(clock));
     let spend = Arc::new(MemorySpend::new());
     let events = Arc::new(Events::default());
     let gate = Arc::new(Gate::new(

@@ -1,6 +1,7 @@
 //! What spend control needs from the store (its port): an atomic check-and-reserve over a
 //! request's budget counters, refunds, and approvals that survive restarts and are shared by
-//! every proxy on the store. Adapters in `crate::store` implement it next to the claim store.
+//! every proxy on the store. Each backend in `crate::store` implements it next to the claim
+//! store, deciding with the rules written here once ([`decide`], [`opening`], [`updating`]).
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -125,10 +126,40 @@ pub struct Approval {
     pub reason: Option<String>,
     #[serde(default)]
     pub decided_ms: Option<u64>,
+    /// Four eyes: the first of two approvers, while the second is awaited (still pending).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_approval: Option<FirstApproval>,
+    /// Other requests that arrived under the same operation while it waited: what they
+    /// asked and a digest of their body (never the body). An approver sees the conflict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<Variant>,
     /// Bumped on every change; a decision is written only over the version it read.
     #[serde(default)]
     pub version: u64,
 }
+
+/// Who approved first when an approval needs two people, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirstApproval {
+    pub by: String,
+    pub at_ms: u64,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// A request under an approval's operation that differs from the one the approval shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Variant {
+    pub amount: String,
+    pub method: String,
+    pub path: String,
+    /// SHA-256 of its body, hex.
+    pub body_sha256: String,
+    pub seen_ms: u64,
+}
+
+/// Variants an approval keeps at most (the first ones: enough to show the conflict).
+pub const MAX_VARIANTS: usize = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -167,6 +198,25 @@ pub enum Opened {
     ReplacedExpired,
 }
 
+/// What opening an approval does, given the one stored under its id: a live one stays and
+/// comes back (`Existing`, every retry gets it); an expired one is replaced; none, a new one.
+pub fn opening(found: Option<&Approval>, now_ms: u64) -> Opened {
+    match found {
+        Some(f) if !f.expired(now_ms) => Opened::Existing,
+        Some(_) => Opened::ReplacedExpired,
+        None => Opened::New,
+    }
+}
+
+/// What a decision writes over the approval `found`: `a` as its next version, if `found` is
+/// still the version `a` was read at; `None` when another decision came first.
+pub fn updating(found: &Approval, a: &Approval) -> Option<Approval> {
+    (found.version == a.version).then(|| Approval {
+        version: a.version + 1,
+        ..a.clone()
+    })
+}
+
 #[async_trait]
 pub trait SpendStore: Send + Sync + 'static {
     /// Checks and reserves atomically (see [`Reservation`] and [`decide`]).
@@ -193,59 +243,4 @@ pub trait SpendStore: Send + Sync + 'static {
 
     /// Up to `limit` approvals, newest first.
     async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError>;
-}
-
-/// Every operation of `inner` bounded by `store.op_timeout`, as claims are: a stalled store
-/// answers `Timeout` and the payment is refused (503), never forwarded unchecked.
-pub struct Bounded {
-    inner: std::sync::Arc<dyn SpendStore>,
-    limit: std::time::Duration,
-}
-
-impl Bounded {
-    pub fn wrap(
-        inner: std::sync::Arc<dyn SpendStore>,
-        limit: std::time::Duration,
-    ) -> std::sync::Arc<dyn SpendStore> {
-        std::sync::Arc::new(Bounded { inner, limit })
-    }
-
-    async fn bounded<T>(
-        &self,
-        op: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.limit, op)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.limit)))
-    }
-}
-
-#[async_trait]
-impl SpendStore for Bounded {
-    async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
-        self.bounded(self.inner.reserve(r)).await
-    }
-    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
-        self.bounded(self.inner.refund(id, counters)).await
-    }
-    async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
-        self.bounded(self.inner.spent(counter, window_ms, now_ms))
-            .await
-    }
-    async fn open_approval(
-        &self,
-        a: &Approval,
-        now_ms: u64,
-    ) -> Result<(Approval, Opened), StoreError> {
-        self.bounded(self.inner.open_approval(a, now_ms)).await
-    }
-    async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
-        self.bounded(self.inner.approval(id)).await
-    }
-    async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
-        self.bounded(self.inner.update_approval(a)).await
-    }
-    async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
-        self.bounded(self.inner.approvals(limit)).await
-    }
 }

@@ -1,12 +1,43 @@
-//! An in-memory spend store for tests of the gate (the real ones are in `crate::store`).
+//! An in-memory spend store for tests of the gate, held to the same conformance suite as the
+//! real ones in `crate::store` (tests/it/store_conformance.rs), and deciding with the same
+//! rules (`decide`, `opening`, `updating`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::port::{decide, Approval, Opened, Reservation, Reserved, SpendStore};
+use super::port::{
+    decide, opening, updating, Approval, ApprovalState, Opened, Reservation, Reserved, SpendStore,
+};
 use crate::idempotency::store::StoreError;
+
+/// A pending approval `id` of a 600.00 USD payment, made at `t` and expiring a second later.
+pub fn approval(id: &str, t: u64) -> Approval {
+    Approval {
+        id: id.into(),
+        route: "r".into(),
+        tenant: "t".into(),
+        run: "x".into(),
+        amount: "600.00 USD".into(),
+        counted_minor: 60_000,
+        currency: "USD".into(),
+        method: "POST".into(),
+        path: "/v1/p".into(),
+        body: b"amount=60000&currency=usd".to_vec(),
+        body_sealed: false,
+        why: "test".into(),
+        state: ApprovalState::Pending,
+        created_ms: t,
+        expires_ms: t + 1_000,
+        decided_by: None,
+        reason: None,
+        decided_ms: None,
+        first_approval: None,
+        variants: Vec::new(),
+        version: 0,
+    }
+}
 
 #[derive(Default)]
 pub struct MemorySpend {
@@ -95,11 +126,11 @@ impl SpendStore for MemorySpend {
         now_ms: u64,
     ) -> Result<(Approval, Opened), StoreError> {
         let mut inner = self.lock();
-        let opened = match inner.approvals.get(&a.id) {
-            Some(found) if !found.expired(now_ms) => return Ok((found.clone(), Opened::Existing)),
-            Some(_) => Opened::ReplacedExpired,
-            None => Opened::New,
-        };
+        let found = inner.approvals.get(&a.id);
+        let opened = opening(found, now_ms);
+        if let (Opened::Existing, Some(found)) = (opened, found) {
+            return Ok((found.clone(), opened));
+        }
         inner.approvals.insert(a.id.clone(), a.clone());
         Ok((a.clone(), opened))
     }
@@ -110,14 +141,16 @@ impl SpendStore for MemorySpend {
 
     async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
         let mut inner = self.lock();
-        match inner.approvals.get(&a.id) {
-            Some(found) if found.version == a.version => {
-                let mut next = a.clone();
-                next.version += 1;
+        match inner
+            .approvals
+            .get(&a.id)
+            .and_then(|found| updating(found, a))
+        {
+            Some(next) => {
                 inner.approvals.insert(a.id.clone(), next);
                 Ok(true)
             }
-            _ => Ok(false),
+            None => Ok(false),
         }
     }
 

@@ -1,29 +1,32 @@
-//! Where claims and receipts live: adapters of the core's `Store` port
-//! (`idempotency::store`) with the same behaviour: an embedded SQLite file for one host;
-//! PostgreSQL or Redis (one server, TLS, Sentinel, Cluster) for many proxies sharing one
-//! store; and wrappers (sealing, metrics) around any of them. docs/stores.md compares them.
+//! Where claims, receipts, budgets and approvals live: one folder per backend, each with the
+//! same files — `url` (its URL), `connection` (what both ports share), `claims` (the core's
+//! `Store` port, `idempotency::store`) and `spend` (spend's `SpendStore` port) — an embedded
+//! SQLite file for one host; PostgreSQL or Redis (one server, TLS, Sentinel, Cluster) for
+//! many proxies sharing one store. [`open`] puts each behind the one [`Guard`] (deadline,
+//! timing, sealing) and hands out both ports. docs/stores.md compares the backends.
 
-mod autopipeline;
+mod approvals;
+mod guard;
 mod postgres;
-mod postgres_spend;
 mod redis;
-mod redis_spend;
-pub mod sealed;
-pub mod sealed_spend;
+mod seal;
 mod sqlite;
-mod sqlite_spend;
-pub mod timed;
 mod tls;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use crate::idempotency::store::{now_ms, Expiry, SettleSink, Store, StoreError};
 
 use crate::config::StoreConfig;
+use crate::metrics::Metrics;
+use crate::spend::port::SpendStore;
 
-pub use self::postgres::{PostgresStore, PostgresUrl};
-pub use self::redis::{RedisStore, RedisTarget};
+pub use self::guard::Guard;
+pub use self::postgres::url::PostgresUrl;
+pub use self::postgres::PostgresStore;
+pub use self::redis::url::RedisTarget;
+pub use self::redis::RedisStore;
+pub use self::seal::{KeyError, Sealer};
 pub use self::sqlite::SqliteStore;
 
 /// A store URL, parsed: what `check-config` checks and `serve` opens.
@@ -45,13 +48,8 @@ const EXPECTED: &str = "expected sqlite://PATH, postgres://USER@HOST:PORT/DB, \
 impl StoreUrl {
     /// The error says what was expected.
     pub fn parse(url: &str) -> Result<StoreUrl, String> {
-        if let Some(path) = url.strip_prefix("sqlite://") {
-            if path.is_empty() {
-                return Err(format!(
-                    "`{url}` names no file: write sqlite://data/idemproxy.db"
-                ));
-            }
-            return Ok(StoreUrl::Sqlite(path.to_string()));
+        if let Some(path) = sqlite::url::parse(url)? {
+            return Ok(StoreUrl::Sqlite(path));
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return PostgresUrl::parse(url).map(|pg| StoreUrl::Postgres(Box::new(pg)));
@@ -63,41 +61,20 @@ impl StoreUrl {
     }
 }
 
-/// An opened store: the claim store, and the spend port on the same connection.
-pub struct Opened {
+/// An opened store's two ports, each call through the guard.
+pub struct Stores {
     pub claims: Arc<dyn Store>,
-    pub spend: Arc<dyn crate::spend::port::SpendStore>,
+    pub spend: Arc<dyn SpendStore>,
 }
 
-impl Opened {
-    fn of<S: Store + crate::spend::port::SpendStore>(s: S) -> Opened {
-        let s = Arc::new(s);
-        Opened {
-            claims: s.clone(),
-            spend: s,
-        }
-    }
-}
-
-/// Opens the store a URL names, with default settings otherwise.
+/// Opens the store `[store]` describes, behind the guard: every call bounded by `op_timeout`
+/// and timed into `metrics`, receipts and approval bodies sealed with `sealer`. The clients'
+/// own timeouts are set so they never cut an operation shorter than that.
 pub async fn open(
-    url: &str,
-    namespace: &str,
-    sqlite_synchronous: &str,
-) -> Result<Arc<dyn Store>, StoreError> {
-    open_config(&StoreConfig {
-        url: url.to_string(),
-        namespace: namespace.to_string(),
-        sqlite_synchronous: sqlite_synchronous.to_string(),
-        ..StoreConfig::default()
-    })
-    .await
-    .map(|o| o.claims)
-}
-
-/// Opens the store `[store]` describes. Every call is bounded by `op_timeout` by the proxy;
-/// the clients' own timeouts are set so they never cut an operation shorter than that.
-pub async fn open_config(config: &StoreConfig) -> Result<Opened, StoreError> {
+    config: &StoreConfig,
+    sealer: Option<Arc<Sealer>>,
+    metrics: Arc<Metrics>,
+) -> Result<Stores, StoreError> {
     let url = config.url.as_str();
     let open_err = |message: String| StoreError::Open {
         url: url.to_string(),
@@ -110,20 +87,23 @@ pub async fn open_config(config: &StoreConfig) -> Result<Opened, StoreError> {
         config.tls_key.as_deref(),
     )
     .map_err(open_err)?;
-    let op_timeout: Duration = config.op_timeout.0;
+    let op_timeout = config.op_timeout.0;
     Ok(match parsed {
-        StoreUrl::Sqlite(path) => Opened::of(SqliteStore::open(&path, &config.sqlite_synchronous)?),
+        StoreUrl::Sqlite(path) => {
+            let backend = SqliteStore::open(&path, &config.sqlite_synchronous)?;
+            stores(Guard::new(Arc::new(backend), op_timeout, sealer, metrics))
+        }
         StoreUrl::Redis(target) => {
-            let wait = (config.redis_wait_replicas > 0).then_some(autopipeline::Wait {
+            let wait = (config.redis_wait_replicas > 0).then_some(redis::Wait {
                 replicas: config.redis_wait_replicas,
                 timeout: config.redis_wait_timeout.0,
             });
-            Opened::of(
-                RedisStore::open(&target, url, &config.namespace, &files, op_timeout, wait).await?,
-            )
+            let backend =
+                RedisStore::open(&target, url, &config.namespace, &files, op_timeout, wait).await?;
+            stores(Guard::new(Arc::new(backend), op_timeout, sealer, metrics))
         }
-        StoreUrl::Postgres(pg) => Opened::of(
-            PostgresStore::open(
+        StoreUrl::Postgres(pg) => {
+            let backend = PostgresStore::open(
                 &pg,
                 url,
                 &config.namespace,
@@ -132,7 +112,17 @@ pub async fn open_config(config: &StoreConfig) -> Result<Opened, StoreError> {
                 op_timeout,
                 config.sweep_interval.0,
             )
-            .await?,
-        ),
+            .await?;
+            stores(Guard::new(Arc::new(backend), op_timeout, sealer, metrics))
+        }
     })
+}
+
+/// Both ports of one guarded backend.
+fn stores<S: Store + SpendStore>(guarded: Guard<S>) -> Stores {
+    let guarded = Arc::new(guarded);
+    Stores {
+        claims: guarded.clone(),
+        spend: guarded,
+    }
 }

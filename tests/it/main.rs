@@ -6,6 +6,9 @@
 mod common;
 
 mod chaos;
+mod console;
+mod console_browser;
+mod console_webdriver;
 mod core;
 mod deploy_files;
 mod derived_keys;

@@ -312,7 +312,10 @@ async fn expired_rows_are_swept_in_batches_while_claims_go_on() {
     let pg = store.postgres.as_ref().expect("postgres");
     let mut cfg = store.store_config();
     cfg.sweep_interval = idemproxy::config::Dur(Duration::from_millis(300));
-    let s = store::open_config(&cfg).await.expect("open").claims;
+    let s = store::open(&cfg, None, Default::default())
+        .await
+        .expect("open")
+        .claims;
     s.ping().await.expect("schema in place");
     // 5000 rows already expired (more than two sweep batches), written directly.
     pg.psql(

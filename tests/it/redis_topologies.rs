@@ -277,7 +277,10 @@ async fn claims_across_a_failover(wait_replicas: u32) -> FailoverReport {
         redis_wait_timeout: Dur(Duration::from_millis(100)),
         ..Default::default()
     };
-    let s = store::open_config(&cfg).await.expect("open").claims;
+    let s = store::open(&cfg, None, Default::default())
+        .await
+        .expect("open")
+        .claims;
     let acknowledged = Arc::new(Mutex::new(Vec::new()));
     let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -392,7 +395,10 @@ async fn sentinel_wait_cost() {
             redis_wait_replicas: wait,
             ..Default::default()
         };
-        let s: Arc<dyn Store> = store::open_config(&cfg).await.expect("open").claims;
+        let s: Arc<dyn Store> = store::open(&cfg, None, Default::default())
+            .await
+            .expect("open")
+            .claims;
         let latencies = Arc::new(Mutex::new(Vec::new()));
         let until = Instant::now() + Duration::from_secs(2);
         let mut tasks = Vec::new();

@@ -10,7 +10,7 @@ use base64::Engine as _;
 
 use crate::common::client::{send, Reply};
 use crate::common::provider::{Behavior, FakeProvider};
-use crate::common::proxy::{config_on, route, Proxy, StoreFixture};
+use crate::common::proxy::{config_on, metrics, route, sample, Proxy, StoreFixture};
 use crate::common::{eventually_async, Backend};
 
 const ADMIN_TOKEN: &str = "adm-spend-token";
@@ -197,7 +197,11 @@ async fn fifty_concurrent_payments_at_the_cap_never_pass_it(backend: Backend) {
     }
     let ok = statuses.iter().filter(|s| **s == 200).count();
     assert_eq!(ok, 10, "{statuses:?}");
-    assert_eq!(statuses.iter().filter(|s| **s == 403).count(), 40);
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 403).count(),
+        40,
+        "{statuses:?}"
+    );
     assert_eq!(provider.effects(), 10, "ten dollars of one-dollar payments");
 }
 
@@ -479,6 +483,44 @@ async fn bad_amounts_and_runs_are_refused_with_nothing_forwarded(backend: Backen
     let r = pay(&proxy, "lr", &long_run, "100", "usd").await;
     assert_eq!((r.status, slug(&r)), (400, "run-invalid"), "{}", r.text());
     assert_eq!(provider.effects(), 0);
+}
+
+/// Operators list UNKNOWN claims on a store that also holds budgets: on Redis the scan met
+/// spend's sorted sets and hashes in the namespace and the list failed (503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_list_claims_beside_budgets_on_redis() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Redis);
+    let proxy = start(&store, &pay_route(&provider, "per_run = \"100.00\""), "");
+    assert_eq!(pay(&proxy, "k1", "r1", "1000", "usd").await.status, 200);
+    let listed = admin(&proxy, "GET", "/v1/keys?state=unknown", "").await;
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    assert_eq!(provider.effects(), 1);
+}
+
+/// Spend's store operations are timed like the claims': a store slow on reservations or
+/// approvals shows in `idemproxy_store_operation_duration_seconds{op}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spend_store_operations_are_timed_with_the_claims() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let proxy = start(
+        &store,
+        &pay_route(
+            &provider,
+            "per_run = \"100.00\"\napprove_above = \"50.00\"\napproval_wait = \"100ms\"",
+        ),
+        "",
+    );
+    assert_eq!(pay(&proxy, "k1", "r1", "1000", "usd").await.status, 200);
+    let parked = pay(&proxy, "k2", "r1", "6000", "usd").await;
+    assert_eq!((parked.status, slug(&parked)), (409, "approval-pending"));
+    let text = metrics(&proxy).await;
+    for op in ["insert", "reserve", "open_approval"] {
+        let series = format!("idemproxy_store_operation_duration_seconds_count{{op=\"{op}\"}}");
+        assert!(sample(&text, &series) >= 1.0, "{series} missing:\n{text}");
+    }
+    assert_eq!(provider.effects(), 1);
 }
 
 /// Through `HTTPS_PROXY` the run rides in the proxy URL's user (`tenant.run`), sent once on

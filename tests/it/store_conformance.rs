@@ -1,29 +1,123 @@
 //! One conformance suite for every store backend: the same calls must behave the same on the
 //! embedded SQLite file, a real Redis (plain, TLS with client certificates, a 3-master Cluster,
-//! Sentinel with a replica) and a real PostgreSQL.
+//! Sentinel with a replica), a real PostgreSQL, and the in-memory stores the core's and the
+//! gate's unit tests run on (`idempotency::testing`, `spend::testing`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::proxy::StoreFixture;
-use crate::common::records::{record, HOUR};
+use crate::common::records::{record, sealed_the_old_way, HOUR};
 use crate::common::Backend;
 use idemproxy::idempotency::record::{Fence, State, Token};
+use idemproxy::idempotency::store::Clock;
+use idemproxy::idempotency::testing::MemoryStore;
 use idemproxy::spend::port::{
-    Approval, ApprovalState, CapName, Counter, Opened, Reservation, Reserved, SpendStore,
+    ApprovalState, CapName, Counter, Opened, Reservation, Reserved, SpendStore,
 };
-use idemproxy::store::{self, Expiry, SettleSink, Store};
+use idemproxy::spend::testing::{approval, MemorySpend};
+use idemproxy::store::{self, Expiry, Guard, Sealer, SettleSink, Store, Stores};
 
-async fn open(fixture: &StoreFixture) -> Arc<dyn Store> {
-    store::open_config(&fixture.store_config())
-        .await
-        .expect("open store")
-        .claims
+/// What the suite runs against: a real store, or the in-memory ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Under {
+    Real(Backend),
+    Memory,
 }
 
-async fn insert_if_absent_claims_once(backend: Backend) {
-    let f = StoreFixture::new(backend);
-    let s = open(&f).await;
+impl From<Backend> for Under {
+    fn from(b: Backend) -> Under {
+        Under::Real(b)
+    }
+}
+
+/// The store under test, and what keeps a real one running.
+struct Subject {
+    under: Under,
+    fixture: Option<StoreFixture>,
+    memory: (Arc<MemoryStore>, Arc<MemorySpend>),
+}
+
+impl Subject {
+    fn new(under: impl Into<Under>) -> Subject {
+        let under = under.into();
+        let fixture = match under {
+            Under::Real(backend) => Some(StoreFixture::new(backend)),
+            Under::Memory => None,
+        };
+        Subject {
+            under,
+            fixture,
+            memory: (
+                MemoryStore::new(Clock::System),
+                Arc::new(MemorySpend::new()),
+            ),
+        }
+    }
+
+    /// Both ports as a proxy opens them (a new connection each time, as another proxy
+    /// would), receipts sealed with `key` when given. The memory stores get the same guard.
+    async fn open(&self, key: Option<[u8; 32]>) -> Stores {
+        let sealer = key.map(|k| Arc::new(Sealer::new(&k)));
+        match &self.fixture {
+            Some(f) => store::open(&f.store_config(), sealer, Default::default())
+                .await
+                .expect("open store"),
+            None => {
+                let timeout = idemproxy::config::StoreConfig::default().op_timeout.0;
+                Stores {
+                    claims: Arc::new(Guard::new(
+                        self.memory.0.clone(),
+                        timeout,
+                        sealer.clone(),
+                        Default::default(),
+                    )),
+                    spend: Arc::new(Guard::new(
+                        self.memory.1.clone(),
+                        timeout,
+                        sealer.clone(),
+                        Default::default(),
+                    )),
+                }
+            }
+        }
+    }
+
+    async fn claims(&self) -> Arc<dyn Store> {
+        self.open(None).await.claims
+    }
+
+    /// The claim store with receipts sealed under `key`.
+    async fn sealed(&self, key: [u8; 32]) -> Arc<dyn Store> {
+        self.open(Some(key)).await.claims
+    }
+
+    async fn spend(&self) -> Arc<dyn SpendStore> {
+        self.open(None).await.spend
+    }
+
+    /// SQLite and memory are one process's stores: they have no settle feed.
+    fn shared(&self) -> bool {
+        !matches!(self.under, Under::Memory | Under::Real(Backend::Sqlite))
+    }
+}
+
+/// Runs each test body against every store and the in-memory ones.
+macro_rules! every_store_and_memory {
+    ($($name:ident),* $(,)?) => {
+        every_store!($($name),*);
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Under::Memory).await }
+            )*
+        }
+    };
+}
+
+async fn insert_if_absent_claims_once(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.claims().await;
     let a = record(State::Pending);
     assert_eq!(
         s.insert_if_absent("idem:t:1", &a, HOUR)
@@ -45,9 +139,9 @@ async fn insert_if_absent_claims_once(backend: Backend) {
     assert_eq!(s.get("idem:t:2").await.expect("get"), None);
 }
 
-async fn concurrent_inserts_have_one_winner(backend: Backend) {
-    let f = StoreFixture::new(backend);
-    let s = open(&f).await;
+async fn concurrent_inserts_have_one_winner(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.claims().await;
     let mut tasks = Vec::new();
     for _ in 0..50 {
         let s = s.clone();
@@ -65,9 +159,9 @@ async fn concurrent_inserts_have_one_winner(backend: Backend) {
     assert_eq!(winners, 1);
 }
 
-async fn transitions_are_fenced_by_token_and_state(backend: Backend) {
-    let f = StoreFixture::new(backend);
-    let s = open(&f).await;
+async fn transitions_are_fenced_by_token_and_state(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.claims().await;
     let pending = record(State::Pending);
     s.insert_if_absent("idem:t:f", &pending, HOUR)
         .await
@@ -125,9 +219,9 @@ async fn transitions_are_fenced_by_token_and_state(backend: Backend) {
     );
 }
 
-async fn records_expire_and_never_means_never(backend: Backend) {
-    let f = StoreFixture::new(backend);
-    let s = open(&f).await;
+async fn records_expire_and_never_means_never(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.claims().await;
     let short = record(State::Pending);
     s.insert_if_absent(
         "idem:t:e",
@@ -153,9 +247,23 @@ async fn records_expire_and_never_means_never(backend: Backend) {
     assert_eq!(s.get("idem:t:n").await.expect("get"), Some(forever));
 }
 
-async fn list_by_state(backend: Backend) {
-    let f = StoreFixture::new(backend);
-    let s = open(&f).await;
+/// Operators list claims by state; spend's counters and approvals share the namespace and
+/// are never taken for claims.
+async fn list_by_state(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let (s, spend) = (subject.claims().await, subject.spend().await);
+    let now = store::now_ms();
+    assert_eq!(
+        spend
+            .reserve(&reservation("listed", 10, 100, now))
+            .await
+            .expect("reserve"),
+        Reserved::Added
+    );
+    spend
+        .open_approval(&approval("apr_listed", now), now)
+        .await
+        .expect("approval");
     for i in 0..3 {
         s.insert_if_absent(&format!("idem:t:u{i}"), &record(State::Unknown), HOUR)
             .await
@@ -195,12 +303,12 @@ impl SettleSink for Heard {
 
 /// A settle one proxy announces reaches another proxy's feed (Redis pub/sub, sharded on a
 /// Cluster; PostgreSQL LISTEN/NOTIFY). SQLite is one process's store: it has no feed.
-async fn settles_announced_reach_other_proxies(backend: Backend) {
-    if backend == Backend::Sqlite {
+async fn settles_announced_reach_other_proxies(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    if !subject.shared() {
         return;
     }
-    let f = StoreFixture::new(backend);
-    let (listener, announcer) = (open(&f).await, open(&f).await);
+    let (listener, announcer) = (subject.claims().await, subject.claims().await);
     let heard = Arc::new(Heard::default());
     listener.listen_settled(heard.clone());
     // The feed says when it (re)subscribed: until then announcements may be missed.
@@ -237,14 +345,85 @@ async fn settles_announced_reach_other_proxies(backend: Backend) {
     }
 }
 
-// --- the spend port, on the same stores --------------------------------------------------
-
-async fn open_spend(fixture: &StoreFixture) -> Arc<dyn SpendStore> {
-    store::open_config(&fixture.store_config())
+/// A store written by proxies that sealed receipts as a fake receipt (status 0, a marker
+/// header) still replays them once sealed receipts have a type of their own: the receipt
+/// comes back whole with the key, and opens neither without it, with another key, nor under
+/// another scope.
+async fn receipts_sealed_before_sealed_receipts_had_a_type_still_replay(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let key = [0x42u8; 32];
+    let done = record(State::Committed);
+    let old = sealed_the_old_way("idem:t:old", &done, &key);
+    let plain = subject.claims().await;
+    assert_eq!(
+        plain
+            .insert_if_absent("idem:t:old", &old, HOUR)
+            .await
+            .expect("insert"),
+        None
+    );
+    let sealed = subject.sealed(key).await;
+    assert_eq!(
+        sealed.get("idem:t:old").await.expect("get"),
+        Some(done.clone())
+    );
+    assert_eq!(
+        sealed
+            .insert_if_absent("idem:t:old", &record(State::Pending), HOUR)
+            .await
+            .expect("insert"),
+        Some(done.clone()),
+        "a retry finds the receipt"
+    );
+    let listed = sealed.list(State::Committed, 10).await.expect("list");
+    assert_eq!(listed, vec![("idem:t:old".to_string(), done)]);
+    assert!(
+        subject
+            .sealed([0x43; 32])
+            .await
+            .get("idem:t:old")
+            .await
+            .is_err(),
+        "another key does not open it"
+    );
+    let moved = sealed_the_old_way("idem:t:elsewhere", &record(State::Committed), &key);
+    plain
+        .insert_if_absent("idem:t:moved", &moved, HOUR)
         .await
-        .expect("open store")
-        .spend
+        .expect("insert");
+    assert!(
+        sealed.get("idem:t:moved").await.is_err(),
+        "bound to the scope it was sealed under"
+    );
 }
+
+/// With `[encryption]`, the guard seals each receipt on the way into the store and opens it
+/// on the way out; a proxy without the key cannot replay it.
+async fn receipts_are_sealed_at_rest_and_open_with_the_key(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let key = [0x24u8; 32];
+    let sealed = subject.sealed(key).await;
+    let done = record(State::Committed);
+    sealed
+        .insert_if_absent("idem:t:s", &record(State::Pending), HOUR)
+        .await
+        .expect("claim");
+    let mut claimed = sealed.get("idem:t:s").await.expect("get").expect("claimed");
+    let fence = claimed.fence();
+    claimed.state = State::Committed;
+    claimed.body.receipt = done.body.receipt.clone();
+    assert!(sealed
+        .replace("idem:t:s", &fence, &claimed, HOUR)
+        .await
+        .expect("settle"));
+    assert_eq!(
+        sealed.get("idem:t:s").await.expect("get"),
+        Some(claimed.clone())
+    );
+    assert!(subject.claims().await.get("idem:t:s").await.is_err());
+}
+
+// --- the spend port, on the same stores --------------------------------------------------
 
 /// A reservation of `amount` for `id` against one run counter capped at `cap`, `window` ms,
 /// at the store-independent time `now` (the callers pass the clock: tests move it at will).
@@ -264,9 +443,9 @@ fn reservation(id: &str, amount: i64, cap: i64, now: u64) -> Reservation {
     }
 }
 
-async fn spend_counts_once_per_operation_within_its_window(backend: Backend) {
-    let fixture = StoreFixture::new(backend);
-    let s = open_spend(&fixture).await;
+async fn spend_counts_once_per_operation_within_its_window(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.spend().await;
     let t = 1_000_000u64;
     assert_eq!(
         s.reserve(&reservation("a", 60, 100, t)).await.expect("a"),
@@ -341,9 +520,9 @@ async fn spend_counts_once_per_operation_within_its_window(backend: Backend) {
     );
 }
 
-async fn concurrent_reservations_never_pass_the_cap(backend: Backend) {
-    let fixture = StoreFixture::new(backend);
-    let s = open_spend(&fixture).await;
+async fn concurrent_reservations_never_pass_the_cap(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.spend().await;
     let now = 5_000_000u64;
     let mut tasks = Vec::new();
     for i in 0..50 {
@@ -362,32 +541,12 @@ async fn concurrent_reservations_never_pass_the_cap(backend: Backend) {
     assert_eq!(added, 10);
 }
 
-async fn approvals_are_opened_once_and_decided_compare_and_set(backend: Backend) {
-    let fixture = StoreFixture::new(backend);
-    let s = open_spend(&fixture).await;
+async fn approvals_are_opened_once_and_decided_compare_and_set(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.spend().await;
     // Times near now: listing forgets approvals a day past their expiry.
     let t = store::now_ms();
-    let mut a = Approval {
-        id: format!("apr_conf{}", std::process::id()),
-        route: "r".into(),
-        tenant: "t".into(),
-        run: "x".into(),
-        amount: "600.00 USD".into(),
-        counted_minor: 60_000,
-        currency: "USD".into(),
-        method: "POST".into(),
-        path: "/v1/p".into(),
-        body: b"{}".to_vec(),
-        body_sealed: false,
-        why: "test".into(),
-        state: ApprovalState::Pending,
-        created_ms: t,
-        expires_ms: t + 1_000,
-        decided_by: None,
-        reason: None,
-        decided_ms: None,
-        version: 0,
-    };
+    let mut a = approval(&format!("apr_conf{}", std::process::id()), t);
     let (first, opened) = s.open_approval(&a, t).await.expect("open");
     assert_eq!((opened, first.state), (Opened::New, ApprovalState::Pending));
     let mut other = a.clone();
@@ -420,7 +579,9 @@ async fn approvals_are_opened_once_and_decided_compare_and_set(backend: Backend)
         .any(|x| x.id == a.id));
 }
 
-every_store!(
+every_store_and_memory!(
+    receipts_sealed_before_sealed_receipts_had_a_type_still_replay,
+    receipts_are_sealed_at_rest_and_open_with_the_key,
     spend_counts_once_per_operation_within_its_window,
     concurrent_reservations_never_pass_the_cap,
     approvals_are_opened_once_and_decided_compare_and_set,
@@ -438,7 +599,10 @@ every_store!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_batched_commands_get_their_own_replies() {
     let f = StoreFixture::new(Backend::Redis);
-    let s = open(&f).await;
+    let s = store::open(&f.store_config(), None, Default::default())
+        .await
+        .expect("open store")
+        .claims;
     let mut inserts = Vec::new();
     for i in 0..200 {
         let s = s.clone();
@@ -539,7 +703,10 @@ async fn sqlite_files_from_the_earlier_layout_keep_their_records() {
             .expect("old row");
         }
     }
-    let s = open(&f).await;
+    let s = store::open(&f.store_config(), None, Default::default())
+        .await
+        .expect("open store")
+        .claims;
     assert_eq!(
         s.insert_if_absent("idem:t:held", &record(State::Pending), HOUR)
             .await

@@ -24,9 +24,39 @@ pub fn record(state: State) -> Record {
                 headers: vec![("content-type".into(), "application/json".into())],
                 body: bytes::Bytes::from_static(b"{\"id\":1}"),
             }),
+            sealed_receipt: None,
             declined: false,
             attempt: 0,
             reconciled: false,
+            settled_ms: 0,
+            resolved: None,
         },
     }
+}
+
+/// `r` with its receipt sealed the way proxies wrote sealed receipts before a sealed receipt
+/// had a type of its own: a "receipt" with status 0, one `idemproxy-sealed: aes-256-gcm/v1`
+/// header, and `nonce || AES-256-GCM(receipt as JSON)` as its body, bound to `scope` and the
+/// fingerprint. Written here with `ring`, apart from the proxy's own sealing code, so stores
+/// written by those proxies are what the tests read back.
+pub fn sealed_the_old_way(scope: &str, r: &Record, key: &[u8; 32]) -> Record {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    let receipt = r.body.receipt.as_ref().expect("a record with a receipt");
+    let mut data = serde_json::to_vec(receipt).expect("receipt JSON");
+    let nonce = [7u8; 12];
+    let aad = [scope.as_bytes(), b"\0", r.body.fingerprint.as_bytes()].concat();
+    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).expect("key"))
+        .seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(&aad[..]),
+            &mut data,
+        )
+        .expect("seal");
+    let mut old = r.clone();
+    old.body.receipt = Some(Receipt {
+        status: 0,
+        headers: vec![("idemproxy-sealed".into(), "aes-256-gcm/v1".into())],
+        body: bytes::Bytes::from([&nonce[..], &data].concat()),
+    });
+    old
 }

@@ -6,11 +6,12 @@
 use std::sync::LazyLock;
 
 use async_trait::async_trait;
-use redis::Script;
 
-use super::redis::RedisStore;
-use super::StoreError;
+use super::connection::{Effect, Lua};
+use super::RedisStore;
+use crate::idempotency::store::{now_ms, StoreError};
 use crate::spend::port::{Approval, Opened, Reservation, Reserved, SpendStore};
+use crate::store::approvals::{self, Cells};
 
 // A counter is four keys: `win` (sorted set: the ids reserved within its window, by time),
 // `tot` (the sum of their amounts, kept as they come and go), `amt` (hash: id → amount, for
@@ -108,43 +109,39 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 return 1
 "#;
 
-/// The scripts as sent (with the helpers they use) and their digests, computed once.
-static RESERVE_SRC: LazyLock<String> = LazyLock::new(|| format!("{AGE}{RESERVE}"));
-static RESERVE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&RESERVE_SRC));
-static REFUND_SRC: LazyLock<String> = LazyLock::new(|| format!("{AGE}{REFUND}"));
-static REFUND_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&REFUND_SRC));
+/// The scripts with the helpers they use, and their digests, computed once.
+static RESERVE_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{AGE}{RESERVE}")));
+static REFUND_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{AGE}{REFUND}")));
+static SPENT_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(SPENT_READ.into()));
+static SWAP_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(SWAP.into()));
 
 impl RedisStore {
     /// `win`, `tot`, `amt`, `kept` of a counter.
     fn counter_keys(&self, counter: &str) -> [String; 4] {
-        ["win", "tot", "amt", "kept"].map(|part| self.key(&format!("spend:{counter}:{part}")))
+        ["win", "tot", "amt", "kept"].map(|part| self.conn.key(&format!("spend:{counter}:{part}")))
     }
 
     fn approvals_key(&self) -> String {
-        self.key("approvals")
+        self.conn.key("approvals")
     }
+}
 
-    async fn raw_approval(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+/// Approvals are fields of one hash, swapped by a script that compares the bytes read.
+impl Cells for RedisStore {
+    async fn load(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let mut cmd = redis::cmd("HGET");
         cmd.arg(self.approvals_key()).arg(id);
-        self.other(cmd, false).await
+        self.conn.query(cmd, Effect::Read).await
     }
 
-    /// Writes `new` over `seen` (the raw value read; `None`: absent); `false` if it changed.
-    async fn swap(
-        &self,
-        id: &str,
-        seen: Option<&[u8]>,
-        new: &Approval,
-    ) -> Result<bool, StoreError> {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(SWAP)
-            .arg(1)
-            .arg(self.approvals_key())
-            .arg(id)
-            .arg(seen.unwrap_or(b""))
-            .arg(new.encode());
-        Ok(self.other::<i64>(cmd, true).await? == 1)
+    async fn swap(&self, seen: Option<&[u8]>, new: &Approval) -> Result<bool, StoreError> {
+        let encoded = new.encode();
+        let args: [&[u8]; 3] = [new.id.as_bytes(), seen.unwrap_or(b""), &encoded];
+        let swapped: i64 = self
+            .conn
+            .script(&SWAP_SCRIPT, &[self.approvals_key()], &args, Effect::Wrote)
+            .await?;
+        Ok(swapped == 1)
     }
 }
 
@@ -172,7 +169,8 @@ impl SpendStore for RedisStore {
             None => args.extend([String::new(), String::new()]),
         }
         let (verdict, index, spent): (String, i64, i64) = self
-            .other_script(&RESERVE_SCRIPT, &RESERVE_SRC, &keys, &args, true)
+            .conn
+            .script(&RESERVE_SCRIPT, &keys, &args, Effect::Wrote)
             .await?;
         Ok(match verdict.as_str() {
             "existing" => Reserved::Existing,
@@ -192,81 +190,54 @@ impl SpendStore for RedisStore {
 
     async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
         let keys: Vec<String> = counters.iter().flat_map(|c| self.counter_keys(c)).collect();
-        self.other_script::<i64>(&REFUND_SCRIPT, &REFUND_SRC, &keys, &[id.to_string()], true)
-            .await
-            .map(|_| ())
+        let _: i64 = self
+            .conn
+            .script(&REFUND_SCRIPT, &keys, &[id], Effect::Wrote)
+            .await?;
+        Ok(())
     }
 
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
         // Read-only: ages nothing (the keep is not known here), sums the window directly.
-        let keys = self.counter_keys(counter);
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(SPENT_READ)
-            .arg(2)
-            .arg(&keys[0])
-            .arg(&keys[2])
-            .arg(now_ms.saturating_sub(window_ms));
-        self.other(cmd, false).await
+        let [win, _, amt, _] = self.counter_keys(counter);
+        self.conn
+            .script(
+                &SPENT_SCRIPT,
+                &[win, amt],
+                &[now_ms.saturating_sub(window_ms)],
+                Effect::Read,
+            )
+            .await
     }
 
+    // Compare-and-set against what was read: two proxies opening the same approval at
+    // once store one, and both get it.
     async fn open_approval(
         &self,
         a: &Approval,
         now_ms: u64,
     ) -> Result<(Approval, Opened), StoreError> {
-        // Compare-and-set against what was read: two proxies opening the same approval at
-        // once store one, and both get it.
-        for _ in 0..5 {
-            let raw = self.raw_approval(&a.id).await?;
-            let opened = match &raw {
-                Some(bytes) => {
-                    let found = Approval::decode(bytes)?;
-                    if !found.expired(now_ms) {
-                        return Ok((found, Opened::Existing));
-                    }
-                    Opened::ReplacedExpired
-                }
-                None => Opened::New,
-            };
-            if self.swap(&a.id, raw.as_deref(), a).await? {
-                return Ok((a.clone(), opened));
-            }
-        }
-        Err(StoreError::Unavailable(format!(
-            "approval {} kept changing while it was opened",
-            a.id
-        )))
+        approvals::open(self, a, now_ms).await
     }
 
     async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
-        self.raw_approval(id)
-            .await?
-            .map(|raw| Approval::decode(&raw))
-            .transpose()
+        approvals::get(self, id).await
     }
 
     async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
-        let Some(raw) = self.raw_approval(&a.id).await? else {
-            return Ok(false);
-        };
-        if Approval::decode(&raw)?.version != a.version {
-            return Ok(false);
-        }
-        let mut next = a.clone();
-        next.version += 1;
-        self.swap(&a.id, Some(&raw), &next).await
+        approvals::update(self, a).await
     }
 
     async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
         let mut cmd = redis::cmd("HVALS");
         cmd.arg(self.approvals_key());
-        let raw: Vec<Vec<u8>> = self.other(cmd, false).await?;
+        let raw: Vec<Vec<u8>> = self.conn.query(cmd, Effect::Read).await?;
         let mut all = raw
             .iter()
             .map(|r| Approval::decode(r))
             .collect::<Result<Vec<_>, _>>()?;
         // Approvals are kept a day past expiry (a late retry is told it expired), then go.
-        let gone_before = super::now_ms().saturating_sub(24 * 3600 * 1000);
+        let gone_before = now_ms().saturating_sub(24 * 3600 * 1000);
         let old: Vec<&str> = all
             .iter()
             .filter(|a| a.expires_ms < gone_before)
@@ -275,7 +246,7 @@ impl SpendStore for RedisStore {
         if !old.is_empty() {
             let mut del = redis::cmd("HDEL");
             del.arg(self.approvals_key()).arg(old);
-            self.other::<i64>(del, true).await?;
+            let _: i64 = self.conn.query(del, Effect::Wrote).await?;
         }
         all.retain(|a| a.expires_ms >= gone_before);
         all.sort_by_key(|a| std::cmp::Reverse(a.created_ms));

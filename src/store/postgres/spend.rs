@@ -8,9 +8,11 @@
 use async_trait::async_trait;
 use tokio_postgres::Transaction;
 
-use super::postgres::{unavailable, PostgresStore, NOW};
-use super::StoreError;
+use super::connection::{unavailable, NOW};
+use super::PostgresStore;
+use crate::idempotency::store::StoreError;
 use crate::spend::port::{decide, Approval, Opened, Reservation, Reserved, SpendStore};
+use crate::store::approvals::{self, Cells};
 
 /// Moves the reservations the window left behind out of the counter's total.
 async fn age(tx: &Transaction<'_>, counter: &str, until: i64) -> Result<(), StoreError> {
@@ -67,6 +69,22 @@ async fn own(tx: &Transaction<'_>, counter: &str, id: &str) -> Result<i64, Store
         .unwrap_or(0))
 }
 
+/// Serialises every proxy's work on these counters until the transaction ends; the locks are
+/// taken in one order, so two requests never hold one each and wait for the other's.
+async fn lock(tx: &Transaction<'_>, counters: &[String]) -> Result<(), StoreError> {
+    let mut ordered: Vec<&String> = counters.iter().collect();
+    ordered.sort();
+    for k in ordered {
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+            &[k],
+        )
+        .await
+        .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
 impl PostgresStore {
     fn counter(&self, key: &str) -> String {
         format!("{}:{key}", self.namespace)
@@ -75,9 +93,12 @@ impl PostgresStore {
     fn approval_key(&self, id: &str) -> String {
         format!("{}:{id}", self.namespace)
     }
+}
 
-    async fn load_approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
-        let client = self.client().await?;
+/// Approvals are rows, written compare-and-set against the bytes read.
+impl Cells for PostgresStore {
+    async fn load(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let client = self.conn.client().await?;
         let stmt = client
             .prepare_cached("SELECT value FROM idemproxy_approvals WHERE id = $1")
             .await
@@ -86,27 +107,43 @@ impl PostgresStore {
             .query_opt(&stmt, &[&self.approval_key(id)])
             .await
             .map_err(unavailable)?;
-        row.map(|r| Approval::decode(&r.get::<_, Vec<u8>>(0)))
-            .transpose()
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn swap(&self, seen: Option<&[u8]>, new: &Approval) -> Result<bool, StoreError> {
+        let client = self.conn.client().await?;
+        let key = self.approval_key(&new.id);
+        let (created, expires, value) =
+            (new.created_ms as i64, new.expires_ms as i64, new.encode());
+        let written = match seen {
+            None => {
+                client
+                    .execute(
+                        "INSERT INTO idemproxy_approvals (id, created_ms, expires_at, value)
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
+                        &[&key, &created, &expires, &value],
+                    )
+                    .await
+            }
+            Some(seen) => client
+                .execute(
+                    "UPDATE idemproxy_approvals SET created_ms = $2, expires_at = $3, value = $4
+                     WHERE id = $1 AND value = $5",
+                    &[&key, &created, &expires, &value, &seen],
+                )
+                .await,
+        };
+        Ok(written.map_err(unavailable)? == 1)
     }
 }
 
 #[async_trait]
 impl SpendStore for PostgresStore {
     async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
-        let mut client = self.client().await?;
+        let mut client = self.conn.client().await?;
         let tx = client.transaction().await.map_err(unavailable)?;
         let keys: Vec<String> = r.counters.iter().map(|c| self.counter(&c.key)).collect();
-        let mut locked = keys.clone();
-        locked.sort();
-        for k in &locked {
-            tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                &[k],
-            )
-            .await
-            .map_err(unavailable)?;
-        }
+        lock(&tx, &keys).await?;
         let existing: Option<i64> = match keys.first() {
             Some(k) => tx
                 .query_opt(
@@ -155,18 +192,10 @@ impl SpendStore for PostgresStore {
     }
 
     async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
-        let mut client = self.client().await?;
+        let mut client = self.conn.client().await?;
         let tx = client.transaction().await.map_err(unavailable)?;
-        let mut keys: Vec<String> = counters.iter().map(|c| self.counter(c)).collect();
-        keys.sort();
-        for k in &keys {
-            tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                &[k],
-            )
-            .await
-            .map_err(unavailable)?;
-        }
+        let keys: Vec<String> = counters.iter().map(|c| self.counter(c)).collect();
+        lock(&tx, &keys).await?;
         for k in &keys {
             let back = own(&tx, k, id).await?;
             add_total(&tx, k, -back).await?;
@@ -181,7 +210,7 @@ impl SpendStore for PostgresStore {
     }
 
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
-        let client = self.client().await?;
+        let client = self.conn.client().await?;
         let since = now_ms.saturating_sub(window_ms) as i64;
         Ok(client
             .query_one(
@@ -199,76 +228,19 @@ impl SpendStore for PostgresStore {
         a: &Approval,
         now_ms: u64,
     ) -> Result<(Approval, Opened), StoreError> {
-        for _ in 0..5 {
-            let found = self.load_approval(&a.id).await?;
-            let opened = match &found {
-                Some(f) if !f.expired(now_ms) => return Ok((f.clone(), Opened::Existing)),
-                Some(_) => Opened::ReplacedExpired,
-                None => Opened::New,
-            };
-            let client = self.client().await?;
-            let key = self.approval_key(&a.id);
-            let (created, expires) = (a.created_ms as i64, a.expires_ms as i64);
-            let written = match found {
-                None => client
-                    .execute(
-                        "INSERT INTO idemproxy_approvals (id, created_ms, expires_at, value)
-                         VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
-                        &[&key, &created, &expires, &a.encode()],
-                    )
-                    .await
-                    .map_err(unavailable)?,
-                Some(old) => client
-                    .execute(
-                        "UPDATE idemproxy_approvals SET created_ms = $2, expires_at = $3, value = $4
-                         WHERE id = $1 AND value = $5",
-                        &[&key, &created, &expires, &a.encode(), &old.encode()],
-                    )
-                    .await
-                    .map_err(unavailable)?,
-            };
-            if written == 1 {
-                return Ok((a.clone(), opened));
-            }
-        }
-        Err(StoreError::Unavailable(format!(
-            "approval {} kept changing while it was opened",
-            a.id
-        )))
+        approvals::open(self, a, now_ms).await
     }
 
     async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
-        self.load_approval(id).await
+        approvals::get(self, id).await
     }
 
     async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
-        let Some(old) = self.load_approval(&a.id).await? else {
-            return Ok(false);
-        };
-        if old.version != a.version {
-            return Ok(false);
-        }
-        let mut next = a.clone();
-        next.version += 1;
-        let client = self.client().await?;
-        let n = client
-            .execute(
-                "UPDATE idemproxy_approvals SET value = $2, expires_at = $3
-                 WHERE id = $1 AND value = $4",
-                &[
-                    &self.approval_key(&a.id),
-                    &next.encode(),
-                    &(next.expires_ms as i64),
-                    &old.encode(),
-                ],
-            )
-            .await
-            .map_err(unavailable)?;
-        Ok(n == 1)
+        approvals::update(self, a).await
     }
 
     async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
-        let client = self.client().await?;
+        let client = self.conn.client().await?;
         // Kept a day past expiry (a late retry is told it expired), then deleted.
         let day = 24 * 3600 * 1000i64;
         client

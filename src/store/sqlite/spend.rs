@@ -1,0 +1,330 @@
+//! The spend port on the SQLite file: reservations and approvals in more tables, in the same
+//! batched transactions as claims (the writer thread serialises them, so a check and its
+//! reservation are one step). Each counter keeps the running total of the reservations in
+//! its window (`spend_totals`): a reservation is added to it once and aged out of it once, so
+//! checking a budget costs the same however many payments share it.
+
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+
+use super::SqliteStore;
+use crate::idempotency::store::StoreError;
+use crate::spend::port::{
+    decide, opening, updating, Approval, Opened, Reservation, Reserved, SpendStore,
+};
+
+/// A spend operation, as the writer thread runs it.
+pub(super) enum Op {
+    Reserve(Reservation),
+    Refund { id: String, counters: Vec<String> },
+    Spent { counter: String, since: i64 },
+    OpenApproval { approval: Approval, now_ms: u64 },
+    Approval { id: String },
+    UpdateApproval(Approval),
+    Approvals { limit: usize },
+}
+
+pub(super) enum Reply {
+    Reserved(Reserved),
+    Refunded,
+    Spent(i64),
+    /// The live approval found (encoded), or `None` when the one given was stored.
+    Opened(Option<Vec<u8>>, Opened),
+    Found(Option<Vec<u8>>),
+    Updated(bool),
+    Listed(Vec<Vec<u8>>),
+}
+
+/// An operation answered with a reply of another operation's kind: a bug, said as such.
+fn mismatched() -> StoreError {
+    StoreError::Unavailable("the SQLite store answered with the wrong kind of reply".into())
+}
+
+/// The spend port's tables: reservations, running totals, approvals.
+pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS spend (
+             counter    TEXT NOT NULL,
+             id         TEXT NOT NULL,
+             amount     INTEGER NOT NULL,
+             at_ms      INTEGER NOT NULL,
+             expires_at INTEGER NOT NULL,
+             in_window  INTEGER NOT NULL,
+             PRIMARY KEY (counter, id)
+         );
+         CREATE INDEX IF NOT EXISTS spend_window ON spend(counter, in_window, at_ms);
+         CREATE TABLE IF NOT EXISTS spend_totals (
+             counter TEXT PRIMARY KEY,
+             total   INTEGER NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS approvals (
+             id         TEXT PRIMARY KEY,
+             created_ms INTEGER NOT NULL,
+             expires_at INTEGER NOT NULL,
+             value      BLOB NOT NULL
+         );",
+    )
+}
+
+/// Deletes reservations and approvals past their time (with the claims' sweep).
+pub(super) fn sweep(conn: &Connection, now: i64) {
+    // Approvals are kept a day past expiry, so a late retry is told it expired.
+    let day = 24 * 3600 * 1000;
+    // Only rows already aged out of their window: the others still count in a total.
+    let result = conn
+        .execute(
+            "DELETE FROM spend WHERE expires_at <= ?1 AND in_window = 0",
+            params![now],
+        )
+        .and_then(|_| {
+            conn.execute(
+                "DELETE FROM approvals WHERE expires_at <= ?1",
+                params![now - day],
+            )
+        });
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "sweeping expired spend rows failed");
+    }
+}
+
+/// What a counter holds within `since` (operators' view: a plain sum).
+fn spent(tx: &Transaction<'_>, counter: &str, since: i64) -> rusqlite::Result<i64> {
+    tx.prepare_cached(
+        "SELECT COALESCE(SUM(amount), 0) FROM spend WHERE counter = ?1 AND at_ms > ?2",
+    )?
+    .query_row(params![counter, since], |row| row.get(0))
+}
+
+/// Moves the reservations the window left behind out of the counter's total.
+fn age(tx: &Transaction<'_>, counter: &str, until: i64) -> rusqlite::Result<()> {
+    let (rows, gone): (i64, i64) = tx
+        .prepare_cached(
+            "SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM spend
+             WHERE counter = ?1 AND in_window = 1 AND at_ms <= ?2",
+        )?
+        .query_row(params![counter, until], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })?;
+    if rows == 0 {
+        return Ok(());
+    }
+    tx.prepare_cached(
+        "UPDATE spend SET in_window = 0 WHERE counter = ?1 AND in_window = 1 AND at_ms <= ?2",
+    )?
+    .execute(params![counter, until])?;
+    add_total(tx, counter, -gone)
+}
+
+fn add_total(tx: &Transaction<'_>, counter: &str, delta: i64) -> rusqlite::Result<()> {
+    if delta != 0 {
+        tx.prepare_cached(
+            "INSERT INTO spend_totals (counter, total) VALUES (?1, ?2)
+             ON CONFLICT(counter) DO UPDATE SET total = total + excluded.total",
+        )?
+        .execute(params![counter, delta])?;
+    }
+    Ok(())
+}
+
+fn total(tx: &Transaction<'_>, counter: &str) -> rusqlite::Result<i64> {
+    Ok(tx
+        .prepare_cached("SELECT total FROM spend_totals WHERE counter = ?1")?
+        .query_row(params![counter], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// `id`'s amount in the counter's window (0 when it has none there).
+fn own(tx: &Transaction<'_>, counter: &str, id: &str) -> rusqlite::Result<i64> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT amount FROM spend WHERE counter = ?1 AND id = ?2 AND in_window = 1",
+        )?
+        .query_row(params![counter, id], |row| row.get(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
+fn reserve(tx: &Transaction<'_>, r: &Reservation) -> rusqlite::Result<Reserved> {
+    let existing: Option<i64> = match r.counters.first() {
+        Some(c) => tx
+            .prepare_cached("SELECT amount FROM spend WHERE counter = ?1 AND id = ?2")?
+            .query_row(params![c.key, r.id], |row| row.get(0))
+            .optional()?,
+        None => None,
+    };
+    let mut sums = Vec::with_capacity(r.counters.len());
+    let mut owns = Vec::with_capacity(r.counters.len());
+    for c in &r.counters {
+        age(tx, &c.key, r.now_ms.saturating_sub(c.window_ms) as i64)?;
+        let mine = own(tx, &c.key, &r.id)?;
+        sums.push(total(tx, &c.key)? - mine);
+        owns.push(mine);
+    }
+    let verdict = decide(r, existing, |i| sums.get(i).copied().unwrap_or(0));
+    if verdict == Reserved::Added {
+        let expires = r.now_ms.saturating_add(r.keep_ms) as i64;
+        for (c, mine) in r.counters.iter().zip(owns) {
+            add_total(tx, &c.key, r.amount - mine)?;
+            tx.prepare_cached(
+                "INSERT INTO spend (counter, id, amount, at_ms, expires_at, in_window)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 1)
+                 ON CONFLICT(counter, id) DO UPDATE SET amount = excluded.amount,
+                     at_ms = excluded.at_ms, expires_at = excluded.expires_at, in_window = 1",
+            )?
+            .execute(params![c.key, r.id, r.amount, r.now_ms as i64, expires])?;
+        }
+    }
+    Ok(verdict)
+}
+
+fn load(tx: &Transaction<'_>, id: &str) -> rusqlite::Result<Option<Vec<u8>>> {
+    tx.prepare_cached("SELECT value FROM approvals WHERE id = ?1")?
+        .query_row(params![id], |row| row.get(0))
+        .optional()
+}
+
+fn store_approval(tx: &Transaction<'_>, a: &Approval) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO approvals (id, created_ms, expires_at, value) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT(id) DO UPDATE SET created_ms = excluded.created_ms,
+             expires_at = excluded.expires_at, value = excluded.value",
+    )?
+    .execute(params![
+        a.id,
+        a.created_ms as i64,
+        a.expires_ms as i64,
+        a.encode()
+    ])?;
+    Ok(())
+}
+
+fn refund(tx: &Transaction<'_>, id: &str, counters: &[String]) -> rusqlite::Result<()> {
+    for c in counters {
+        let back = own(tx, c, id)?;
+        add_total(tx, c, -back)?;
+        tx.prepare_cached("DELETE FROM spend WHERE counter = ?1 AND id = ?2")?
+            .execute(params![c, id])?;
+    }
+    Ok(())
+}
+
+/// Stores `a` unless a live approval with its id is there: that one's bytes come back.
+fn open_approval(
+    tx: &Transaction<'_>,
+    a: &Approval,
+    now_ms: u64,
+) -> rusqlite::Result<(Option<Vec<u8>>, Opened)> {
+    let raw = load(tx, &a.id)?;
+    // One that does not decode is handed back as found: its reader reports it corrupt.
+    let found = match raw.as_deref().map(Approval::decode) {
+        Some(Err(_)) => return Ok((raw, Opened::Existing)),
+        Some(Ok(found)) => Some(found),
+        None => None,
+    };
+    let opened = opening(found.as_ref(), now_ms);
+    if opened == Opened::Existing {
+        return Ok((raw, opened));
+    }
+    store_approval(tx, a)?;
+    Ok((None, opened))
+}
+
+fn update_approval(tx: &Transaction<'_>, a: &Approval) -> rusqlite::Result<bool> {
+    let next = load(tx, &a.id)?
+        .and_then(|raw| Approval::decode(&raw).ok())
+        .and_then(|found| updating(&found, a));
+    match next {
+        Some(next) => store_approval(tx, &next).map(|()| true),
+        None => Ok(false),
+    }
+}
+
+/// Runs `op` in the writer's transaction.
+pub(super) fn apply(tx: &Transaction<'_>, op: Op) -> rusqlite::Result<Reply> {
+    Ok(match op {
+        Op::Reserve(r) => Reply::Reserved(reserve(tx, &r)?),
+        Op::Refund { id, counters } => refund(tx, &id, &counters).map(|()| Reply::Refunded)?,
+        Op::Spent { counter, since } => Reply::Spent(spent(tx, &counter, since)?),
+        Op::OpenApproval { approval, now_ms } => {
+            let (found, opened) = open_approval(tx, &approval, now_ms)?;
+            Reply::Opened(found, opened)
+        }
+        Op::Approval { id } => Reply::Found(load(tx, &id)?),
+        Op::UpdateApproval(a) => Reply::Updated(update_approval(tx, &a)?),
+        Op::Approvals { limit } => Reply::Listed(
+            tx.prepare_cached("SELECT value FROM approvals ORDER BY created_ms DESC LIMIT ?1")?
+                .query_map(params![limit as i64], |row| row.get(0))?
+                .collect::<rusqlite::Result<_>>()?,
+        ),
+    })
+}
+
+#[async_trait]
+impl SpendStore for SqliteStore {
+    async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
+        match self.spend(Op::Reserve(r.clone())).await? {
+            Reply::Reserved(verdict) => Ok(verdict),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
+        let op = Op::Refund {
+            id: id.to_string(),
+            counters: counters.to_vec(),
+        };
+        match self.spend(op).await? {
+            Reply::Refunded => Ok(()),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
+        let op = Op::Spent {
+            counter: counter.to_string(),
+            since: now_ms.saturating_sub(window_ms) as i64,
+        };
+        match self.spend(op).await? {
+            Reply::Spent(sum) => Ok(sum),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn open_approval(
+        &self,
+        a: &Approval,
+        now_ms: u64,
+    ) -> Result<(Approval, Opened), StoreError> {
+        let op = Op::OpenApproval {
+            approval: a.clone(),
+            now_ms,
+        };
+        match self.spend(op).await? {
+            Reply::Opened(Some(raw), opened) => Ok((Approval::decode(&raw)?, opened)),
+            Reply::Opened(None, opened) => Ok((a.clone(), opened)),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
+        match self.spend(Op::Approval { id: id.to_string() }).await? {
+            Reply::Found(raw) => raw.map(|raw| Approval::decode(&raw)).transpose(),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn update_approval(&self, a: &Approval) -> Result<bool, StoreError> {
+        match self.spend(Op::UpdateApproval(a.clone())).await? {
+            Reply::Updated(done) => Ok(done),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
+        match self.spend(Op::Approvals { limit }).await? {
+            Reply::Listed(rows) => rows.iter().map(|raw| Approval::decode(raw)).collect(),
+            _ => Err(mismatched()),
+        }
+    }
+}
