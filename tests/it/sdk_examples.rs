@@ -14,10 +14,9 @@ use serde_json::Value;
 
 use crate::common::fakes::accounts::{Alpaca, AlpacaKeys};
 use crate::common::fakes::messaging::{Kind, Outbox};
-use crate::common::fakes::signed::{Fake, Ses, SES_HOST};
 use crate::common::fakes::stripe::FakeStripe;
 use crate::common::pki::TestPki;
-use crate::common::worker::{failed, python_script, Worker};
+use crate::common::worker::{failed, python_script, ses_account, Worker};
 
 /// One tool run of `tests/python/sdk_examples.py`.
 async fn run(w: &Worker, tool: &str, args: &[&str], creds: &[(&str, &str)]) -> Value {
@@ -204,23 +203,9 @@ async fn email_resend_sdk_without_an_idempotency_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn email_ses_boto3_send_email() {
-    const AKID: &str = "AKIAWORKERAAAAAAAAAA";
-    const SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEYW";
     let pki = TestPki::new("provider CA");
-    let fake = Fake::start_https(
-        Ses::new(SES_HOST, "us-east-1", &[(AKID, SECRET)]),
-        pki.server_config(&[SES_HOST]),
-    )
-    .await;
+    let (fake, creds) = ses_account(&pki).await;
     let w = Worker::start("email.toml", &[("ses", fake.port())], &pki);
-    let creds = [
-        ("AWS_ACCESS_KEY_ID", AKID),
-        ("AWS_SECRET_ACCESS_KEY", SECRET),
-        ("AWS_DEFAULT_REGION", "us-east-1"),
-        ("AWS_CONFIG_FILE", "/dev/null"),
-        ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"),
-        ("AWS_EC2_METADATA_DISABLED", "true"),
-    ];
     let effects = || fake.with(|s| s.emails.len());
     let first = ["Customer@Example.com", "Invoice 42"];
     let a = once_then_twice(

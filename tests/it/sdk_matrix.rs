@@ -16,11 +16,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::common::fakes::accounts::{Alpaca, AlpacaKeys};
-use crate::common::fakes::signed::{Fake, Ses, SES_HOST};
 use crate::common::fakes::stripe::FakeStripe;
 use crate::common::pki::{ProxyCa, TestPki};
 use crate::common::provider::{FakeProvider, ProviderOptions};
-use crate::common::worker::{env_file_lines, failed, python_script, repo, tool, Worker};
+use crate::common::worker::{
+    env_file_lines, failed, python_script, repo, ses_account, tool, Worker,
+};
 use serde_json::Value;
 
 const STRIPE_SECRET: &str = "sk_test_worker_77";
@@ -166,23 +167,9 @@ async fn python_aiohttp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_boto3_ses_send_email() {
-    const AKID: &str = "AKIAWORKERAAAAAAAAAA";
-    const SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEYW";
     let pki = TestPki::new("provider CA");
-    let fake = Fake::start_https(
-        Ses::new(SES_HOST, "us-east-1", &[(AKID, SECRET)]),
-        pki.server_config(&[SES_HOST]),
-    )
-    .await;
+    let (fake, creds) = ses_account(&pki).await;
     let w = Worker::start("email.toml", &[("ses", fake.port())], &pki);
-    let creds = [
-        ("AWS_ACCESS_KEY_ID", AKID),
-        ("AWS_SECRET_ACCESS_KEY", SECRET),
-        ("AWS_DEFAULT_REGION", "us-east-1"),
-        ("AWS_CONFIG_FILE", "/dev/null"),
-        ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"),
-        ("AWS_EC2_METADATA_DISABLED", "true"),
-    ];
     let script = python_script("sdk_tools.py");
     let args = [script.as_str(), "ses", "Customer@Example.com", "Invoice 42"];
     // botocore reads AWS_CA_BUNDLE, and falls back to REQUESTS_CA_BUNDLE: the printed setup

@@ -13,7 +13,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::connect::{self, raw_attempt, Attempt, Hello};
@@ -203,19 +202,15 @@ fn intercepted(s: &Setup, a: &Attempt) {
 // ---------------------------------------------------------------------------------------
 // By address, by another name, by a sibling name carrying the routed Host.
 
-async fn connect_by_address(deployment: Deployment) {
+/// CONNECT `name`:<the provider's port> with a ClientHello for `sni`, then a charge for the
+/// routed host: refused with `slug` (by deployment), and nothing executed.
+async fn refused_at_connect(deployment: Deployment, name: &str, sni_name: &str, slugs: [&str; 2]) {
     let s = Setup::start(deployment, "").await;
-    let a = s
-        .attempt(
-            &format!("127.0.0.1:{}", s.provider.port()),
-            sni(HOST),
-            HOST,
-            "by-ip",
-        )
-        .await;
+    let authority = format!("{name}:{}", s.provider.port());
+    let a = s.attempt(&authority, sni(sni_name), HOST, name).await;
     let slug = match deployment {
-        Deployment::Spend => "connect-address-forbidden",
-        Deployment::Plain => "connect-routed-address",
+        Deployment::Spend => slugs[0],
+        Deployment::Plain => slugs[1],
     };
     refused(&a, Some(slug));
     assert_eq!(
@@ -223,51 +218,22 @@ async fn connect_by_address(deployment: Deployment) {
         0,
         "a blind tunnel reached the provider: {a:?}"
     );
+}
+
+async fn connect_by_address(deployment: Deployment) {
+    let slugs = ["connect-address-forbidden", "connect-routed-address"];
+    refused_at_connect(deployment, "127.0.0.1", HOST, slugs).await
 }
 
 async fn connect_by_another_name(deployment: Deployment) {
-    let s = Setup::start(deployment, "").await;
-    let a = s
-        .attempt(
-            &format!("localhost:{}", s.provider.port()),
-            sni(HOST),
-            HOST,
-            "by-name",
-        )
-        .await;
-    let slug = match deployment {
-        Deployment::Spend => "connect-host-forbidden",
-        Deployment::Plain => "connect-routed-address",
-    };
-    refused(&a, Some(slug));
-    assert_eq!(
-        s.executed(),
-        0,
-        "a blind tunnel reached the provider: {a:?}"
-    );
+    let slugs = ["connect-host-forbidden", "connect-routed-address"];
+    refused_at_connect(deployment, "localhost", HOST, slugs).await
 }
 
+/// SNI and CONNECT agree on the sibling; only the Host header inside TLS names the route.
 async fn sibling_name_carrying_the_routed_host(deployment: Deployment) {
-    let s = Setup::start(deployment, "").await;
-    // SNI and CONNECT agree on the sibling; only the Host header inside TLS names the route.
-    let a = s
-        .attempt(
-            &format!("localhost:{}", s.provider.port()),
-            sni("localhost"),
-            HOST,
-            "sibling",
-        )
-        .await;
-    let slug = match deployment {
-        Deployment::Spend => "connect-host-forbidden",
-        Deployment::Plain => "connect-routed-address",
-    };
-    refused(&a, Some(slug));
-    assert_eq!(
-        s.executed(),
-        0,
-        "a blind tunnel reached the provider: {a:?}"
-    );
+    let slugs = ["connect-host-forbidden", "connect-routed-address"];
+    refused_at_connect(deployment, "localhost", "localhost", slugs).await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -383,27 +349,7 @@ async fn an_allowed_site_streams_untouched_on_a_spend_deployment() {
         presented, s.site_leaf,
         "the tunnel must not touch the TLS session"
     );
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .expect("h1 over the tunnel");
-    tokio::spawn(conn);
-    let req = http::Request::get("/stream?n=5&ms=300")
-        .header("host", &authority)
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .expect("request");
-    let started = Instant::now();
-    let mut body = sender
-        .send_request(req)
-        .await
-        .expect("response")
-        .into_body();
-    let mut arrivals = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if frame.expect("frame").is_data() {
-            arrivals.push(started.elapsed());
-        }
-    }
+    let arrivals = connect::chunk_arrivals(tls, &authority, "/stream?n=5&ms=300").await;
     assert_eq!(arrivals.len(), 5, "{arrivals:?}");
     assert!(
         arrivals[0] < Duration::from_millis(700) && arrivals[4] >= Duration::from_millis(1100),

@@ -281,3 +281,35 @@ pub fn refragment(flight: &[u8], size: usize) -> Vec<Vec<u8>> {
         })
         .collect()
 }
+
+/// `GET path` over an open (TLS) stream to the fake provider's `/stream`, and when each chunk
+/// of the answer arrived, from the moment the request was sent: a tunnel or a passthrough that
+/// buffers shows as chunks arriving together.
+pub async fn chunk_arrivals<S>(stream: S, host: &str, path: &str) -> Vec<Duration>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use http_body_util::BodyExt;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("h1 over the stream");
+    tokio::spawn(conn);
+    let req = http::Request::get(path)
+        .header("host", host)
+        .body(http_body_util::Empty::<Bytes>::new())
+        .expect("request");
+    let started = std::time::Instant::now();
+    let mut body = sender
+        .send_request(req)
+        .await
+        .expect("response")
+        .into_body();
+    let mut arrivals = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if frame.expect("frame").is_data() {
+            arrivals.push(started.elapsed());
+        }
+    }
+    arrivals
+}

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::client::send;
+use super::fakes::signed::{Fake, Ses, SES_HOST};
 use super::pki::{ProxyCa, TestPki};
 use super::proxy::{Proxy, StoreFixture};
 use super::Backend;
@@ -206,4 +207,25 @@ pub fn failed(out: &Value) -> bool {
 
 pub fn python_script(name: &str) -> String {
     repo(&format!("tests/python/{name}")).display().to_string()
+}
+
+/// An SES account for boto3: the fake (SigV4 checked) and the worker's AWS variables, nothing
+/// read from files or instance metadata.
+pub async fn ses_account(pki: &TestPki) -> (Fake<Ses>, [(&'static str, &'static str); 6]) {
+    const AKID: &str = "AKIAWORKERAAAAAAAAAA";
+    const SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEYW";
+    let fake = Fake::start_https(
+        Ses::new(SES_HOST, "us-east-1", &[(AKID, SECRET)]),
+        pki.server_config(&[SES_HOST]),
+    )
+    .await;
+    let creds = [
+        ("AWS_ACCESS_KEY_ID", AKID),
+        ("AWS_SECRET_ACCESS_KEY", SECRET),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+        ("AWS_CONFIG_FILE", "/dev/null"),
+        ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ];
+    (fake, creds)
 }
