@@ -15,6 +15,8 @@ use crate::identity::account::AccountPart;
 use crate::identity::provider_key::KeyField;
 use crate::identity::Signing;
 use crate::identity::{KeySource, MissingKey};
+use crate::request::path::PathRules;
+use crate::request::template::Template;
 
 /// Which keys a provider accepts: a length range and a set of ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,6 +192,8 @@ pub struct Profile {
     /// Other hosts of the provider that perform the same side effects outside the API the
     /// route protects (SMTP relays; `*` stands for one label): CONNECT to them is refused.
     pub side_doors: &'static [&'static str],
+    /// What its paths may hold beyond the proxy's grammar (`request::path`).
+    pub path: PathRules,
 }
 
 /// A profile's defaults for `[routes.spend]`: which requests cost money and where the amount
@@ -239,8 +243,11 @@ enum Part {
     Headers(&'static [&'static str]),
     SigV4,
     BearerSubject,
-    BodyFields(&'static [&'static str]),
     PathAfter(&'static str),
+    /// One secret key as `Bearer KEY` or Basic `KEY:`.
+    BearerOrBasicUser,
+    /// `(header, body field)` pairs carrying one credential either way.
+    HeaderOrBody(&'static [(&'static str, &'static str)]),
 }
 
 struct Spec {
@@ -267,6 +274,7 @@ struct Spec {
     spend: Option<SpendDefaults>,
     errors: ErrorShape,
     side_doors: &'static [&'static str],
+    path: PathRules,
 }
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -297,6 +305,9 @@ const HEADER: Spec = Spec {
     spend: None,
     errors: ErrorShape::Problem,
     side_doors: &[],
+    path: PathRules {
+        encoded_slash: false,
+    },
 };
 
 /// How long an email or message sent without a key counts as sent, so an agent's re-run of
@@ -331,7 +342,8 @@ const EXCHANGE: Spec = Spec {
 const SPECS: &[Spec] = &[
     // Stripe v1: `Idempotency-Key` ≤ 255, kept ≥ 24 h, replays even 500s [SD]. Account: the
     // secret key and the connected account it acts for (`Stripe-Account`, `Stripe-Context`)
-    // [ST-CONNECT]. The official SDKs mint a random key per call [SP], so a route without a
+    // [ST-CONNECT]; the key goes as `Bearer sk_…` (the SDKs) or as Basic with the key as user
+    // and no password (`curl -u sk_…:`, as the API reference writes it) [ST-AUTH]: one account. The official SDKs mint a random key per call [SP], so a route without a
     // template keys on the whole request for 24 h (the time Stripe keeps keys): an agent's
     // re-run is one charge; two deliberate identical charges in a day need a field that
     // differs (metadata) or `key_source = "client"`.
@@ -345,7 +357,10 @@ const SPECS: &[Spec] = &[
             outcome: RuleOutcome::Duplicate,
             note: "Stripe already has a request under the key passed down, with other parameters. Look it up in the Dashboard's request log by Idempotency-Key {key}",
         }],
-        account: &[Part::Headers(&["authorization", "stripe-account", "stripe-context"])],
+        account: &[
+            Part::BearerOrBasicUser,
+            Part::Headers(&["stripe-account", "stripe-context"]),
+        ],
         key_source: Some(KeySource::Request),
         dedup_window: Some(DAY),
         // Amounts are integers of the smallest currency unit [ST-AMOUNT]. A PaymentIntent
@@ -468,10 +483,10 @@ const SPECS: &[Spec] = &[
         header: None,
         body_field: Some("idempotency_key"),
         max_len: 50,
-        account: &[
-            Part::Headers(&["plaid-client-id", "plaid-secret"]),
-            Part::BodyFields(&["client_id", "secret"]),
-        ],
+        account: &[Part::HeaderOrBody(&[
+            ("plaid-client-id", "client_id"),
+            ("plaid-secret", "secret"),
+        ])],
         volatile: &["client_id", "secret"],
         ..HEADER
     },
@@ -514,6 +529,12 @@ const SPECS: &[Spec] = &[
             unit: "major",
         }),
         errors: ErrorShape::Alpaca,
+        // Crypto positions are named by their pair: `DELETE /v2/positions/BTC%2FUSD` when a
+        // client encodes the symbol's slash (alpaca-py sends `BTC/USD` as two segments, which
+        // Alpaca answers 404; `BTCUSD` works) [ALP-CRYPTO]. Rules match both readings.
+        path: PathRules {
+            encoded_slash: true,
+        },
         ..HEADER
     },
     // Binance spot: `X-MBX-APIKEY`; HMAC over query + body with `timestamp`, `recvWindow`,
@@ -815,6 +836,7 @@ fn build(spec: &Spec) -> Profile {
         spend: spec.spend,
         errors: spec.errors,
         side_doors: spec.side_doors,
+        path: spec.path,
     }
 }
 
@@ -857,16 +879,22 @@ fn part(p: Part) -> AccountPart {
         ),
         Part::SigV4 => AccountPart::SigV4,
         Part::BearerSubject => AccountPart::BearerSubject,
-        Part::BodyFields(fields) => AccountPart::BodyFields(
-            fields
+        Part::PathAfter(segment) => AccountPart::PathAfter(segment.to_string()),
+        Part::BearerOrBasicUser => AccountPart::BearerOrBasicUser,
+        Part::HeaderOrBody(pairs) => AccountPart::HeaderOrBody(
+            pairs
                 .iter()
-                .filter_map(|f| {
-                    crate::idempotency::template::Template::parse(&format!("f:{{body.{f}}}")).ok()
+                .filter_map(|(h, f)| {
+                    Some((HeaderName::from_bytes(h.as_bytes()).ok()?, body_field(f)?))
                 })
                 .collect(),
         ),
-        Part::PathAfter(segment) => AccountPart::PathAfter(segment.to_string()),
     }
+}
+
+/// A template reading one body field (`f:{body.client_id}`).
+fn body_field(field: &str) -> Option<Template> {
+    Template::parse(&format!("f:{{body.{field}}}")).ok()
 }
 
 /// The proxy's own key rules: 1–255 visible ASCII bytes.

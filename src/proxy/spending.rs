@@ -6,8 +6,8 @@ use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 
 use crate::http::body::{full, Body};
 use crate::http::problem::{Problem, ERROR_HEADER};
-use crate::idempotency::template::RequestView;
 use crate::providers::ErrorShape;
+use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::budget::{PriceError, Spender};
 use crate::spend::gate::{Ask, Gate, Refusal, Ticket};
@@ -47,6 +47,7 @@ impl SpendError {
 
     pub fn slug(&self) -> &'static str {
         match self {
+            SpendError::Price(PriceError::Ambiguous(_)) => "ambiguous-request",
             SpendError::Price(_) => "amount-invalid",
             SpendError::Run(_) => "run-invalid",
             SpendError::Refused(Refusal::OverCap { .. }) => "spend-cap-exceeded",
@@ -59,6 +60,7 @@ impl SpendError {
 
     pub fn advice(&self) -> &'static str {
         match self {
+            SpendError::Price(PriceError::Ambiguous(_)) => "Nothing was forwarded: the proxy and the provider could read two amounts from this request, so it does not go out. Send each field once, in the body.",
             SpendError::Price(_) => "Nothing was forwarded: a capped route counts every payment, so one whose amount cannot be read does not go out.",
             SpendError::Run(_) => "Nothing was forwarded. Run ids are 1-64 letters, digits, '.', '_', ':' or '-'.",
             SpendError::Refused(Refusal::OverCap { .. }) => "Nothing was forwarded. An operator can raise the cap in the route's [routes.spend].",
@@ -99,7 +101,7 @@ pub async fn admit(
     gate: &Gate,
     route: &Route,
     spend: &RouteSpend,
-    view: &RequestView<'_>,
+    view: &Request<'_>,
     tunnel: Option<&TunnelRun>,
     scope: &str,
 ) -> Result<Ticket, SpendError> {
@@ -113,7 +115,7 @@ pub async fn admit(
             run: &run,
         },
         price,
-        method: view.method,
+        method: view.method.as_str(),
         path: view.path,
         body: view.body,
         retention: route.policy.retention,

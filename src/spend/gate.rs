@@ -315,7 +315,7 @@ impl Gate {
     /// (another amount, path or body), so the approver sees the conflict. Best effort: a
     /// lost race or a store error leaves the approval as it was.
     async fn note_variant(&self, current: Approval, fresh: &Approval, now: u64) -> Approval {
-        let digest = |b: &[u8]| crate::idempotency::hex::lower(&Sha256::digest(b));
+        let digest = |b: &[u8]| crate::hex::lower(&Sha256::digest(b));
         let body_sha256 = digest(&fresh.body);
         let differs = current.amount != fresh.amount
             || current.method != fresh.method
@@ -437,7 +437,7 @@ fn fresh_approval(budget: &Budget, ask: &Ask<'_>, why: &str, now: u64) -> Approv
 /// The approval of the operation under `scope`: every retry of it finds the same one.
 pub fn approval_id(scope: &str) -> String {
     let digest = Sha256::digest(scope.as_bytes());
-    format!("apr_{}", crate::idempotency::hex::lower(&digest[..12]))
+    format!("apr_{}", crate::hex::lower(&digest[..12]))
 }
 
 /// What waiters on an approval watch, and a decision announces.
