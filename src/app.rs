@@ -11,7 +11,7 @@ use crate::identity::minted_keys::MintedKeys;
 use crate::metrics::Metrics;
 use crate::proxy::admission::Admission;
 use crate::proxy::announce::Webhook;
-use crate::proxy::connect_policy::ConnectPolicy;
+use crate::proxy::connect::policy::ConnectPolicy;
 use crate::proxy::egress::Egress;
 use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 use crate::proxy::App;

@@ -292,8 +292,18 @@ pub struct TlsConfig {
     /// The proxy's CA (`idemproxy ca init`); needed to intercept CONNECT to routed hosts.
     pub ca_cert: Option<PathBuf>,
     pub ca_key: Option<PathBuf>,
-    /// What CONNECT to a host no route covers gets: a blind tunnel, or 403.
-    pub unknown_hosts: UnknownHosts,
+    /// What CONNECT to a host no route covers gets: a blind tunnel, or 403. Default: 403
+    /// when any route has `[routes.spend]` (see [`Config::unknown_hosts`]), else a tunnel.
+    pub unknown_hosts: Option<UnknownHosts>,
+    /// Host names (`api.openai.com`, or `*.openai.com` for every name below it) that get a
+    /// blind tunnel although `unknown_hosts` is `deny`: the worker's LLM API and the like.
+    pub tunnel_hosts: Vec<String>,
+    /// Setting `unknown_hosts = "tunnel"` on a config where a route caps spend says that an
+    /// agent may reach any host past the proxy's checks; this says it was meant.
+    pub tunnel_with_spend: bool,
+    /// How long a tunnel waits for the client's first bytes (its ClientHello) before it
+    /// takes the server to be the one that speaks first (SMTP, SSH) and splices.
+    pub peek_timeout: Dur,
     /// Ports CONNECT may reach (intercepted or tunnelled); any other port is a 403.
     pub connect_ports: Vec<u16>,
     /// A blind tunnel with no byte in either direction for this long is closed, so tunnels
@@ -306,18 +316,20 @@ impl Default for TlsConfig {
         Self {
             ca_cert: None,
             ca_key: None,
-            unknown_hosts: UnknownHosts::Tunnel,
+            unknown_hosts: None,
+            tunnel_hosts: Vec::new(),
+            tunnel_with_spend: false,
+            peek_timeout: Dur(Duration::from_secs(1)),
             connect_ports: vec![443],
             tunnel_idle_timeout: Dur(Duration::from_secs(600)),
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum UnknownHosts {
     /// Copy bytes both ways untouched (the worker's other HTTPS keeps working).
-    #[default]
     Tunnel,
     /// Answer 403.
     Deny,
@@ -375,8 +387,9 @@ pub struct RouteConfig {
     /// Methods this route protects; others pass through untouched.
     #[serde(default = "default_methods")]
     pub methods: Vec<String>,
-    #[serde(default)]
-    pub missing_key: MissingKey,
+    /// A request without a key: `forward` (unprotected), `reject` (400) or `derive` (the
+    /// whole request within `dedup_window`). Default: the profile's, else `forward`.
+    pub missing_key: Option<MissingKey>,
     #[serde(default)]
     pub on_in_flight: OnInFlight,
     /// With `on_in_flight = "wait"`: how long a duplicate waits for the first to settle
@@ -889,6 +902,25 @@ impl Config {
         if self.tls.tunnel_idle_timeout.0.is_zero() {
             return Err(self.invalid("tls.tunnel_idle_timeout", "must be greater than 0"));
         }
+        if self.tls.peek_timeout.0.is_zero() || self.tls.peek_timeout.0 > Duration::from_secs(30) {
+            return Err(self.invalid("tls.peek_timeout", "must be between 1ms and 30s"));
+        }
+        for (i, host) in self.tls.tunnel_hosts.iter().enumerate() {
+            tunnel_host(host).map_err(|m| self.invalid(format!("tls.tunnel_hosts[{i}]"), m))?;
+        }
+        if self.tls.unknown_hosts == Some(UnknownHosts::Tunnel) && !self.tls.tunnel_with_spend {
+            if let Some(route) = self.routes.iter().find(|r| r.spend.is_some()) {
+                return Err(self.invalid(
+                    "tls.unknown_hosts",
+                    format!(
+                        "\"tunnel\" lets an agent reach any host past the proxy, and route `{}` caps spend: a CONNECT to another name or address of a payment provider would pay past its caps. \
+                         List the hosts workers need in tls.tunnel_hosts (their LLM API…) and leave unknown_hosts unset (it is \"deny\" when a route caps spend), \
+                         or set tls.tunnel_with_spend = true to say the risk is accepted",
+                        route.name
+                    ),
+                ));
+            }
+        }
         match (&self.tls.ca_cert, &self.tls.ca_key) {
             (Some(_), None) => {
                 return Err(self.invalid("tls.ca_key", "must be set together with tls.ca_cert"))
@@ -913,6 +945,43 @@ impl Config {
         }
         Ok(())
     }
+}
+
+impl Config {
+    /// What CONNECT to a host no route covers gets: `tls.unknown_hosts`, else `deny` when
+    /// any route caps spend (an agent must not reach a payment provider by another name),
+    /// else `tunnel`.
+    pub fn unknown_hosts(&self) -> UnknownHosts {
+        match self.tls.unknown_hosts {
+            Some(mode) => mode,
+            None if self.routes.iter().any(|r| r.spend.is_some()) => UnknownHosts::Deny,
+            None => UnknownHosts::Tunnel,
+        }
+    }
+}
+
+/// A `tls.tunnel_hosts` entry: a DNS name, or `*.` and one (every name below it). Never an
+/// address: an address says nothing about whose server is behind it.
+pub fn tunnel_host(entry: &str) -> Result<(), String> {
+    let name = entry.strip_prefix("*.").unwrap_or(entry);
+    let dns = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+    if !dns
+        || name.parse::<std::net::IpAddr>().is_ok()
+        || name.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+    {
+        return Err(format!(
+            "`{entry}` is not a host name like api.openai.com or *.openai.com (no port, no address: an address says nothing about whose server is behind it)"
+        ));
+    }
+    Ok(())
 }
 
 /// Parses a listen address; port 0 asks the OS for a free port.

@@ -73,6 +73,7 @@ pub struct Metrics {
     /// Set at scrape time from the store: approvals waiting for a person.
     pub approvals_pending: Gauge,
     connect_refused: Family<Labels, Counter>,
+    tunnels: Family<Labels, Counter>,
     unprotected: Family<Labels, Counter>,
     config_reloads: Family<Labels, Counter>,
     /// Claims this process holds while their upstream call runs.
@@ -114,6 +115,7 @@ impl Metrics {
             approval_notices: Family::default(),
             approvals_pending: Gauge::default(),
             connect_refused: Family::default(),
+            tunnels: Family::default(),
             unprotected: Family::default(),
             config_reloads: Family::default(),
             claims_in_flight: Gauge::default(),
@@ -210,6 +212,11 @@ impl Metrics {
             "connect_refused",
             "CONNECT requests refused, and intercepted tunnels whose client broke off the TLS handshake, by reason (see docs/troubleshooting.md)",
             self.connect_refused.clone(),
+        );
+        r.register(
+            "tunnels",
+            "Blind tunnels spliced, by what their client sent first: sni_match (a ClientHello naming the CONNECT host), sni_other (another unrouted name), no_sni, ech, not_tls, unparsed (no well-formed ClientHello within the bound), server_first (nothing within tls.peek_timeout)",
+            self.tunnels.clone(),
         );
         r.register(
             "unprotected_requests",
@@ -319,6 +326,12 @@ impl Metrics {
     }
 
     /// `reason` is one of a fixed set (`ConnectError::reason`, `intercept`): never a host.
+    pub fn tunnel(&self, hello: &'static str) {
+        self.tunnels
+            .get_or_create(&vec![("hello".into(), hello.into())])
+            .inc();
+    }
+
     pub fn connect_refused(&self, reason: &'static str) {
         self.connect_refused
             .get_or_create(&vec![("reason".into(), reason.into())])

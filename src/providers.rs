@@ -13,8 +13,8 @@ use crate::config::LookupConfig;
 use crate::idempotency::policy::{BodyRule, Condition, RuleOutcome, StatusSet, Test};
 use crate::identity::account::AccountPart;
 use crate::identity::provider_key::KeyField;
-use crate::identity::KeySource;
 use crate::identity::Signing;
+use crate::identity::{KeySource, MissingKey};
 use crate::request::path::PathRules;
 use crate::request::template::Template;
 
@@ -178,6 +178,8 @@ pub struct Profile {
     pub signing: Signing,
     /// Where a route without a template takes the operation's identity from.
     pub key_source: Option<KeySource>,
+    /// What a request without a key gets on a route that does not say (`missing_key`).
+    pub missing_key: Option<MissingKey>,
     pub retention: Option<Duration>,
     pub dedup_window: Option<Duration>,
     /// How to ask the provider whether a held operation happened.
@@ -187,6 +189,9 @@ pub struct Profile {
     /// How its own errors look: refusals the proxy makes on its behalf (caps, approvals)
     /// take this shape, so its SDKs raise a meaningful error.
     pub errors: ErrorShape,
+    /// Other hosts of the provider that perform the same side effects outside the API the
+    /// route protects (SMTP relays; `*` stands for one label): CONNECT to them is refused.
+    pub side_doors: &'static [&'static str],
     /// What its paths may hold beyond the proxy's grammar (`request::path`).
     pub path: PathRules,
 }
@@ -261,12 +266,14 @@ struct Spec {
     volatile: &'static [&'static str],
     signing: Signing,
     key_source: Option<KeySource>,
+    missing_key: Option<MissingKey>,
     retention: Option<Duration>,
     dedup_window: Option<Duration>,
     /// `(request, found statuses, not found statuses, field a found answer carries)`.
     lookup: Option<(&'static str, &'static str, &'static str, &'static str)>,
     spend: Option<SpendDefaults>,
     errors: ErrorShape,
+    side_doors: &'static [&'static str],
     path: PathRules,
 }
 
@@ -291,22 +298,33 @@ const HEADER: Spec = Spec {
     volatile: &[],
     signing: Signing::None,
     key_source: None,
+    missing_key: None,
     retention: Some(WEEK),
     dedup_window: None,
     lookup: None,
     spend: None,
     errors: ErrorShape::Problem,
+    side_doors: &[],
     path: PathRules {
         encoded_slash: false,
     },
 };
 
+/// How long an email or message sent without a key counts as sent, so an agent's re-run of
+/// the tool is the same send: an hour covers a retried run; the same text to the same
+/// recipient sent on purpose twice within it goes out once (docs/providers.md).
+const MESSAGE_WINDOW: Duration = Duration::from_secs(3600);
+
 /// No provider-side deduplication: the proxy's claim is the only protection, and ambiguous
-/// outcomes (timeouts, 500/502/504) are held as UNKNOWN.
+/// outcomes (timeouts, 500/502/504) are held as UNKNOWN. Email and SMS APIs: their SDKs send
+/// no key, so a request without one is identified by its whole content within an hour
+/// rather than forwarded unprotected.
 const NO_KEY: Spec = Spec {
     honours_key: false,
     header: None,
     retention: None,
+    missing_key: Some(MissingKey::Derive),
+    dedup_window: Some(MESSAGE_WINDOW),
     ..HEADER
 };
 
@@ -414,11 +432,16 @@ const SPECS: &[Spec] = &[
         name: "gocardless",
         ..HEADER
     },
-    // Resend: `Idempotency-Key` ≤ 256, kept 24 h [RS].
+    // Resend: `Idempotency-Key` ≤ 256, kept 24 h [RS]. SMTP relay: smtp.resend.com [RS-SMTP].
+    // Its SDKs send a key only when the tool passes one [RS-PY]: without one, the whole
+    // request is the email for 24 h, the derived key passed down (Resend keeps it as long).
     Spec {
         name: "resend",
         max_len: 256,
         retention: None,
+        missing_key: Some(MissingKey::Derive),
+        dedup_window: Some(DAY),
+        side_doors: &["smtp.resend.com"],
         ..HEADER
     },
     // Razorpay X payouts: `X-Payout-Idempotency`, 4–36 of `[A-Za-z0-9 _-]` [RZP].
@@ -734,6 +757,8 @@ const SPECS: &[Spec] = &[
     Spec {
         name: "sendgrid",
         account: &[Part::Headers(&["authorization", "on-behalf-of"])],
+        // SMTP relay [SG-SMTP].
+        side_doors: &["smtp.sendgrid.net"],
         ..NO_KEY
     },
     Spec {
@@ -742,11 +767,15 @@ const SPECS: &[Spec] = &[
             "x-postmark-server-token",
             "x-postmark-account-token",
         ])],
+        // SMTP servers, transactional and broadcast streams [PM-SMTP].
+        side_doors: &["smtp.postmarkapp.com", "smtp-broadcasts.postmarkapp.com"],
         ..NO_KEY
     },
     Spec {
         name: "mailgun",
         account: &[Part::Headers(&["authorization", "x-mailgun-on-behalf-of"])],
+        // SMTP in the US and EU regions [MG-SMTP].
+        side_doors: &["smtp.mailgun.org", "smtp.eu.mailgun.org"],
         ..NO_KEY
     },
     // AWS SES v2: SigV4; the account is the access key id, region and service of the
@@ -756,6 +785,8 @@ const SPECS: &[Spec] = &[
         name: "ses",
         account: &[Part::SigV4],
         signing: Signing::SigV4,
+        // The SMTP interface of every region [SES-SMTP].
+        side_doors: &["email-smtp.*.amazonaws.com"],
         ..NO_KEY
     },
     // Twilio: Basic auth; the account is in the path (`Accounts/{AccountSid}`) [TW].
@@ -790,6 +821,7 @@ fn build(spec: &Spec) -> Profile {
         volatile: spec.volatile,
         signing: spec.signing,
         key_source: spec.key_source,
+        missing_key: spec.missing_key,
         retention: spec.retention,
         dedup_window: spec.dedup_window,
         lookup: spec
@@ -803,6 +835,7 @@ fn build(spec: &Spec) -> Profile {
             }),
         spend: spec.spend,
         errors: spec.errors,
+        side_doors: spec.side_doors,
         path: spec.path,
     }
 }

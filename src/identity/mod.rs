@@ -231,8 +231,8 @@ pub enum Identification {
 pub enum IdentityError {
     #[error(transparent)]
     InvalidKey(#[from] KeyError),
-    #[error("this route requires an idempotency key in the {header} header")]
-    MissingKey { header: String },
+    #[error("this route requires an idempotency key in {wanted}")]
+    MissingKey { wanted: String },
     /// `header`: the header whose key the route would take instead; `None` where the
     /// operation is named by its template alone (a client key would not be used).
     #[error("{}", missing_field_message(.header.as_deref(), .field))]
@@ -454,7 +454,15 @@ impl RouteIdentity {
                 header: (rules.source == KeySource::Client).then_some(header),
                 field: missing_field(t, req),
             }),
-            (MissingKey::Reject, None) => Err(IdentityError::MissingKey { header }),
+            (MissingKey::Reject, None) => Err(IdentityError::MissingKey {
+                // A provider's own key field (Alpaca's `client_order_id`) is a key too.
+                wanted: match &self.provider_key {
+                    Some(KeyField::Body(field)) => {
+                        format!("the {header} header, or `{field}` in the body")
+                    }
+                    _ => format!("the {header} header"),
+                },
+            }),
         }
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::admission::Admission;
-use super::connect_policy::ConnectPolicy;
+use super::connect::policy::ConnectPolicy;
 use super::egress::Egress;
 use super::upstream::UpstreamClient;
 use crate::auth::Tenants;

@@ -6,14 +6,12 @@ pub mod announce;
 pub mod app;
 
 pub mod connect;
-pub mod connect_policy;
 pub mod connection;
 pub mod dispatch;
 pub mod drain;
 pub mod egress;
 pub mod error;
 pub mod headers;
-pub mod intercept;
 pub mod limits;
 pub mod lookup;
 pub mod outgoing;
@@ -24,7 +22,6 @@ pub mod routed;
 pub mod server;
 pub mod spending;
 pub mod tls_advice;
-pub mod tunnel;
 pub mod upstream;
 
 pub use self::app::App;

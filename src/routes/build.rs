@@ -26,6 +26,17 @@ use crate::spend::budget::{Budget, BudgetText};
 pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
     let b = Builder::new(config, i, r)?;
     let upstream = b.upstream()?;
+    let upstream_dial = (
+        upstream.host.clone(),
+        upstream
+            .authority
+            .port_u16()
+            .unwrap_or(if upstream.scheme == Scheme::HTTPS {
+                443
+            } else {
+                80
+            }),
+    );
     let (host, port) = match &r.host {
         Some(h) => split_host_port(h)
             .ok_or_else(|| b.invalid("host", format!("`{h}` is not a host or host:port")))?,
@@ -56,6 +67,8 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
         lookup,
         spend: b.spend()?,
         errors: b.profile.as_ref().map_or(ErrorShape::Problem, |p| p.errors),
+        dial: b.dial(&upstream_dial)?,
+        side_doors: b.profile.as_ref().map_or(&[][..], |p| p.side_doors),
         path: b.profile.as_ref().map(|p| p.path).unwrap_or_default(),
     })
 }
@@ -135,6 +148,16 @@ impl<'a> Builder<'a> {
             authority,
             base_path: uri.path().trim_end_matches('/').to_string(),
         })
+    }
+
+    /// The route's `connect_to`, else the upstream's own host and port.
+    fn dial(&self, upstream: &(String, u16)) -> Result<(String, u16), ConfigError> {
+        let Some(to) = &self.r.connect_to else {
+            return Ok(upstream.clone());
+        };
+        split_host_port(to)
+            .and_then(|(h, p)| Some((h, p?)))
+            .ok_or_else(|| self.invalid("connect_to", format!("`{to}` is not a host:port")))
     }
 
     fn prefix(&self) -> Result<Option<String>, ConfigError> {
@@ -249,7 +272,10 @@ impl<'a> Builder<'a> {
             key_source,
             template,
             operations,
-            missing_key: r.missing_key,
+            missing_key: r
+                .missing_key
+                .or(self.profile.as_ref().and_then(|p| p.missing_key))
+                .unwrap_or_default(),
             account: self.account()?,
             volatile: self
                 .profile

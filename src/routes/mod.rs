@@ -60,6 +60,12 @@ pub struct Route {
     pub spend: Option<RouteSpend>,
     /// How the provider's SDKs expect errors to look.
     pub errors: ErrorShape,
+    /// Where the route's client dials (its `connect_to`, else the upstream's host and port):
+    /// a blind tunnel there would reach the provider past the route.
+    pub dial: (String, u16),
+    /// Other hosts of the provider that perform the same side effects (its SMTP relays,
+    /// `*.` for a family): never reachable through CONNECT.
+    pub side_doors: &'static [&'static str],
     /// What the provider's paths may hold beyond the proxy's grammar.
     pub path: PathRules,
 }

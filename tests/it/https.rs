@@ -13,7 +13,6 @@ use crate::common::pki::{self, ProxyCa, TestPki};
 use crate::common::provider::{Behavior, FakeProvider, ProviderOptions};
 use crate::common::proxy::{config, Proxy, StoreFixture};
 use crate::common::{eventually, Backend};
-use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const HOST: &str = "api.fake.test";
@@ -355,27 +354,7 @@ async fn unprotected_requests_to_an_intercepted_host_stream_through() {
     let (tls, _) = connect::tls(s.proxy.addr, &format!("{HOST}:443"), HOST, client)
         .await
         .expect("intercepted");
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .expect("h1 over TLS");
-    tokio::spawn(conn);
-    let req = http::Request::get("/stream?n=4&ms=300")
-        .header("host", HOST)
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .expect("request");
-    let started = Instant::now();
-    let mut body = sender
-        .send_request(req)
-        .await
-        .expect("response")
-        .into_body();
-    let mut arrivals = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if frame.expect("frame").is_data() {
-            arrivals.push(started.elapsed());
-        }
-    }
+    let arrivals = connect::chunk_arrivals(tls, HOST, "/stream?n=4&ms=300").await;
     assert_eq!(arrivals.len(), 4, "{arrivals:?}");
     assert!(
         arrivals[0] < Duration::from_millis(600) && arrivals[3] >= Duration::from_millis(800),
@@ -528,27 +507,7 @@ async fn unrouted_host_is_tunnelled_untouched_and_streams() {
     assert_eq!(presented, leaf, "the tunnel must not touch the TLS session");
 
     // Server-sent events keep flowing: the first event arrives long before the last.
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .expect("h1 over the tunnel");
-    tokio::spawn(conn);
-    let req = http::Request::get("/stream?n=5&ms=300")
-        .header("host", &authority)
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .expect("request");
-    let started = Instant::now();
-    let mut body = sender
-        .send_request(req)
-        .await
-        .expect("response")
-        .into_body();
-    let mut arrivals = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if frame.expect("frame").is_data() {
-            arrivals.push(started.elapsed());
-        }
-    }
+    let arrivals = connect::chunk_arrivals(tls, &authority, "/stream?n=5&ms=300").await;
     assert_eq!(arrivals.len(), 5, "{arrivals:?}");
     assert!(
         arrivals[0] < Duration::from_millis(600) && arrivals[4] >= Duration::from_millis(1100),
@@ -776,11 +735,13 @@ async fn refusals_are_clear_and_the_proxy_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_ca_routed_hosts_are_refused_not_tunnelled() {
     let provider = FakeProvider::start().await;
+    let other = FakeProvider::start().await;
     let store = StoreFixture::new(Backend::Sqlite);
     let routes = format!(
-        "[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\n\n[tls]\nconnect_ports = [443, {}]\n\n[egress]\nallow = [\"127.0.0.1\"]\n",
+        "[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:{}\"\n\n[tls]\nconnect_ports = [443, {}, {}]\n\n[egress]\nallow = [\"127.0.0.1\"]\n",
         provider.port(),
-        provider.port()
+        provider.port(),
+        other.port()
     );
     let proxy = Proxy::start(&config(&store.url(), &routes));
     let c = connect::connect(proxy.addr, &format!("{HOST}:443"))
@@ -794,11 +755,22 @@ async fn without_a_ca_routed_hosts_are_refused_not_tunnelled() {
         "{}",
         c.head
     );
-    // Unrouted hosts still tunnel.
-    let c = connect::connect(proxy.addr, &format!("127.0.0.1:{}", provider.port()))
+    // Unrouted hosts still tunnel; the route's own upstream address does not.
+    let c = connect::connect(proxy.addr, &format!("127.0.0.1:{}", other.port()))
         .await
         .expect("connect");
     assert_eq!(c.status, 200, "{}", c.head);
+    let c = connect::connect(proxy.addr, &format!("127.0.0.1:{}", provider.port()))
+        .await
+        .expect("connect");
+    assert_eq!(c.status, 403, "{}", c.head);
+    assert!(
+        c.head
+            .to_ascii_lowercase()
+            .contains("connect-routed-address"),
+        "{}",
+        c.head
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@ pub mod provider;
 pub mod proxy;
 pub mod records;
 pub mod redis;
+pub mod worker;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};

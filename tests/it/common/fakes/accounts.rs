@@ -54,7 +54,7 @@ impl Http {
         })
     }
 
-    fn bearer(&self) -> Option<&str> {
+    pub fn bearer(&self) -> Option<&str> {
         let v = self.header("authorization")?;
         let (scheme, token) = v.split_once(' ')?;
         scheme
@@ -62,7 +62,7 @@ impl Http {
             .then_some(token.trim())
     }
 
-    fn json(&self) -> Option<serde_json::Map<String, Value>> {
+    pub fn json(&self) -> Option<serde_json::Map<String, Value>> {
         match serde_json::from_slice(&self.body) {
             Ok(Value::Object(m)) => Some(m),
             _ => None,
@@ -70,7 +70,7 @@ impl Http {
     }
 }
 
-fn percent_decode(s: &str) -> String {
+pub fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -103,7 +103,7 @@ pub struct Answer {
     pub delay: Option<std::time::Duration>,
 }
 
-fn answer(status: u16, body: Value) -> Answer {
+pub fn answer(status: u16, body: Value) -> Answer {
     Answer {
         status,
         headers: vec![("content-type", "application/json".into())],
@@ -114,7 +114,7 @@ fn answer(status: u16, body: Value) -> Answer {
 }
 
 impl Answer {
-    fn with(mut self, name: &'static str, value: String) -> Answer {
+    pub fn with(mut self, name: &'static str, value: String) -> Answer {
         self.headers.push((name, value));
         self
     }
@@ -122,7 +122,7 @@ impl Answer {
 
 /// Serves `handler` on a new loopback port (behind TLS when `tls` is given; HTTP/1.1 and
 /// HTTP/2 either way) until the test's runtime ends.
-async fn listen<H>(tls: Option<Arc<rustls::ServerConfig>>, handler: H) -> SocketAddr
+pub async fn listen<H>(tls: Option<Arc<rustls::ServerConfig>>, handler: H) -> SocketAddr
 where
     H: Fn(Http) -> Answer + Send + Sync + 'static,
 {
@@ -188,7 +188,7 @@ where
 }
 
 /// State shared between a fake's handle (the test) and its server.
-struct Shared<S>(Arc<Mutex<S>>);
+pub struct Shared<S>(Arc<Mutex<S>>);
 
 impl<S> Clone for Shared<S> {
     fn clone(&self) -> Self {
@@ -197,17 +197,17 @@ impl<S> Clone for Shared<S> {
 }
 
 impl<S> Shared<S> {
-    fn new(s: S) -> Self {
+    pub fn new(s: S) -> Self {
         Shared(Arc::new(Mutex::new(s)))
     }
 
-    fn lock(&self) -> MutexGuard<'_, S> {
+    pub fn lock(&self) -> MutexGuard<'_, S> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// A random id in the UUID layout (what Alpaca and Postmark use).
-fn uuid() -> String {
+pub fn uuid() -> String {
     let h = format!("{:032x}", rand::random::<u128>());
     format!(
         "{}-{}-{}-{}-{}",

@@ -2,5 +2,6 @@
 //! with timestamps) and count the side effects they performed.
 
 pub mod accounts;
+pub mod messaging;
 pub mod signed;
 pub mod stripe;

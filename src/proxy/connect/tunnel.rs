@@ -9,21 +9,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use hyper::upgrade::OnUpgrade;
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::connect_policy::{ConnectError, Target};
-use super::egress::{Egress, EgressError};
+use super::policy::{ConnectError, Target};
+use crate::proxy::egress::{Egress, EgressError};
 
 /// The addresses a tunnel to `target` may use. This is the one place that decides where blind
 /// tunnels can go: the egress rules (allow-list, internal ranges refused) judge the resolved
 /// addresses, and the tunnel dials exactly those.
-async fn tunnel_addresses(
-    target: &Target,
-    egress: &Egress,
-) -> Result<Vec<SocketAddr>, ConnectError> {
+pub async fn addresses(target: &Target, egress: &Egress) -> Result<Vec<SocketAddr>, ConnectError> {
     egress
         .check(target.name(), target.port)
         .await
@@ -36,18 +31,17 @@ async fn tunnel_addresses(
         })
 }
 
-/// Connects to the target (first address that answers) within `timeout`.
+/// Connects to the first of `addrs` that answers within `timeout`.
 pub async fn dial(
     target: &Target,
+    addrs: &[SocketAddr],
     timeout: Duration,
-    egress: &Egress,
 ) -> Result<TcpStream, ConnectError> {
     let unreachable = |reason: String| ConnectError::Unreachable {
         target: target.to_string(),
         reason,
     };
-    let addrs = tunnel_addresses(target, egress).await?;
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(&addrs[..]))
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addrs))
         .await
         .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?
         .map_err(|e| unreachable(e.to_string()))?;
@@ -56,16 +50,12 @@ pub async fn dial(
 }
 
 /// Copies bytes both ways until both sides have closed, or nothing moved for `idle`.
-pub async fn run(upgrade: OnUpgrade, upstream: TcpStream, target: Target, idle: Duration) {
-    let client = match upgrade.await {
-        Ok(upgraded) => upgraded,
-        Err(e) => {
-            tracing::debug!(%target, error = %e, "CONNECT upgrade failed");
-            return;
-        }
-    };
+pub async fn run<IO>(client: IO, upstream: TcpStream, target: Target, idle: Duration)
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
     let activity = Activity::new();
-    let mut client = activity.track(TokioIo::new(client));
+    let mut client = activity.track(client);
     let mut upstream = activity.track(upstream);
     let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
     match until_idle(copy, &activity, idle).await {

@@ -5,17 +5,25 @@ use std::time::Duration;
 
 use http::{Response, StatusCode, Uri};
 
-use super::drain::{Intercepted, Pass};
+use super::side_doors::{HostPatterns, RoutedAddresses};
 use crate::config::{Config, ConfigError, UnknownHosts};
 use crate::http::body::Body;
 use crate::http::problem::Problem;
+use crate::proxy::drain::{Intercepted, Pass};
 use crate::tls::ca::CertAuthority;
 use crate::tls::leaf_cache::LeafCache;
 
 /// Everything CONNECT needs, built once at start-up.
 pub struct ConnectPolicy {
     pub ports: Vec<u16>,
-    pub unknown_hosts: UnknownHosts,
+    /// `tls.unknown_hosts` as written; unset, it follows the routes (see [`Self::unknown_hosts`]).
+    unknown_hosts: Option<UnknownHosts>,
+    /// `tls.tunnel_hosts`: names tunnelled even when unknown hosts are refused.
+    pub tunnel_hosts: HostPatterns,
+    /// `tls.peek_timeout`: how long a tunnel waits for the client to speak first.
+    pub peek_timeout: Duration,
+    /// Where the routes' upstreams are, as DNS says now (cached).
+    pub routed_addresses: RoutedAddresses,
     /// `None` when no CA is configured: CONNECT to a routed host is then refused.
     pub leaves: Option<LeafCache>,
     /// Time a client has to finish its TLS handshake and send each request head.
@@ -42,12 +50,25 @@ impl ConnectPolicy {
         Ok(ConnectPolicy {
             ports: config.tls.connect_ports.clone(),
             unknown_hosts: config.tls.unknown_hosts,
+            tunnel_hosts: HostPatterns::new(&config.tls.tunnel_hosts),
+            peek_timeout: config.tls.peek_timeout.0,
+            routed_addresses: RoutedAddresses::default(),
             leaves,
             handshake_timeout: config.server.header_read_timeout.0,
             tunnel_idle_timeout: config.tls.tunnel_idle_timeout.0,
             max_header_bytes: config.server.max_header_bytes,
             intercepted: Intercepted::default(),
         })
+    }
+
+    /// What a CONNECT to a host no route covers gets, with these routes: `tls.unknown_hosts`,
+    /// else `deny` while any route caps spend (a reload that adds caps closes the door too).
+    pub fn unknown_hosts(&self, guarded: bool) -> UnknownHosts {
+        match self.unknown_hosts {
+            Some(mode) => mode,
+            None if guarded => UnknownHosts::Deny,
+            None => UnknownHosts::Tunnel,
+        }
     }
 
     /// A pass for an intercepted connection about to serve requests; `None` when the proxy
@@ -63,6 +84,30 @@ impl ConnectPolicy {
     }
 }
 
+/// What `check-config` says about CONNECT to hosts no route covers, and why.
+pub fn summary(config: &Config) -> String {
+    let capped = config.routes.iter().find(|r| r.spend.is_some());
+    let listed = if config.tls.tunnel_hosts.is_empty() {
+        "none".to_string()
+    } else {
+        config.tls.tunnel_hosts.join(", ")
+    };
+    match (config.unknown_hosts(), capped) {
+        (UnknownHosts::Deny, Some(route)) if config.tls.unknown_hosts.is_none() => format!(
+            "CONNECT to hosts no route covers: refused, because route `{}` caps spend (an agent must not reach a payment provider by another name or address); tunnelled: {listed} (tls.tunnel_hosts). IP addresses and ClientHellos that hide or change the name are refused too.",
+            route.name
+        ),
+        (UnknownHosts::Deny, _) => format!(
+            "CONNECT to hosts no route covers: refused (tls.unknown_hosts = \"deny\"); tunnelled: {listed} (tls.tunnel_hosts)."
+        ),
+        (UnknownHosts::Tunnel, Some(route)) => format!(
+            "CONNECT to hosts no route covers: blind tunnel although route `{}` caps spend (tls.tunnel_with_spend = true). IP addresses and ClientHellos that hide or change the name are still refused.",
+            route.name
+        ),
+        (UnknownHosts::Tunnel, None) => "CONNECT to hosts no route covers: blind tunnel (tls.unknown_hosts = \"tunnel\"), except the routes' own upstream addresses and providers' SMTP relays.".to_string(),
+    }
+}
+
 /// Why a CONNECT was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -72,6 +117,22 @@ pub enum ConnectError {
     PortNotAllowed(u16),
     #[error("no route covers {0}, and tls.unknown_hosts is \"deny\"")]
     HostDenied(String),
+    #[error("no route covers {0}; a route caps spend, so only the names in tls.tunnel_hosts are tunnelled")]
+    HostNotListed(String),
+    #[error("{0} is an address, and a route caps spend: an address says nothing about whose server is behind it")]
+    AddressLiteral(String),
+    #[error("{target} is where route `{route}` sends its requests ({dial}): a tunnel there would reach the provider past the route")]
+    RoutedAddress {
+        target: String,
+        route: String,
+        dial: String,
+    },
+    #[error("{host} is the {provider} of route `{route}`'s provider: what is sent there takes effect past the route")]
+    SideDoor {
+        host: String,
+        route: String,
+        provider: &'static str,
+    },
     #[error("route `{route}` covers {host}, but no CA is configured to intercept its HTTPS")]
     NoCa { route: String, host: String },
     #[error("cannot reach {target}: {reason}")]
@@ -92,6 +153,10 @@ impl ConnectError {
             ConnectError::BadTarget(_) => StatusCode::BAD_REQUEST,
             ConnectError::PortNotAllowed(_)
             | ConnectError::HostDenied(_)
+            | ConnectError::HostNotListed(_)
+            | ConnectError::AddressLiteral(_)
+            | ConnectError::RoutedAddress { .. }
+            | ConnectError::SideDoor { .. }
             | ConnectError::NoCa { .. }
             | ConnectError::EgressRefused(_)
             | ConnectError::RouteOnOtherPort { .. } => StatusCode::FORBIDDEN,
@@ -105,7 +170,12 @@ impl ConnectError {
             ConnectError::PortNotAllowed(_) | ConnectError::RouteOnOtherPort { .. } => {
                 "connect-port-forbidden"
             }
-            ConnectError::HostDenied(_) => "connect-host-forbidden",
+            ConnectError::HostDenied(_) | ConnectError::HostNotListed(_) => {
+                "connect-host-forbidden"
+            }
+            ConnectError::AddressLiteral(_) => "connect-address-forbidden",
+            ConnectError::RoutedAddress { .. } => "connect-routed-address",
+            ConnectError::SideDoor { .. } => "connect-provider-side-door",
             ConnectError::NoCa { .. } => "interception-not-configured",
             ConnectError::EgressRefused(_) => "egress-refused",
             ConnectError::Unreachable { .. } => "tunnel-target-unreachable",
@@ -119,6 +189,10 @@ impl ConnectError {
             ConnectError::PortNotAllowed(_) => "port_not_allowed",
             ConnectError::RouteOnOtherPort { .. } => "route_on_other_port",
             ConnectError::HostDenied(_) => "host_denied",
+            ConnectError::HostNotListed(_) => "host_not_listed",
+            ConnectError::AddressLiteral(_) => "address_literal",
+            ConnectError::RoutedAddress { .. } => "routed_address",
+            ConnectError::SideDoor { .. } => "side_door",
             ConnectError::NoCa { .. } => "no_ca",
             ConnectError::EgressRefused(_) => "egress_refused",
             ConnectError::Unreachable { .. } => "unreachable",
@@ -131,7 +205,12 @@ impl ConnectError {
             ConnectError::PortNotAllowed(_) | ConnectError::RouteOnOtherPort { .. } => {
                 "CONNECT port not allowed"
             }
-            ConnectError::HostDenied(_) => "CONNECT host not allowed",
+            ConnectError::HostDenied(_) | ConnectError::HostNotListed(_) => {
+                "CONNECT host not allowed"
+            }
+            ConnectError::AddressLiteral(_) => "CONNECT to an address not allowed",
+            ConnectError::RoutedAddress { .. } => "CONNECT to a routed provider's address",
+            ConnectError::SideDoor { .. } => "CONNECT to a provider's side door",
             ConnectError::NoCa { .. } => "HTTPS interception not configured",
             ConnectError::EgressRefused(_) => "Destination not allowed",
             ConnectError::Unreachable { .. } => "Tunnel target unreachable",
@@ -153,7 +232,11 @@ impl ConnectError {
         match self {
             ConnectError::BadTarget(_) => "Send `CONNECT host:port`, e.g. `CONNECT api.stripe.com:443`.".into(),
             ConnectError::PortNotAllowed(_) => "Use an allowed port, or add this one to tls.connect_ports.".into(),
-            ConnectError::HostDenied(_) => "Only hosts a route covers may be reached through this proxy; add a route or set tls.unknown_hosts = \"tunnel\".".into(),
+            ConnectError::HostDenied(_) => "Only hosts a route covers may be reached through this proxy; add a route, list the host in tls.tunnel_hosts, or set tls.unknown_hosts = \"tunnel\".".into(),
+            ConnectError::HostNotListed(_) => "Nothing was sent. Where a route caps spend, the proxy is the only way out: an operator lists the hosts workers need (their LLM API…) in tls.tunnel_hosts, or adds a route.".into(),
+            ConnectError::AddressLiteral(_) => "Nothing was sent. Use the host's name (one a route covers, or one in tls.tunnel_hosts).".into(),
+            ConnectError::RoutedAddress { route, .. } => format!("Nothing was sent. Send the request to the host route `{route}` covers, so it passes the route's checks."),
+            ConnectError::SideDoor { route, .. } => format!("Nothing was sent. Send through the API route `{route}` protects instead."),
             ConnectError::NoCa { .. } => "The proxy refuses to tunnel a protected host past its idempotency checks. Run `idemproxy ca init`, set tls.ca_cert and tls.ca_key, and trust the CA on the worker; or use the route's base URL instead of HTTPS_PROXY.".into(),
             ConnectError::Unreachable { .. } => "Nothing was sent. Check the host name and that it accepts connections, then retry.".into(),
             ConnectError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),

@@ -3,48 +3,36 @@
 //! through the same route dispatch as the other ways in.
 
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
-use super::connect_policy::Target;
-use super::drain::Requests;
-use super::limits::{first_request_within, FirstRequest};
-use super::routed;
+use super::policy::Target;
 use super::tunnel::{until_idle, Activity};
 use crate::http::body::Body;
 use crate::http::problem::Problem;
+use crate::proxy::drain::Requests;
+use crate::proxy::limits::{first_request_within, FirstRequest};
+use crate::proxy::routed;
 use crate::proxy::App;
 
 /// What a client that speaks plain HTTP inside the tunnel gets back.
 const NOT_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 72\r\n\r\nThis CONNECT tunnel is intercepted by idemproxy and expects TLS (https).\n";
 
-/// Serves one intercepted connection to its end. Every failure is the client's connection
-/// closing; none can affect the listener or another connection.
-pub async fn serve(
-    app: Arc<App>,
-    target: Target,
-    upgrade: OnUpgrade,
-    tenant: String,
-    run: Option<String>,
-) {
-    let io = match upgrade.await {
-        Ok(upgraded) => TokioIo::new(upgraded),
-        Err(e) => {
-            tracing::debug!(%target, error = %e, "CONNECT upgrade failed");
-            return;
-        }
-    };
+/// Serves one intercepted connection to its end (`io`: the client's side, its ClientHello
+/// already peeked at and put back). Every failure is the client's connection closing; none
+/// can affect the listener or another connection.
+pub async fn serve<IO>(app: Arc<App>, target: Target, io: IO, tenant: String, run: Option<String>)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let Some((tls, host)) = handshake(&app, &target, io).await else {
         return;
     };
@@ -131,7 +119,7 @@ fn builder(app: &App) -> auto::Builder<TokioExecutor> {
 
 /// A tunnel that ends before its first request: the client sees only a failed handshake, so
 /// it is logged at info and counted with the refused CONNECTs.
-fn broke_off(app: &App, target: &Target, reason: &'static str, why: std::fmt::Arguments<'_>) {
+pub fn broke_off(app: &App, target: &Target, reason: &'static str, why: std::fmt::Arguments<'_>) {
     app.metrics.connect_refused(reason);
     tracing::info!(%target, reason, "intercepted tunnel closed before its first request: {why}");
 }
@@ -139,18 +127,12 @@ fn broke_off(app: &App, target: &Target, reason: &'static str, why: std::fmt::Ar
 /// The TLS server side of the tunnel, and the host its requests are for (the SNI name, else
 /// the CONNECT host); `None` (after logging why) when the client does not complete a
 /// handshake the proxy is willing to do.
-async fn handshake<IO>(
-    app: &App,
-    target: &Target,
-    io: IO,
-) -> Option<(TlsStream<Prefixed<IO>>, String)>
+async fn handshake<IO>(app: &App, target: &Target, io: IO) -> Option<(TlsStream<IO>, String)>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
     let leaves = app.connect.leaves.as_ref()?;
     let timeout = app.connect.handshake_timeout;
-
-    let io = sniff_tls(app, io, target, timeout).await?;
 
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
     let start = match tokio::time::timeout(timeout, acceptor).await {
@@ -222,42 +204,17 @@ fn names(app: &App, target: &Target, sni: Option<&str>) -> Option<(String, Strin
     }
 }
 
-/// The connection, once its first byte says TLS (0x16, a handshake record), with that byte
-/// put back. Anything else is most likely plain HTTP sent by mistake: it is answered in plain
-/// HTTP, before rustls would answer with an alert, and `None` closes the tunnel.
-async fn sniff_tls<IO>(
-    app: &App,
-    mut io: IO,
-    target: &Target,
-    timeout: std::time::Duration,
-) -> Option<Prefixed<IO>>
-where
-    IO: AsyncRead + AsyncWrite + Unpin,
-{
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(timeout, io.read(&mut first)).await {
-        Ok(Ok(1)) if first[0] == 0x16 => Some(Prefixed {
-            first: Some(first[0]),
-            io,
-        }),
-        Ok(Ok(1)) => {
-            broke_off(
-                app,
-                target,
-                "not_tls",
-                format_args!(
-                    "the client sent plain bytes, not TLS (an http:// URL sent through CONNECT?)"
-                ),
-            );
-            let _ = io.write_all(NOT_TLS).await;
-            let _ = io.shutdown().await;
-            None
-        }
-        _ => {
-            tracing::debug!(%target, "no TLS client hello within {timeout:?}");
-            None
-        }
-    }
+/// Plain bytes (most likely plain HTTP sent by mistake) into an intercepted tunnel: answered
+/// in plain HTTP, before rustls would answer with an alert, and closed.
+pub async fn not_tls<IO: AsyncWrite + Unpin>(app: &App, target: &Target, io: &mut IO) {
+    broke_off(
+        app,
+        target,
+        "not_tls",
+        format_args!("the client sent plain bytes, not TLS (an http:// URL sent through CONNECT?)"),
+    );
+    let _ = io.write_all(NOT_TLS).await;
+    let _ = io.shutdown().await;
 }
 
 /// One decrypted request: its path goes to the route's upstream, as in forward-proxy mode. A
@@ -309,56 +266,4 @@ fn route_gone(host: &str, version: http::Version) -> Response<Body> {
         );
     }
     resp
-}
-
-/// The connection with the byte read to tell TLS from plain HTTP put back in front.
-struct Prefixed<IO> {
-    first: Option<u8>,
-    io: IO,
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Prefixed<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        if buf.remaining() > 0 {
-            if let Some(b) = self.first.take() {
-                buf.put_slice(&[b]);
-                return Poll::Ready(Ok(()));
-            }
-        }
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefixed<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
 }
