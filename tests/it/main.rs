@@ -27,5 +27,6 @@ mod sdk_matrix;
 mod shared_redis;
 mod signed_providers;
 mod spend;
+mod spend_gate;
 mod store_conformance;
 mod stripe_sdk;
