@@ -37,6 +37,9 @@ pub struct ClaimRequest<'a> {
     pub strict: bool,
     /// Route name, for operators.
     pub route: &'a str,
+    /// On a capped operation: the canonical fingerprint of what it would execute (see
+    /// `RecordBody::priced`).
+    pub priced: Option<&'a str>,
 }
 
 impl ClaimRequest<'_> {
@@ -44,6 +47,7 @@ impl ClaimRequest<'_> {
         Ask {
             fingerprint: self.fingerprint,
             strict: self.strict,
+            priced: self.priced,
         }
     }
 }
@@ -104,6 +108,8 @@ pub enum Reconciled {
     Replay(Receipt),
     /// Released and claimed for this request: forward it (as the same attempt).
     Execute(Claim),
+    /// The retry is not what the held operation priced: a client error (422), nothing asked.
+    Mismatch,
     /// Still held: the verdict was unclear, or the claim changed meanwhile.
     Held { retry_after: Option<Duration> },
 }
@@ -119,6 +125,10 @@ pub struct Claim {
     restore: Option<Box<Record>>,
     /// It took over an operation held as unknown whose hold ended.
     after_hold: bool,
+    /// The attempt whose effect this one stands in for at the provider (a takeover the
+    /// provider deduplicates on the same key, a lookup's "not found"): its spend reservation
+    /// is this one's to take over.
+    replaces: Option<Token>,
 }
 
 impl Claim {
@@ -141,9 +151,11 @@ impl Claim {
                 reconciled: false,
                 settled_ms: 0,
                 resolved: None,
+                priced: req.priced.map(str::to_string),
             },
             restore: None,
             after_hold: false,
+            replaces: None,
         }
     }
 
@@ -164,6 +176,11 @@ impl Claim {
     /// without keys): the held outcome was resolved by expiry.
     pub fn after_hold(&self) -> bool {
         self.after_hold
+    }
+
+    /// The earlier attempt this one stands in for at the provider (see `Claim::replaces`).
+    pub fn replaces(&self) -> Option<&str> {
+        self.replaces.as_ref().map(Token::as_str)
     }
 }
 
@@ -416,6 +433,9 @@ impl Claims {
                     ours.body.attempt = attempt;
                     ours.restore = restore.then(|| Box::new(found.clone()));
                     ours.after_hold = !restore && !policy.honours_key;
+                    // The provider gets the same key as the attempt taken over and keeps one
+                    // effect for both: one reservation stands for both.
+                    ours.replaces = (!restore && policy.honours_key).then(|| found.token.clone());
                     let pending = ours.record(State::Pending, ours.body.clone());
                     match self
                         .store
@@ -623,8 +643,14 @@ impl Claims {
                 )
             }
             Verdict::NotFound => {
+                let priced = held.record.body.priced.as_deref();
+                if priced.is_some() && priced != req.priced {
+                    return Ok(Reconciled::Mismatch);
+                }
                 let mut claim = Claim::new(req, policy, Token::random(), now);
                 claim.body.attempt = held.record.body.attempt;
+                // It did not happen: its reservation is this attempt's.
+                claim.replaces = Some(held.record.token.clone());
                 let pending = claim.record(State::Pending, claim.body.clone());
                 Ok(
                     if self
@@ -795,6 +821,14 @@ impl Claims {
                 }
             }
         }
+    }
+
+    /// Gives a claim up before anything was sent (a spend refusal, a payment parked for a
+    /// person): released as a failure before sending would be, fenced on its token, retried
+    /// in the background when the store does not answer.
+    pub async fn withdraw(self: &Arc<Self>, claim: Claim, policy: Arc<Policy>) -> Recorded {
+        self.settle_or_retry(claim, Outcome::Released, None, policy)
+            .await
     }
 
     /// Resolves the UNKNOWN claim under `scope` that `by` looked at (fenced on the token it

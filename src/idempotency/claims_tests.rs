@@ -66,6 +66,7 @@ fn request<'a>(scope: &'a str, fingerprint: &'a str, strict: bool) -> ClaimReque
         fingerprint,
         strict,
         route: "r",
+        priced: None,
     }
 }
 

@@ -179,6 +179,11 @@ pub struct RecordBody {
     /// Who resolved a held outcome, when, how and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved: Option<Box<ResolvedBy>>,
+    /// On a capped operation: the canonical fingerprint of what was priced (and approved)
+    /// for the first attempt. A takeover or a lookup's "not found" executes a retry only if
+    /// its own is the same: what executes is what was priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priced: Option<String>,
 }
 
 /// A person's (or a lookup's) resolution of a held outcome, kept with the receipt.
@@ -302,6 +307,7 @@ impl Record {
                 reconciled: false,
                 settled_ms: 0,
                 resolved: None,
+                priced: None,
             },
         }
     }
@@ -362,6 +368,7 @@ mod tests {
                     why: Some("seen in the dashboard".into()),
                     object: Some("ch_1".into()),
                 })),
+                priced: Some("p".into()),
             },
         };
         let enc = r.encode();

@@ -280,6 +280,29 @@ impl RouteIdentity {
                 }
             },
         };
+        self.identified(route, req, identity, keys, &rules)
+            .map(|i| Identification::Protected(Box::new(i)))
+    }
+
+    /// A request the route could not key, identified by the whole request (its fingerprint,
+    /// within the dedup window) instead: a capped operation that may derive (a charge) is
+    /// priced and gated rather than forwarded unprotected.
+    pub fn identify_whole(&self, route: &str, req: &Request<'_>) -> Result<Identified, IdentityError> {
+        let keys = self.client_keys(req)?;
+        let rules = self.rules_for(req);
+        self.identified(route, req, Identity::Request, keys, &rules)
+    }
+
+    /// The identified request: its account, fingerprint and what the operation is.
+    fn identified(
+        &self,
+        route: &str,
+        req: &Request<'_>,
+        identity: Identity,
+        keys: ClientKeys,
+        rules: &KeyRules<'_>,
+    ) -> Result<Identified, IdentityError> {
+        let view = req.view();
         let fingerprint = self.fingerprint(req);
         let mut ignore = vec![&self.key_header];
         if let Some(KeyField::Header(h)) = &self.provider_key {
@@ -295,7 +318,7 @@ impl RouteIdentity {
             },
             other => other.scope_key(&fingerprint),
         };
-        Ok(Identification::Protected(Box::new(Identified {
+        Ok(Identified {
             identity,
             account,
             fingerprint,
@@ -303,7 +326,7 @@ impl RouteIdentity {
             provider_set: keys.provider_set,
             same_operation,
             operation: rules.operation.map(|o| o.name.clone()),
-        })))
+        })
     }
 
     /// The keys the client sent: its `key_header`, and what it set in the provider's own

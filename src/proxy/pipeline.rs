@@ -34,8 +34,8 @@ use crate::identity::{self, Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
-use crate::routes::Route;
-use crate::spend::gate::Ticket;
+use crate::routes::{Route, RouteSpend};
+use crate::spend::gate::{Admission, Ticket};
 
 /// Says on a response that the proxy forwarded it without protection, and why.
 pub const WARNING: http::HeaderName = http::HeaderName::from_static("x-idemproxy-warning");
@@ -73,16 +73,22 @@ async fn protect(
         .admission
         .admit(declared_length(req.headers()), &app.metrics)?;
     let req = read(app, req, upstream_uri, tenant).await?;
+    let capped = capped(route, &req);
     let identified = match identify(route, &req)? {
         Identification::Protected(identified) => identified,
-        Identification::Unprotected { why, client_key } => {
-            return unprotected(route, req, &why, client_key.as_deref(), trace).await;
-        }
+        Identification::Unprotected { why, client_key } => match capped {
+            None => return unprotected(route, req, &why, client_key.as_deref(), trace).await,
+            // Never forwarded unpriced: derived from the whole request, or refused.
+            Some(rules) => keyless(route, rules, &req, &why)?,
+        },
     };
     trace.identified(&identified);
-    let op = scope(app, route, tenant, identified);
+    let plan = match capped {
+        Some(rules) => Some((rules, plan(route, rules, &req, &identified, trace)?)),
+        None => None,
+    };
+    let op = scope(app, route, tenant, identified, plan.as_ref());
     trace.scope = Some(op.scope.clone());
-    let mut ticket = spend(app, route, &req, &op.scope, trace).await?;
     let outgoing = Outgoing::prepare(
         route,
         &req.parts,
@@ -91,9 +97,9 @@ async fn protect(
         tenant,
         op.identified.provider_set.as_deref(),
     )?;
-    let claim = match claim(app, route, &req, &op, &outgoing, trace).await? {
-        Claimed::Forward(claim) => claim,
-        Claimed::Answered(resp) => return Ok(resp),
+    let (claim, mut ticket) = match gated(app, route, &req, &op, &outgoing, plan, trace).await? {
+        Gated::Forward(claim, ticket) => (claim, ticket),
+        Gated::Answered(resp) => return Ok(resp),
     };
     // Only a request about to execute can be a re-run under a new key: a replay or a
     // conflict came under a key already seen.
@@ -137,6 +143,9 @@ struct Operation {
     identified: Box<Identified>,
     scope: String,
     policy: Arc<Policy>,
+    /// On a capped operation, its canonical fingerprint (`spending::Plan::binding`): what a
+    /// takeover of its claim must execute.
+    priced: Option<String>,
 }
 
 /// A protected method that identify could not protect (`why`): forwarded as it came, with
@@ -163,7 +172,13 @@ async fn unprotected(
 }
 
 /// The scope the operation claims: within the namespace, tenant, route, upstream and account.
-fn scope(app: &App, route: &Route, tenant: &str, identified: Box<Identified>) -> Operation {
+fn scope(
+    app: &App,
+    route: &Route,
+    tenant: &str,
+    identified: Box<Identified>,
+    plan: Option<&(&RouteSpend, spending::Plan)>,
+) -> Operation {
     let scope = scope::scope(
         &app.namespace,
         tenant,
@@ -177,37 +192,225 @@ fn scope(app: &App, route: &Route, tenant: &str, identified: Box<Identified>) ->
         identified,
         scope,
         policy,
+        priced: plan.map(|(_, p)| p.binding.clone()),
     }
 }
 
-/// Caps and approvals for a request that moves money, before anything is claimed: a
-/// request over a cap, denied, or still waiting for a person never reaches the claim.
-async fn spend(
+/// The route's spend rules, when they cover this request (a capped operation).
+fn capped<'r>(route: &'r Route, req: &ReadRequest<'_>) -> Option<&'r RouteSpend> {
+    spending::applies(
+        route,
+        &req.parts.method,
+        route_path(route, &req.upstream_uri),
+    )
+}
+
+/// A capped request the route could not key (`why`): an operation that may derive (a
+/// charge) takes its identity from the whole request; any other (money out, an order) is
+/// refused with what to add. A capped request is never forwarded unpriced.
+fn keyless(
+    route: &Route,
+    rules: &RouteSpend,
+    req: &ReadRequest<'_>,
+    why: &str,
+) -> Result<Box<Identified>, ProxyError> {
+    let path = route_path(route, &req.upstream_uri);
+    if !rules.derives_without_key(&req.parts.method, path) {
+        return Err(key_required(route, req, why));
+    }
+    let uri = &req.upstream_uri;
+    let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let whole = route.identity.identify_whole(
+        &route.name,
+        &identity::Request {
+            method: &req.parts.method,
+            path,
+            path_and_query,
+            headers: &req.parts.headers,
+            body: &req.body,
+            tenant: req.tenant,
+        },
+    )?;
+    Ok(Box::new(whole))
+}
+
+fn key_required(route: &Route, req: &ReadRequest<'_>, why: &str) -> ProxyError {
+    let what = format!(
+        "{why}. {} {} moves money or places an order, so it needs a business key: one per payment, the same on every retry — an Idempotency-Key header (`{}`) with key_source = \"client\", or a field the route's key template names",
+        req.parts.method,
+        route_path(route, &req.upstream_uri),
+        route.identity.key_header
+    );
+    ProxyError::Spend {
+        error: spending::SpendError::KeyRequired(what),
+        shape: route.errors,
+    }
+}
+
+/// Prices a capped request and binds it to its canonical form, before the claim (no store
+/// read). A request identified by its whole body on an operation that may not derive (a
+/// payout on a route that keys every request by its body) is refused: two deliberate
+/// identical payouts must not silently become one.
+fn plan(
+    route: &Route,
+    rules: &RouteSpend,
+    req: &ReadRequest<'_>,
+    identified: &Identified,
+    trace: &mut Trace,
+) -> Result<spending::Plan, ProxyError> {
+    let path = route_path(route, &req.upstream_uri);
+    if matches!(identified.identity, Identity::Request)
+        && !rules.derives_without_key(&req.parts.method, path)
+    {
+        trace.spend = Some("idempotency-key-required".into());
+        return Err(key_required(
+            route,
+            req,
+            "the route identifies this request by its whole body",
+        ));
+    }
+    let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
+    spending::plan(rules, &req.view(path), tunnel, &identified.account).map_err(|error| {
+        trace.spend = Some(error.slug().to_string());
+        ProxyError::Spend {
+            error,
+            shape: route.errors,
+        }
+    })
+}
+
+/// Where the claim and the gate leave a request.
+enum Gated {
+    /// It executes, under this claim, with this reservation (on a capped operation).
+    Forward(Claim, Option<Ticket>),
+    /// Answered without executing: a replay, a refusal from the claim, a fail-open forward.
+    Answered(Response<Body>),
+}
+
+/// A claim taken but not yet forwarded: withdrawn if the request goes away before it is (a
+/// client that hangs up while the gate checks its budget must not leave a claim to lapse
+/// into a held outcome).
+struct Unsent {
+    claims: Arc<crate::idempotency::claims::Claims>,
+    policy: Arc<Policy>,
+    claim: Option<Claim>,
+}
+
+impl Unsent {
+    fn claim(&self) -> Option<&Claim> {
+        self.claim.as_ref()
+    }
+
+    fn forward(mut self) -> Option<Claim> {
+        self.claim.take()
+    }
+
+    async fn withdraw(mut self) {
+        if let Some(claim) = self.claim.take() {
+            self.claims.withdraw(claim, self.policy.clone()).await;
+        }
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let (Some(claim), Ok(rt)) = (self.claim.take(), tokio::runtime::Handle::try_current()) {
+            let (claims, policy) = (self.claims.clone(), self.policy.clone());
+            rt.spawn(async move {
+                claims.withdraw(claim, policy).await;
+            });
+        }
+    }
+}
+
+/// Claims the operation, then — on a capped operation, for every way it executes (a new
+/// claim, a takeover, a lookup's "not found") — passes the spend gate with the claim's token:
+/// a replay, a 409 or a 422 never reaches the gate. A refusal withdraws the claim; a payment
+/// parked for a person lets its claim go while it waits, and claims again once approved.
+async fn gated(
     app: &App,
     route: &Route,
     req: &ReadRequest<'_>,
-    scope: &str,
+    op: &Operation,
+    outgoing: &Outgoing<'_>,
+    plan: Option<(&RouteSpend, spending::Plan)>,
     trace: &mut Trace,
-) -> Result<Option<Ticket>, ProxyError> {
-    let path = route_path(route, &req.upstream_uri);
-    let Some(rules) = spending::applies(route, &req.parts.method, path) else {
-        return Ok(None);
-    };
-    let view = req.view(path);
-    let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
-    match spending::admit(&app.spend, route, rules, &view, tunnel, scope).await {
-        Ok(ticket) => {
-            trace.spend = Some(ticket.describe());
-            Ok(Some(ticket))
-        }
-        Err(error) => {
-            trace.spend = Some(error.slug().to_string());
-            Err(ProxyError::Spend {
-                error,
-                shape: route.errors,
-            })
+) -> Result<Gated, ProxyError> {
+    let mut approved = false;
+    loop {
+        let claim = match claim(app, route, req, op, outgoing, trace).await? {
+            Claimed::Forward(claim) => claim,
+            Claimed::Answered(resp) => return Ok(Gated::Answered(said_if_merged(resp, op, &plan))),
+        };
+        let Some((rules, plan)) = &plan else {
+            return Ok(Gated::Forward(claim, None));
+        };
+        let unsent = Unsent {
+            claims: app.claims.clone(),
+            policy: op.policy.clone(),
+            claim: Some(claim),
+        };
+        let Some(held) = unsent.claim() else {
+            return Err(ProxyError::BadRequest("internal: a claim went missing".into()));
+        };
+        let path = route_path(route, &req.upstream_uri);
+        let at = spending::Attempting {
+            scope: &op.scope,
+            token: held.token.as_str(),
+            replaces: held.replaces(),
+            approved,
+        };
+        let admitted = spending::admit(&app.spend, route, rules, plan, &req.view(path), &at).await;
+        let refused = match admitted {
+            Ok(Admission::Admitted(ticket)) => {
+                trace.spend = Some(ticket.describe());
+                let Some(claim) = unsent.forward() else {
+                    return Err(ProxyError::BadRequest("internal: a claim went missing".into()));
+                };
+                return Ok(Gated::Forward(claim, Some(ticket)));
+            }
+            Ok(Admission::Parked(approval)) => {
+                unsent.withdraw().await;
+                match app.spend.wait(&rules.budget, &approval).await {
+                    Ok(()) => {
+                        approved = true;
+                        continue;
+                    }
+                    Err(refusal) => spending::SpendError::Refused(refusal),
+                }
+            }
+            Err(error) => {
+                unsent.withdraw().await;
+                error
+            }
+        };
+        trace.spend = Some(refused.slug().to_string());
+        return Err(ProxyError::Spend {
+            error: refused,
+            shape: route.errors,
+        });
+    }
+}
+
+/// A replay of a capped operation identified by its whole request says so: two identical
+/// charges within the window are one, and the client learns it rather than a silent merge.
+fn said_if_merged(
+    mut resp: Response<Body>,
+    op: &Operation,
+    plan: &Option<(&RouteSpend, spending::Plan)>,
+) -> Response<Body> {
+    let replayed = resp
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v.as_bytes() == b"true");
+    if plan.is_some() && replayed && matches!(op.identified.identity, Identity::Request) {
+        let window = humantime::format_duration(op.policy.retention);
+        let note = format!("replayed: an identical request within the {window} window is the same payment; to pay twice, send each with its own Idempotency-Key (key_source = \"client\") or a field that differs");
+        if let Ok(v) = HeaderValue::from_str(&note) {
+            resp.headers_mut().insert(WARNING, v);
         }
     }
+    resp
 }
 
 /// Takes the reservation back when the outcome says the payment did not happen; counts the
@@ -223,7 +426,7 @@ async fn settle_spend(
         return;
     };
     match outcome {
-        Outcome::Released | Outcome::Declined => ticket.refund().await,
+        Outcome::Released | Outcome::Declined => ticket.release().await,
         Outcome::Committed | Outcome::Unknown(_) | Outcome::Duplicate(_) => {
             if let (true, Some(asked)) = (ticket.added, ticket.asked) {
                 let (currency, major) = asked.major();
@@ -357,6 +560,7 @@ async fn claim(
             Reconciled::Held { retry_after } => {
                 return Err(ProxyError::OutcomeUnknown { retry_after })
             }
+            Reconciled::Mismatch => return Err(ProxyError::KeyReused),
         },
         Ok(answered) => return answer(app, route, answered, trace).map(Claimed::Answered),
         Err(e) if op.policy.fail_open && e.is_unreachable() => {
@@ -381,6 +585,7 @@ fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
         fingerprint: &op.identified.fingerprint,
         strict: op.identified.identity.strict(),
         route: &route.name,
+        priced: op.priced.as_deref(),
     }
 }
 
@@ -456,7 +661,7 @@ async fn reconcile(
             app.metrics.unknown_resolved(&route.name, "lookup");
             tracing::info!(route = %route.name, scope = %op.scope, "a lookup found no trace of the held operation: this retry executes it");
         }
-        Reconciled::Held { .. } => {}
+        Reconciled::Held { .. } | Reconciled::Mismatch => {}
     }
     Ok(reconciled)
 }

@@ -30,6 +30,7 @@ pub fn record(state: State) -> Record {
             reconciled: false,
             settled_ms: 0,
             resolved: None,
+            priced: None,
         },
     }
 }
