@@ -388,6 +388,7 @@ async fn two_retries_that_both_found_nothing_execute_once() {
             }
             Reconciled::Held { .. } => {}
             Reconciled::Replay(_) => panic!("nothing was found"),
+            Reconciled::Mismatch => panic!("the same request"),
         }
     }
     assert_eq!(executing, 1);

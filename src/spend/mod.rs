@@ -8,6 +8,8 @@ pub mod binding;
 pub mod budget;
 pub mod cost;
 pub mod gate;
+#[cfg(test)]
+mod gate_tests;
 pub mod money;
 pub mod port;
 pub mod redact;
