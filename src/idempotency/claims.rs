@@ -107,7 +107,7 @@ pub enum Reconciled {
     /// Committed as the receipt (marked reconciled): answer with it.
     Replay(Receipt),
     /// Released and claimed for this request: forward it (as the same attempt).
-    Execute(Claim),
+    Execute(Box<Claim>),
     /// The retry is not what the held operation priced: a client error (422), nothing asked.
     Mismatch,
     /// Still held: the verdict was unclear, or the claim changed meanwhile.
@@ -204,7 +204,7 @@ pub enum Resolved {
         route: String,
     },
     /// The claim is no longer the UNKNOWN one that was looked at; nothing was changed.
-    Changed(Record),
+    Changed(Box<Record>),
     Gone,
 }
 
@@ -658,7 +658,7 @@ impl Claims {
                         .replace(&held.scope, &fence, &pending, pending_expiry(policy))
                         .await?
                     {
-                        Reconciled::Execute(claim)
+                        Reconciled::Execute(Box::new(claim))
                     } else {
                         still_held()
                     },
@@ -846,7 +846,7 @@ impl Claims {
             return Ok(Resolved::Gone);
         };
         if found.token.as_str() != seen_token || found.state != State::Unknown {
-            return Ok(Resolved::Changed(found));
+            return Ok(Resolved::Changed(Box::new(found)));
         }
         // The fence is the record as it was seen: same token, still UNKNOWN.
         let fence = found.fence();
@@ -871,7 +871,7 @@ impl Claims {
         };
         if !done {
             return Ok(match self.store.get(scope).await? {
-                Some(now) => Resolved::Changed(now),
+                Some(now) => Resolved::Changed(Box::new(now)),
                 None => Resolved::Gone,
             });
         }

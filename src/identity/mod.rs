@@ -287,7 +287,11 @@ impl RouteIdentity {
     /// A request the route could not key, identified by the whole request (its fingerprint,
     /// within the dedup window) instead: a capped operation that may derive (a charge) is
     /// priced and gated rather than forwarded unprotected.
-    pub fn identify_whole(&self, route: &str, req: &Request<'_>) -> Result<Identified, IdentityError> {
+    pub fn identify_whole(
+        &self,
+        route: &str,
+        req: &Request<'_>,
+    ) -> Result<Identified, IdentityError> {
         let keys = self.client_keys(req)?;
         let rules = self.rules_for(req);
         self.identified(route, req, Identity::Request, keys, &rules)

@@ -98,7 +98,7 @@ async fn protect(
         op.identified.provider_set.as_deref(),
     )?;
     let (claim, mut ticket) = match gated(app, route, &req, &op, &outgoing, plan, trace).await? {
-        Gated::Forward(claim, ticket) => (claim, ticket),
+        Gated::Forward(claim, ticket) => (*claim, ticket),
         Gated::Answered(resp) => return Ok(resp),
     };
     // Only a request about to execute can be a re-run under a new key: a replay or a
@@ -282,7 +282,7 @@ fn plan(
 /// Where the claim and the gate leave a request.
 enum Gated {
     /// It executes, under this claim, with this reservation (on a capped operation).
-    Forward(Claim, Option<Ticket>),
+    Forward(Box<Claim>, Option<Ticket>),
     /// Answered without executing: a replay, a refusal from the claim, a fail-open forward.
     Answered(Response<Body>),
 }
@@ -343,7 +343,7 @@ async fn gated(
             Claimed::Answered(resp) => return Ok(Gated::Answered(said_if_merged(resp, op, &plan))),
         };
         let Some((rules, plan)) = &plan else {
-            return Ok(Gated::Forward(claim, None));
+            return Ok(Gated::Forward(Box::new(claim), None));
         };
         let unsent = Unsent {
             claims: app.claims.clone(),
@@ -351,7 +351,9 @@ async fn gated(
             claim: Some(claim),
         };
         let Some(held) = unsent.claim() else {
-            return Err(ProxyError::BadRequest("internal: a claim went missing".into()));
+            return Err(ProxyError::BadRequest(
+                "internal: a claim went missing".into(),
+            ));
         };
         let path = route_path(route, &req.upstream_uri);
         let at = spending::Attempting {
@@ -365,9 +367,11 @@ async fn gated(
             Ok(Admission::Admitted(ticket)) => {
                 trace.spend = Some(ticket.describe());
                 let Some(claim) = unsent.forward() else {
-                    return Err(ProxyError::BadRequest("internal: a claim went missing".into()));
+                    return Err(ProxyError::BadRequest(
+                        "internal: a claim went missing".into(),
+                    ));
                 };
-                return Ok(Gated::Forward(claim, Some(ticket)));
+                return Ok(Gated::Forward(Box::new(claim), Some(ticket)));
             }
             Ok(Admission::Parked(approval)) => {
                 unsent.withdraw().await;
@@ -553,7 +557,7 @@ async fn claim(
             reconcilable: Some(held),
             ..
         }) => match reconcile(app, route, held, req, op, trace).await? {
-            Reconciled::Execute(claim) => claim,
+            Reconciled::Execute(claim) => *claim,
             Reconciled::Replay(receipt) => {
                 return Ok(Claimed::Answered(receipt::respond(&receipt, true)))
             }

@@ -197,7 +197,9 @@ fn run_of(
             RunSource::ProxyUser => None,
         });
         if let Some((name, v)) = named {
-            let v = v.to_str().map_err(|_| SpendError::Run(format!("in {name} is not text")))?;
+            let v = v
+                .to_str()
+                .map_err(|_| SpendError::Run(format!("in {name} is not text")))?;
             if v.trim() != &*t.0 {
                 return Err(SpendError::Run(format!(
                     "`{}` in {name} is not the run `{}` the tunnel's CONNECT named",

@@ -148,14 +148,53 @@ mod tests {
     #[test]
     fn spelling_does_not_count_what_is_paid_does() {
         let j = "application/json";
-        let base = fp(j, r#"{"amount":1500,"to":"acct_GOOD","description":"rent"}"#, &["description"]);
-        assert_eq!(base, fp(j, r#"{ "to":"acct_GOOD", "amount":1500.0,"description":"March rent"}"#, &["description"]));
-        assert_ne!(base, fp(j, r#"{"amount":1500,"to":"acct_EVIL","description":"rent"}"#, &["description"]));
-        assert_ne!(base, fp(j, r#"{"amount":1500,"to":"acct_GOOD","description":"rent","extra":1}"#, &["description"]));
+        let base = fp(
+            j,
+            r#"{"amount":1500,"to":"acct_GOOD","description":"rent"}"#,
+            &["description"],
+        );
+        assert_eq!(
+            base,
+            fp(
+                j,
+                r#"{ "to":"acct_GOOD", "amount":1500.0,"description":"March rent"}"#,
+                &["description"]
+            )
+        );
+        assert_ne!(
+            base,
+            fp(
+                j,
+                r#"{"amount":1500,"to":"acct_EVIL","description":"rent"}"#,
+                &["description"]
+            )
+        );
+        assert_ne!(
+            base,
+            fp(
+                j,
+                r#"{"amount":1500,"to":"acct_GOOD","description":"rent","extra":1}"#,
+                &["description"]
+            )
+        );
         let f = "application/x-www-form-urlencoded";
-        let form = fp(f, "amount=1500&destination=acct_GOOD&metadata[note]=a", &["metadata.note"]);
-        assert_eq!(form, fp(f, "destination=acct_GOOD&amount=1500.00&metadata[note]=b", &["metadata.note"]));
-        assert_ne!(form, fp(f, "destination=acct_EVIL&amount=1500", &["metadata.note"]));
+        let form = fp(
+            f,
+            "amount=1500&destination=acct_GOOD&metadata[note]=a",
+            &["metadata.note"],
+        );
+        assert_eq!(
+            form,
+            fp(
+                f,
+                "destination=acct_GOOD&amount=1500.00&metadata[note]=b",
+                &["metadata.note"]
+            )
+        );
+        assert_ne!(
+            form,
+            fp(f, "destination=acct_EVIL&amount=1500", &["metadata.note"])
+        );
         assert_eq!(number("007"), "007");
         assert_eq!(number("-12.50"), "-12.5");
     }

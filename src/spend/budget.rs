@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use rust_decimal::Decimal;
 
+pub use super::cost::Cost;
 use super::money::{Currency, Money, MoneyError, Unit};
 use super::port::{CapName, Counter, Reservation};
-pub use super::cost::Cost;
 use crate::idempotency::template::{RequestView, Template};
 
 /// Why a request's cost cannot be read: the client must fix the request (400).
@@ -282,8 +282,20 @@ impl Budget {
         let mut approvals = Vec::new();
         if let Some(amount) = amount {
             let money = [
-                (who.run_counter(), self.per_run, self.run_window, CapName::PerRun, self.approve_run_above),
-                (who.tenant_counter(), self.per_tenant, self.tenant_window, CapName::PerTenant, self.approve_tenant_above),
+                (
+                    who.run_counter(),
+                    self.per_run,
+                    self.run_window,
+                    CapName::PerRun,
+                    self.approve_run_above,
+                ),
+                (
+                    who.tenant_counter(),
+                    self.per_tenant,
+                    self.tenant_window,
+                    CapName::PerTenant,
+                    self.approve_tenant_above,
+                ),
             ];
             for (key, cap, window, name, above) in money {
                 if let Some(above) = above.filter(|_| !approved) {
@@ -308,9 +320,24 @@ impl Budget {
             }
         }
         let counts = [
-            (self.count_per_run, who.run_counter(), self.run_window, CapName::CountPerRun),
-            (self.count_per_tenant, who.tenant_counter(), self.tenant_window, CapName::CountPerTenant),
-            (self.count_per_route, who.route_counter(), self.route_window, CapName::CountPerRoute),
+            (
+                self.count_per_run,
+                who.run_counter(),
+                self.run_window,
+                CapName::CountPerRun,
+            ),
+            (
+                self.count_per_tenant,
+                who.tenant_counter(),
+                self.tenant_window,
+                CapName::CountPerTenant,
+            ),
+            (
+                self.count_per_route,
+                who.route_counter(),
+                self.route_window,
+                CapName::CountPerRoute,
+            ),
         ];
         for (cap, key, window, name) in counts {
             if let Some(cap) = cap {
@@ -330,7 +357,10 @@ impl Budget {
             replaces: at.replaces.map(str::to_string),
             enforce: at.enforce,
             now_ms,
-            keep_ms: ms(self.run_window.max(self.tenant_window).max(self.route_window)),
+            keep_ms: ms(self
+                .run_window
+                .max(self.tenant_window)
+                .max(self.route_window)),
         }
     }
 

@@ -227,7 +227,13 @@ impl Gate {
         let mut shadowed = None;
         if let (Some(p), Some(limit)) = (price, budget.per_request) {
             if p.counted.minor > limit.minor {
-                let refusal = self.over(ask, CapName::PerRequest, limit.to_string(), Money::new(0, budget.caps_currency).to_string(), p.counted.to_string());
+                let refusal = self.over(
+                    ask,
+                    CapName::PerRequest,
+                    limit.to_string(),
+                    Money::new(0, budget.caps_currency).to_string(),
+                    p.counted.to_string(),
+                );
                 shadowed = self.refuse_unless_shadow(ask, CapName::PerRequest, refusal)?;
             }
         }
@@ -277,7 +283,10 @@ impl Gate {
                                 .into(),
                         )));
                     };
-                    let threshold = budget.limit_of(name).map(|m| m.to_string()).unwrap_or_default();
+                    let threshold = budget
+                        .limit_of(name)
+                        .map(|m| m.to_string())
+                        .unwrap_or_default();
                     let whose = match name {
                         CapName::ApproveTenantAbove => format!("the tenant {}", ask.who.tenant),
                         _ => format!("the run {}", ask.who.run),
@@ -334,7 +343,14 @@ impl Gate {
         self.events.shadow(ask.who.route, cap);
     }
 
-    fn over(&self, _ask: &Ask<'_>, cap: CapName, limit: String, spent: String, asked: String) -> Refusal {
+    fn over(
+        &self,
+        _ask: &Ask<'_>,
+        cap: CapName,
+        limit: String,
+        spent: String,
+        asked: String,
+    ) -> Refusal {
         Refusal::OverCap {
             cap,
             limit,
@@ -354,13 +370,25 @@ impl Gate {
     ) -> Refusal {
         if name.counts() {
             let limit = budget.count_limit_of(name).unwrap_or(0);
-            return self.over(ask, name, format!("{limit} executions"), format!("{spent} executions"), "one more".into());
+            return self.over(
+                ask,
+                name,
+                format!("{limit} executions"),
+                format!("{spent} executions"),
+                "one more".into(),
+            );
         }
         let limit = budget
             .limit_of(name)
             .unwrap_or(Money::new(0, budget.caps_currency));
         let asked = price.map(|p| p.counted.to_string()).unwrap_or_default();
-        self.over(ask, name, limit.to_string(), Money::new(spent, budget.caps_currency).to_string(), asked)
+        self.over(
+            ask,
+            name,
+            limit.to_string(),
+            Money::new(spent, budget.caps_currency).to_string(),
+            asked,
+        )
     }
 
     /// Opens (or finds) the operation's approval: approved for this very request, or parked.
@@ -452,7 +480,10 @@ impl Gate {
     async fn note_variant(&self, current: &Approval, fresh: &Approval, now: u64) {
         if current.state != ApprovalState::Pending
             || current.variants.len() >= super::port::MAX_VARIANTS
-            || current.variants.iter().any(|v| v.body_sha256 == fresh.fingerprint)
+            || current
+                .variants
+                .iter()
+                .any(|v| v.body_sha256 == fresh.fingerprint)
         {
             return;
         }

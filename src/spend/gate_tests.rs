@@ -243,11 +243,18 @@ async fn shadow_mode_counts_and_logs_what_it_would_refuse() {
     let b = budget(|t| t.per_run = Some("100.00"));
     let mut over = ask("s1", "r", usd(15_000));
     over.enforce = false;
-    let t = w.gate.request(&b, &over).await.expect("shadow lets it pass");
+    let t = w
+        .gate
+        .request(&b, &over)
+        .await
+        .expect("shadow lets it pass");
     assert!(t.describe().contains("shadow"), "{}", t.describe());
     drop(t);
     let refused = w.gate.request(&b, &ask("s2", "r", usd(100))).await;
-    assert!(matches!(refused, Err(Refusal::OverCap { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(Refusal::OverCap { .. })),
+        "{refused:?}"
+    );
     assert_eq!(
         w.events.0.lock().expect("events").as_slice(),
         ["shadow per_run", "refused per_run"]

@@ -88,7 +88,11 @@ impl SpendStore for MemorySpend {
         let existing = inner.counters.values().any(|m| m.contains_key(&r.token));
         let verdict = decide(r, existing, |i| {
             let c = &r.counters[i];
-            sum(inner.counters.get(&c.key), r.replaces.as_deref(), c.since_ms)
+            sum(
+                inner.counters.get(&c.key),
+                r.replaces.as_deref(),
+                c.since_ms,
+            )
         });
         if verdict.counts(r.enforce) {
             if let Some(old) = &r.replaces {

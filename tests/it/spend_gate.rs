@@ -157,12 +157,17 @@ async fn a_capped_request_without_a_key_is_never_forwarded_unpriced(backend: Bac
             r.text()
         );
     }
-    let keyed = post(&proxy, "/pay/v1/payments", Some("k"), "r", &payment(999_999, "")).await;
-    assert_eq!(
-        (keyed.status, slug(&keyed)),
-        (403, "spend-cap-exceeded")
-    );
-    let big = r#"{"amount":{"value":5000000,"currency":"EUR"},"merchantAccount":"m","reference":"r1"}"#;
+    let keyed = post(
+        &proxy,
+        "/pay/v1/payments",
+        Some("k"),
+        "r",
+        &payment(999_999, ""),
+    )
+    .await;
+    assert_eq!((keyed.status, slug(&keyed)), (403, "spend-cap-exceeded"));
+    let big =
+        r#"{"amount":{"value":5000000,"currency":"EUR"},"merchantAccount":"m","reference":"r1"}"#;
     let headers = [
         ("content-type", "application/json"),
         ("x-api-key", "ak_gate"),
@@ -192,11 +197,32 @@ async fn requests_that_do_not_execute_never_give_budget_back(backend: Backend) {
     );
     for (i, run) in ["r1", "r2", "r3", "r4", "r5"].iter().enumerate() {
         let key = format!("k{i}");
-        let first = post(&proxy, "/pay/v1/payments", Some(&key), run, &payment(1500, "")).await;
+        let first = post(
+            &proxy,
+            "/pay/v1/payments",
+            Some(&key),
+            run,
+            &payment(1500, ""),
+        )
+        .await;
         // The replay of an honest agent's re-run under a new run id, and a 422 variant.
         let again = format!("{run}-again");
-        let replay = post(&proxy, "/pay/v1/payments", Some(&key), &again, &payment(1500, "")).await;
-        let variant = post(&proxy, "/pay/v1/payments", Some(&key), run, &payment(1000, "")).await;
+        let replay = post(
+            &proxy,
+            "/pay/v1/payments",
+            Some(&key),
+            &again,
+            &payment(1500, ""),
+        )
+        .await;
+        let variant = post(
+            &proxy,
+            "/pay/v1/payments",
+            Some(&key),
+            run,
+            &payment(1000, ""),
+        )
+        .await;
         if i == 0 {
             assert_eq!(first.status, 200, "{}", first.text());
             assert_eq!((replay.status, replay.replayed()), (200, Some("true")));
@@ -255,7 +281,12 @@ async fn an_approval_covers_only_what_the_person_saw(backend: Backend) {
         let ok = post(&proxy, path, key, "r", &good).await;
         assert_eq!(ok.status, 200, "{path}: {}", ok.text());
         let listed = admin(&proxy, "GET", "/v1/approvals?state=pending", "").await;
-        assert_eq!(listed.json()["count"], 0, "no second approval: {}", listed.text());
+        assert_eq!(
+            listed.json()["count"],
+            0,
+            "no second approval: {}",
+            listed.text()
+        );
     }
     let bodies: Vec<String> = provider
         .effect_list()
@@ -282,13 +313,33 @@ async fn a_takeover_executes_only_what_was_first_priced(backend: Backend) {
         ),
     );
     provider.then([Behavior::DropAfterEffect]);
-    let first = post(&proxy, "/pay/v1/payments", None, "r", &payment(5000, r#","invoice":"i1""#)).await;
+    let first = post(
+        &proxy,
+        "/pay/v1/payments",
+        None,
+        "r",
+        &payment(5000, r#","invoice":"i1""#),
+    )
+    .await;
     assert!(first.status >= 500, "{}", first.text());
-    let held = post(&proxy, "/pay/v1/payments", None, "r", &payment(9_999_999, r#","invoice":"i1""#)).await;
+    let held = post(
+        &proxy,
+        "/pay/v1/payments",
+        None,
+        "r",
+        &payment(9_999_999, r#","invoice":"i1""#),
+    )
+    .await;
     assert!((400..500).contains(&held.status), "{}", held.text());
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    let after_hold =
-        post(&proxy, "/pay/v1/payments", None, "r", &payment(9_999_999, r#","invoice":"i1""#)).await;
+    let after_hold = post(
+        &proxy,
+        "/pay/v1/payments",
+        None,
+        "r",
+        &payment(9_999_999, r#","invoice":"i1""#),
+    )
+    .await;
     assert!(
         (400..500).contains(&after_hold.status),
         "the retry's own body after the hold: {} {}",
@@ -313,7 +364,14 @@ async fn every_execution_of_a_derived_operation_counts(backend: Backend) {
     );
     let mut statuses = Vec::new();
     for _ in 0..4 {
-        let r = post(&proxy, "/stripe/v1/payment_intents", None, "r", &payment(3000, "")).await;
+        let r = post(
+            &proxy,
+            "/stripe/v1/payment_intents",
+            None,
+            "r",
+            &payment(3000, ""),
+        )
+        .await;
         statuses.push((r.status, r.replayed().map(String::from)));
         tokio::time::sleep(Duration::from_millis(1200)).await;
     }
@@ -345,9 +403,23 @@ async fn identical_keyless_payouts_are_refused_and_merged_charges_say_so(backend
         assert_eq!(r.status, 400, "a keyless payout: {}", r.text());
         assert!(r.text().contains("Idempotency-Key"), "{}", r.text());
     }
-    let first = post(&proxy, "/stripe/v1/payment_intents", None, "r", &payment(2500, "")).await;
+    let first = post(
+        &proxy,
+        "/stripe/v1/payment_intents",
+        None,
+        "r",
+        &payment(2500, ""),
+    )
+    .await;
     assert_eq!(first.status, 200, "{}", first.text());
-    let second = post(&proxy, "/stripe/v1/payment_intents", None, "r", &payment(2500, "")).await;
+    let second = post(
+        &proxy,
+        "/stripe/v1/payment_intents",
+        None,
+        "r",
+        &payment(2500, ""),
+    )
+    .await;
     assert_eq!(second.replayed(), Some("true"));
     let warning = second.header("x-idemproxy-warning").unwrap_or_default();
     assert!(
@@ -412,7 +484,15 @@ async fn the_run_named_on_the_connect_owns_the_tunnel() {
         let (addr, ca_path) = (proxy.addr, ca.cert.clone());
         async move {
             let out = tokio::process::Command::new("curl")
-                .args(["-sS", "--max-time", "20", "-o", "/dev/null", "-w", "%{http_code}"])
+                .args([
+                    "-sS",
+                    "--max-time",
+                    "20",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                ])
                 .arg("-x")
                 .arg(format!("http://default.run-a:x@{addr}"))
                 .arg("--cacert")
@@ -434,7 +514,11 @@ async fn the_run_named_on_the_connect_owns_the_tunnel() {
     let first = pay("run-z1", "c1").await;
     let second = pay("run-z2", "c2").await;
     assert_ne!(second, "200", "run-a's budget is spent (first: {first})");
-    assert!(provider.effects() <= 1, "{} payments of 60.00 against run-a's 100.00", provider.effects());
+    assert!(
+        provider.effects() <= 1,
+        "{} payments of 60.00 against run-a's 100.00",
+        provider.effects()
+    );
 }
 
 /// Runs one async test body on each store with its own spend scripts: SQLite, Redis (plain,

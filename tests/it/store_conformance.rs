@@ -456,24 +456,42 @@ async fn spend_counts_once_per_attempt_within_its_window(under: impl Into<Under>
     };
     assert_eq!(reserve(reservation("a", 60, 100, t)).await, Reserved::Added);
     // The same attempt asking again (its answer was lost) is never counted twice.
-    assert_eq!(reserve(reservation("a", 60, 100, t + 10)).await, Reserved::Existing);
+    assert_eq!(
+        reserve(reservation("a", 60, 100, t + 10)).await,
+        Reserved::Existing
+    );
     assert_eq!(
         reserve(reservation("b", 60, 100, t + 500)).await,
-        Reserved::OverCap { index: 0, spent: 60 }
+        Reserved::OverCap {
+            index: 0,
+            spent: 60
+        }
     );
     // `a` leaves the window: `b` fits.
-    assert_eq!(reserve(reservation("b", 60, 100, t + 1_100)).await, Reserved::Added);
+    assert_eq!(
+        reserve(reservation("b", 60, 100, t + 1_100)).await,
+        Reserved::Added
+    );
     // Releasing `a` (already out of the window) gives nothing back twice.
     s.release("a").await.expect("release a");
-    assert_eq!(reserve(reservation("c", 40, 100, t + 1_300)).await, Reserved::Added);
+    assert_eq!(
+        reserve(reservation("c", 40, 100, t + 1_300)).await,
+        Reserved::Added
+    );
     assert_eq!(
         reserve(reservation("d", 1, 100, t + 1_400)).await,
-        Reserved::OverCap { index: 0, spent: 100 }
+        Reserved::OverCap {
+            index: 0,
+            spent: 100
+        }
     );
     // Releasing `c` (in the window) gives its 40 back; releasing an unknown attempt nothing.
     s.release("c").await.expect("release c");
     s.release("never-reserved").await.expect("release unknown");
-    assert_eq!(reserve(reservation("d", 40, 100, t + 1_500)).await, Reserved::Added);
+    assert_eq!(
+        reserve(reservation("d", 40, 100, t + 1_500)).await,
+        Reserved::Added
+    );
     // An attempt that replaces `d` (a takeover the provider deduplicates) takes its place in
     // one step: checked without `d`, and `d` is gone after.
     let mut e = reservation("e", 40, 100, t + 1_600);
@@ -481,13 +499,22 @@ async fn spend_counts_once_per_attempt_within_its_window(under: impl Into<Under>
     assert_eq!(reserve(e).await, Reserved::Added);
     assert_eq!(
         reserve(reservation("f", 1, 100, t + 1_700)).await,
-        Reserved::OverCap { index: 0, spent: 100 },
+        Reserved::OverCap {
+            index: 0,
+            spent: 100
+        },
         "60 (b) + 40 (e), and d's 40 gone with it"
     );
     // Shadow mode counts what it would refuse, and says so.
     let mut g = reservation("g", 30, 100, t + 1_800);
     g.enforce = false;
-    assert_eq!(reserve(g).await, Reserved::OverCap { index: 0, spent: 100 });
+    assert_eq!(
+        reserve(g).await,
+        Reserved::OverCap {
+            index: 0,
+            spent: 100
+        }
+    );
     assert_eq!(
         reserve(reservation("h", 0, 200, t + 1_900)).await,
         Reserved::Added,
@@ -495,7 +522,10 @@ async fn spend_counts_once_per_attempt_within_its_window(under: impl Into<Under>
     );
     assert_eq!(
         reserve(reservation("i", 71, 200, t + 1_950)).await,
-        Reserved::OverCap { index: 0, spent: 130 }
+        Reserved::OverCap {
+            index: 0,
+            spent: 130
+        }
     );
 }
 

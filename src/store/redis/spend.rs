@@ -138,10 +138,8 @@ return 1
 "#;
 
 /// The scripts with the helpers they use, and their digests, computed once.
-static RESERVE_SCRIPT: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(format!("{HELPERS}{RESERVE}")));
-static RELEASE_SCRIPT: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(format!("{HELPERS}{RELEASE}")));
+static RESERVE_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{HELPERS}{RESERVE}")));
+static RELEASE_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{HELPERS}{RELEASE}")));
 static SPENT_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(SPENT_READ.into()));
 static SWAP_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(SWAP.into()));
 
@@ -233,7 +231,12 @@ impl SpendStore for RedisStore {
         let keys = [format!("{prefix}res:{token}")];
         let _: i64 = self
             .conn
-            .script(&RELEASE_SCRIPT, &keys, &[prefix.as_str(), token], Effect::Wrote)
+            .script(
+                &RELEASE_SCRIPT,
+                &keys,
+                &[prefix.as_str(), token],
+                Effect::Wrote,
+            )
             .await?;
         Ok(())
     }
