@@ -54,9 +54,33 @@ pub struct Config {
     pub encryption: EncryptionConfig,
     #[serde(default)]
     pub approvals: ApprovalsConfig,
+    #[serde(default)]
+    pub identity: IdentityConfig,
     /// Where the file was read from, for messages that name it.
     #[serde(skip)]
     pub source: PathBuf,
+}
+
+/// `[identity]`: which derivation of scopes, accounts and fingerprints to claim under, and for
+/// how long to look under the other one (docs/operations.md, "Upgrading").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdentityConfig {
+    /// 1 derives as the release before this one did (the first step of a rolling upgrade);
+    /// 2, the default, is this release's.
+    pub derivation: u8,
+    /// How long after start a request whose scope the other derivation computes differently
+    /// also looks there; `"0s"` never does.
+    pub fallback: Dur,
+}
+
+impl Default for IdentityConfig {
+    fn default() -> Self {
+        Self {
+            derivation: crate::identity::derivation::Derivation::CURRENT.number(),
+            fallback: Dur(crate::identity::derivation::DEFAULT_WINDOW),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -700,7 +724,18 @@ impl Config {
         self.validate_server()?;
         self.validate_store()?;
         self.validate_tls()?;
-        self.validate_route_names()
+        self.validate_route_names()?;
+        if crate::identity::derivation::Derivation::from_number(self.identity.derivation).is_none()
+        {
+            return Err(self.invalid(
+                "identity.derivation",
+                format!(
+                    "{} is not a derivation this build knows: 1 or 2",
+                    self.identity.derivation
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_server(&self) -> Result<(), ConfigError> {

@@ -15,6 +15,8 @@ use crate::identity::account::AccountPart;
 use crate::identity::provider_key::KeyField;
 use crate::identity::KeySource;
 use crate::identity::Signing;
+use crate::request::path::PathRules;
+use crate::request::template::Template;
 
 /// Which keys a provider accepts: a length range and a set of ASCII characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +187,8 @@ pub struct Profile {
     /// How its own errors look: refusals the proxy makes on its behalf (caps, approvals)
     /// take this shape, so its SDKs raise a meaningful error.
     pub errors: ErrorShape,
+    /// What its paths may hold beyond the proxy's grammar (`request::path`).
+    pub path: PathRules,
 }
 
 /// A profile's defaults for `[routes.spend]`: which requests cost money and where the amount
@@ -237,8 +241,11 @@ enum Part {
     Headers(&'static [&'static str]),
     SigV4,
     BearerSubject,
-    BodyFields(&'static [&'static str]),
     PathAfter(&'static str),
+    /// One secret key as `Bearer KEY` or Basic `KEY:`.
+    BearerOrBasicUser,
+    /// `(header, body field)` pairs carrying one credential either way.
+    HeaderOrBody(&'static [(&'static str, &'static str)]),
 }
 
 struct Spec {
@@ -263,6 +270,7 @@ struct Spec {
     lookup: Option<(&'static str, &'static str, &'static str, &'static str)>,
     spend: Option<SpendDefaults>,
     errors: ErrorShape,
+    path: PathRules,
 }
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -291,6 +299,9 @@ const HEADER: Spec = Spec {
     lookup: None,
     spend: None,
     errors: ErrorShape::Problem,
+    path: PathRules {
+        encoded_slash: false,
+    },
 };
 
 /// No provider-side deduplication: the proxy's claim is the only protection, and ambiguous
@@ -316,7 +327,8 @@ const EXCHANGE: Spec = Spec {
 const SPECS: &[Spec] = &[
     // Stripe v1: `Idempotency-Key` ≤ 255, kept ≥ 24 h, replays even 500s [SD]. Account: the
     // secret key and the connected account it acts for (`Stripe-Account`, `Stripe-Context`)
-    // [ST-CONNECT]. The official SDKs mint a random key per call [SP], so a route without a
+    // [ST-CONNECT]; the key goes as `Bearer sk_…` (the SDKs) or as Basic with the key as user
+    // and no password (`curl -u sk_…:`, as the API reference writes it) [ST-AUTH]: one account. The official SDKs mint a random key per call [SP], so a route without a
     // template keys on the whole request for 24 h (the time Stripe keeps keys): an agent's
     // re-run is one charge; two deliberate identical charges in a day need a field that
     // differs (metadata) or `key_source = "client"`.
@@ -330,7 +342,10 @@ const SPECS: &[Spec] = &[
             outcome: RuleOutcome::Duplicate,
             note: "Stripe already has a request under the key passed down, with other parameters. Look it up in the Dashboard's request log by Idempotency-Key {key}",
         }],
-        account: &[Part::Headers(&["authorization", "stripe-account", "stripe-context"])],
+        account: &[
+            Part::BearerOrBasicUser,
+            Part::Headers(&["stripe-account", "stripe-context"]),
+        ],
         key_source: Some(KeySource::Request),
         dedup_window: Some(DAY),
         // Amounts are integers of the smallest currency unit [ST-AMOUNT]. A PaymentIntent
@@ -454,10 +469,10 @@ const SPECS: &[Spec] = &[
         header: None,
         body_field: Some("idempotency_key"),
         max_len: 50,
-        account: &[
-            Part::Headers(&["plaid-client-id", "plaid-secret"]),
-            Part::BodyFields(&["client_id", "secret"]),
-        ],
+        account: &[Part::HeaderOrBody(&[
+            ("plaid-client-id", "client_id"),
+            ("plaid-secret", "secret"),
+        ])],
         volatile: &["client_id", "secret"],
         ..HEADER
     },
@@ -501,6 +516,12 @@ const SPECS: &[Spec] = &[
             unit: "major",
         }),
         errors: ErrorShape::Alpaca,
+        // Crypto positions are named by their pair: `DELETE /v2/positions/BTC%2FUSD` when a
+        // client encodes the symbol's slash (alpaca-py sends `BTC/USD` as two segments, which
+        // Alpaca answers 404; `BTCUSD` works) [ALP-CRYPTO]. Rules match both readings.
+        path: PathRules {
+            encoded_slash: true,
+        },
         ..HEADER
     },
     // Binance spot: `X-MBX-APIKEY`; HMAC over query + body with `timestamp`, `recvWindow`,
@@ -792,6 +813,7 @@ fn build(spec: &Spec) -> Profile {
             }),
         spend: spec.spend,
         errors: spec.errors,
+        path: spec.path,
     }
 }
 
@@ -834,16 +856,22 @@ fn part(p: Part) -> AccountPart {
         ),
         Part::SigV4 => AccountPart::SigV4,
         Part::BearerSubject => AccountPart::BearerSubject,
-        Part::BodyFields(fields) => AccountPart::BodyFields(
-            fields
+        Part::PathAfter(segment) => AccountPart::PathAfter(segment.to_string()),
+        Part::BearerOrBasicUser => AccountPart::BearerOrBasicUser,
+        Part::HeaderOrBody(pairs) => AccountPart::HeaderOrBody(
+            pairs
                 .iter()
-                .filter_map(|f| {
-                    crate::idempotency::template::Template::parse(&format!("f:{{body.{f}}}")).ok()
+                .filter_map(|(h, f)| {
+                    Some((HeaderName::from_bytes(h.as_bytes()).ok()?, body_field(f)?))
                 })
                 .collect(),
         ),
-        Part::PathAfter(segment) => AccountPart::PathAfter(segment.to_string()),
     }
+}
+
+/// A template reading one body field (`f:{body.client_id}`).
+fn body_field(field: &str) -> Option<Template> {
+    Template::parse(&format!("f:{{body.{field}}}")).ok()
 }
 
 /// The proxy's own key rules: 1–255 visible ASCII bytes.

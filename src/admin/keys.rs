@@ -21,11 +21,11 @@ use crate::http::body::{read_limited, Body};
 use crate::http::problem::Problem;
 use crate::idempotency::claims::{Resolution, Resolved, Verdict};
 use crate::idempotency::record::{Receipt, Record, ResolvedBy, State};
-use crate::idempotency::scope;
 use crate::idempotency::store::StoreError;
-use crate::idempotency::template::RequestView;
+use crate::identity::scope::Place;
 use crate::identity::Identity;
 use crate::proxy::lookup::{Asking, Lookup};
+use crate::request::Request as Read;
 use crate::routes::Route;
 
 fn default_tenant() -> String {
@@ -452,14 +452,9 @@ async fn ask(
             headers.append(n, v);
         }
     }
+    let request = Read::new(&Method::GET, "", "", &headers, b"", tenant);
     let asking = Asking {
-        view: RequestView {
-            method: "GET",
-            path: "",
-            headers: &headers,
-            body: b"",
-            tenant,
-        },
+        request: &request,
         key: passed_down,
     };
     lookup
@@ -655,27 +650,20 @@ fn scope_of(admin: &Admin, l: LookupFields) -> Result<String, Box<Response<Body>
     }
     // The account as the route tells it apart, from the credentials given (for a route whose
     // account comes from the path or body, give the scope from the log line instead).
-    let view = RequestView {
-        method: "POST",
-        path: "",
-        headers: &headers,
-        body: b"",
-        tenant: &l.tenant,
-    };
+    let view = Read::new(&Method::POST, "", "", &headers, b"", &l.tenant);
     let ignore = [&route.identity.key_header];
     let account = route
         .identity
         .account
-        .fingerprint(&view, &ignore)
+        .fingerprint(&view, &ignore, route.identity.derivations.primary)
         .map_err(|e| refuse(&format!("credentials: {e}")))?;
-    Ok(scope::scope(
-        &admin.app.namespace,
-        &l.tenant,
-        &route.name,
-        &route.upstream.host,
-        &account,
-        &Identity::Client(key).scope_key(""),
-    ))
+    let place = Place {
+        namespace: &admin.app.namespace,
+        tenant: &l.tenant,
+        route: &route.name,
+        upstream_host: &route.upstream.host,
+    };
+    Ok(place.scope(&account, &Identity::Client(key).scope_key("")))
 }
 
 /// A record as operators see it: no receipt body, no header values (they may carry

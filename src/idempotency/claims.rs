@@ -40,15 +40,59 @@ pub struct ClaimRequest<'a> {
     /// On a capped operation: the canonical fingerprint of what it would execute (see
     /// `RecordBody::priced`).
     pub priced: Option<&'a str>,
+    /// How `scope` and `fingerprint` were derived (kept in the record).
+    pub derivation: u8,
+    /// The same operation as the other derivation scopes it, during an upgrade's window.
+    pub other: Option<OtherDerivation<'a>>,
 }
 
-impl ClaimRequest<'_> {
-    fn ask(&self) -> Ask<'_> {
+/// Where, and with which fingerprint, another derivation (an older or newer proxy sharing the
+/// store) claims the same operation: another scope (a claim inserted under the request's own
+/// stands only if nothing is there, see `Claims::claimed`), or the same scope with another
+/// fingerprint (a path the client spelled otherwise), which a record of that derivation is
+/// compared with.
+#[derive(Debug, Clone, Copy)]
+pub struct OtherDerivation<'a> {
+    pub scope: &'a str,
+    pub fingerprint: &'a str,
+    pub derivation: u8,
+}
+
+impl<'a> ClaimRequest<'a> {
+    /// What a record found under this request's scope is compared with: the fingerprint of
+    /// the derivation the record was made under (one scope may hold either derivation's record
+    /// when the two derive the same scope, the fingerprints apart).
+    fn ask(&self, found: &Record) -> Ask<'_> {
+        let fingerprint = match self.other {
+            Some(o) if o.scope == self.scope && found.body.derivation == o.derivation => {
+                o.fingerprint
+            }
+            _ => self.fingerprint,
+        };
         Ask {
-            fingerprint: self.fingerprint,
+            fingerprint,
             strict: self.strict,
             priced: self.priced,
         }
+    }
+
+    /// Whether `fingerprint` is this request's, as either derivation computes it.
+    fn same_request(&self, fingerprint: &str) -> bool {
+        fingerprint == self.fingerprint
+            || self
+                .other
+                .is_some_and(|o| o.scope == self.scope && o.fingerprint == fingerprint)
+    }
+
+    /// The request as the other derivation makes it, if there is one.
+    fn as_other(&self) -> Option<ClaimRequest<'a>> {
+        self.other.map(|o| ClaimRequest {
+            scope: o.scope,
+            fingerprint: o.fingerprint,
+            derivation: o.derivation,
+            other: None,
+            ..*self
+        })
     }
 }
 
@@ -84,6 +128,11 @@ pub struct HeldClaim {
 }
 
 impl HeldClaim {
+    /// Where it is held (under the other derivation's scope, when found there).
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
     /// The attempt it held: the key that attempt passed down is the one to look up.
     pub fn attempt(&self) -> u32 {
         self.record.body.attempt
@@ -149,6 +198,7 @@ impl Claim {
                 declined: false,
                 attempt: 0,
                 reconciled: false,
+                derivation: req.derivation,
                 settled_ms: 0,
                 resolved: None,
                 priced: req.priced.map(str::to_string),
@@ -332,7 +382,7 @@ impl Claims {
         // token, so it never touches anyone else's claim.
         let mut guard = AcquireGuard {
             claims: self,
-            scope: req.scope,
+            scopes: [Some(req.scope), req.other.map(|o| o.scope)],
             token: token.clone(),
             armed: true,
         };
@@ -348,20 +398,30 @@ impl Claims {
         token: Token,
     ) -> Result<Acquired, StoreError> {
         let claim = Claim::new(req, policy, token, self.clock.now_ms());
-        let mut found = match self.insert(&claim, policy).await {
-            Ok(None) => return Ok(Acquired::Execute(claim)),
-            Ok(Some(found)) => found,
-            Err(e) => return self.confirm_unanswered_claim(claim, req, policy, e).await,
-        };
+        match self.insert(&claim, policy).await {
+            Ok(None) => self.claimed(claim, req, policy).await,
+            Ok(Some(found)) => self.answer_or_retry(found, claim, req, policy).await,
+            Err(e) => self.confirm_unanswered_claim(claim, req, policy, e).await,
+        }
+    }
+
+    /// Answers what was found under `req.scope`; looks again (up to `MAX_ATTEMPTS`) when
+    /// someone moved it between our read and our write.
+    async fn answer_or_retry(
+        &self,
+        mut found: Record,
+        claim: Claim,
+        req: &ClaimRequest<'_>,
+        policy: &Policy,
+    ) -> Result<Acquired, StoreError> {
         for _ in 0..MAX_ATTEMPTS {
             if let Some(answer) = self.answer_found(&found, &claim, req, policy).await? {
                 return Ok(answer);
             }
-            // Someone else moved the record between our read and our write: look again.
             found = match self.store.get(req.scope).await? {
                 Some(r) => r,
                 None => match self.insert(&claim, policy).await {
-                    Ok(None) => return Ok(Acquired::Execute(claim)),
+                    Ok(None) => return self.claimed(claim, req, policy).await,
                     Ok(Some(r)) => r,
                     Err(e) => return self.confirm_unanswered_claim(claim, req, policy, e).await,
                 },
@@ -373,11 +433,91 @@ impl Claims {
         )))
     }
 
+    /// A claim just inserted under the request's scope, checked against the other
+    /// derivation's scope during an upgrade's window: a first attempt made before the upgrade
+    /// (or by a proxy still on the other version) is there, and its record answers this
+    /// request, whose own claim is withdrawn. Insert first, then read: of two proxies that
+    /// claim one operation under the two scopes at once, at least one sees the other's claim
+    /// (each store serialises its operations), so both never execute.
+    async fn claimed(
+        &self,
+        claim: Claim,
+        req: &ClaimRequest<'_>,
+        policy: &Policy,
+    ) -> Result<Acquired, StoreError> {
+        let Some(other) = req.as_other().filter(|o| o.scope != req.scope) else {
+            return Ok(Acquired::Execute(claim));
+        };
+        let found = match self.store.get(other.scope).await {
+            Ok(None) => return Ok(Acquired::Execute(claim)),
+            Ok(Some(found)) => found,
+            Err(e) => {
+                self.withdraw(claim, policy).await;
+                return Err(e);
+            }
+        };
+        tracing::info!(
+            scope = other.scope,
+            derivation = found.body.derivation,
+            "the operation was claimed under the other derivation's scope: answering from there"
+        );
+        let theirs = Claim::new(&other, policy, claim.token.clone(), self.clock.now_ms());
+        self.withdraw(claim, policy).await;
+        // `other` has no other derivation of its own: this recursion ends here.
+        Box::pin(self.answer_or_retry(found, theirs, &other, policy)).await
+    }
+
+    /// Takes back a claim nobody will forward (fenced on its token); in the background when
+    /// the store does not answer.
+    async fn withdraw(&self, claim: Claim, policy: &Policy) {
+        let fence = ours_unsettled(&claim);
+        if let Ok(true | false) = self.store.remove(&claim.scope, &fence).await {
+            self.waiters.wake(&claim.scope);
+            return;
+        }
+        self.withdraw_later(claim, policy);
+    }
+
+    /// Withdraws a claim in the background, until the store answers or the retry window ends,
+    /// so a claim nobody acts on does not turn into a held UNKNOWN.
+    fn withdraw_later(&self, claim: Claim, policy: &Policy) {
+        let (store, waiters, retrier) = (
+            self.store.clone(),
+            self.waiters.clone(),
+            self.retrier.clone(),
+        );
+        let retry_for = retry_window(policy);
+        self.tasks.spawn(async move {
+            let withdraw = || {
+                let fence = ours_unsettled(&claim);
+                let (store, scope) = (store.clone(), claim.scope.clone());
+                async move { store.remove(&scope, &fence).await }
+            };
+            if retrier.until_gone(retry_for, withdraw).await {
+                waiters.wake(&claim.scope);
+                tracing::info!(scope = %claim.scope, "withdrew a claim nobody forwards");
+            }
+        });
+    }
+
     /// A COMMITTED record never changes, so a receipt seen here answers as the store would.
     /// (Declined receipts are never cached: a corrected request must reach the store.)
+    /// A retry whose first attempt was made under the other derivation's scope is answered
+    /// from there too.
     fn cached_answer(&self, req: &ClaimRequest<'_>) -> Option<Acquired> {
-        let hit = self.receipts.as_ref()?.get(req.scope)?;
-        let same = hit.fingerprint == req.fingerprint;
+        let cache = self.receipts.as_ref()?;
+        let (hit, same) = match cache.get(req.scope) {
+            Some(hit) => {
+                let same = req.same_request(&hit.fingerprint);
+                (hit, same)
+            }
+            None => {
+                let other = req.as_other().filter(|o| o.scope != req.scope)?;
+                let hit = cache.get(other.scope)?;
+                let same = hit.fingerprint == other.fingerprint;
+                (hit, same)
+            }
+        };
         Some(if same || !req.strict {
             Acquired::Replay {
                 receipt: hit.receipt.clone(),
@@ -405,7 +545,7 @@ impl Claims {
     ) -> Result<Option<Acquired>, StoreError> {
         let scope = req.scope;
         Ok(Some(
-            match decide(found, req.ask(), self.clock.now_ms(), policy) {
+            match decide(found, req.ask(found), self.clock.now_ms(), policy) {
                 Decision::Replay { receipt, differs } => {
                     if !found.body.declined {
                         self.remember(scope, &found.body, &receipt, policy);
@@ -522,11 +662,11 @@ impl Claims {
         };
         match read_back {
             Ok(Some(r)) if r.token == claim.token && r.state == State::Pending => {
-                Ok(Acquired::Execute(claim))
+                Box::pin(self.claimed(claim, req, policy)).await
             }
             // Not ours: the insert did not land (and, on a connection that failed, cannot
             // land later). What is there answers this request as it would any retry.
-            Ok(Some(found)) => match decide(&found, req.ask(), self.clock.now_ms(), policy) {
+            Ok(Some(found)) => match decide(&found, req.ask(&found), self.clock.now_ms(), policy) {
                 Decision::Replay { receipt, differs } => Ok(Acquired::Replay { receipt, differs }),
                 Decision::Mismatch => Ok(Acquired::Mismatch),
                 Decision::InFlight { retry_after } => Ok(Acquired::InFlight { retry_after }),
@@ -542,20 +682,7 @@ impl Claims {
                 "the claim's insert failed ({failure}) and did not land"
             ))),
             Err(error) => {
-                let (store, waiters) = (self.store.clone(), self.waiters.clone());
-                let retry_for = retry_window(policy);
-                let retrier = self.retrier.clone();
-                self.tasks.spawn(async move {
-                    let withdraw = || {
-                        let fence = ours_unsettled(&claim);
-                        let (store, scope) = (store.clone(), claim.scope.clone());
-                        async move { store.remove(&scope, &fence).await }
-                    };
-                    if retrier.until_gone(retry_for, withdraw).await {
-                        waiters.wake(&claim.scope);
-                        tracing::info!(scope = %claim.scope, "withdrew a claim whose insert was not answered");
-                    }
-                });
+                self.withdraw_later(claim, policy);
                 Err(error)
             }
         }
@@ -647,7 +774,13 @@ impl Claims {
                 if priced.is_some() && priced != req.priced {
                     return Ok(Reconciled::Mismatch);
                 }
-                let mut claim = Claim::new(req, policy, Token::random(), now);
+                // The held claim may be under the other derivation's scope: this request
+                // executes it there, as that derivation's request.
+                let theirs = req
+                    .as_other()
+                    .filter(|o| o.scope == held.scope && o.scope != req.scope);
+                let mut claim =
+                    Claim::new(theirs.as_ref().unwrap_or(req), policy, Token::random(), now);
                 claim.body.attempt = held.record.body.attempt;
                 // It did not happen: its reservation is this attempt's.
                 claim.replaces = Some(held.record.token.clone());
@@ -826,7 +959,7 @@ impl Claims {
     /// Gives a claim up before anything was sent (a spend refusal, a payment parked for a
     /// person): released as a failure before sending would be, fenced on its token, retried
     /// in the background when the store does not answer.
-    pub async fn withdraw(self: &Arc<Self>, claim: Claim, policy: Arc<Policy>) -> Recorded {
+    pub async fn give_up(self: &Arc<Self>, claim: Claim, policy: Arc<Policy>) -> Recorded {
         self.settle_or_retry(claim, Outcome::Released, None, policy)
             .await
     }
@@ -1030,10 +1163,11 @@ fn unknown_expiry(policy: &Policy) -> Expiry {
     }
 }
 
-/// Withdraws a claim whose acquiring request was dropped mid-flight (see `acquire`).
+/// Withdraws a claim whose acquiring request was dropped mid-flight (see `acquire`), under
+/// either derivation's scope (one token serves both).
 struct AcquireGuard<'a> {
     claims: &'a Claims,
-    scope: &'a str,
+    scopes: [Option<&'a str>; 2],
     token: Token,
     armed: bool,
 }
@@ -1043,26 +1177,28 @@ impl Drop for AcquireGuard<'_> {
         if !self.armed || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let store = self.claims.store.clone();
-        let (scope, fence) = (
-            self.scope.to_string(),
-            Fence {
-                token: self.token.clone(),
-                states: vec![State::Pending, State::Unknown],
-            },
-        );
-        self.claims.tasks.spawn(async move {
-            match store.remove(&scope, &fence).await {
-                Ok(true) => {
-                    tracing::info!(scope, "withdrew the claim of a request that went away")
+        for scope in self.scopes.into_iter().flatten() {
+            let store = self.claims.store.clone();
+            let (scope, fence) = (
+                scope.to_string(),
+                Fence {
+                    token: self.token.clone(),
+                    states: vec![State::Pending, State::Unknown],
+                },
+            );
+            self.claims.tasks.spawn(async move {
+                match store.remove(&scope, &fence).await {
+                    Ok(true) => {
+                        tracing::info!(scope, "withdrew the claim of a request that went away")
+                    }
+                    Ok(false) => {}
+                    Err(_) => tracing::warn!(
+                        scope,
+                        "could not withdraw the claim of a request that went away"
+                    ),
                 }
-                Ok(false) => {}
-                Err(_) => tracing::warn!(
-                    scope,
-                    "could not withdraw the claim of a request that went away"
-                ),
-            }
-        });
+            });
+        }
     }
 }
 

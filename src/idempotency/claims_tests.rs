@@ -67,6 +67,8 @@ fn request<'a>(scope: &'a str, fingerprint: &'a str, strict: bool) -> ClaimReque
         strict,
         route: "r",
         priced: None,
+        derivation: 2,
+        other: None,
     }
 }
 
@@ -424,4 +426,130 @@ async fn an_unclear_lookup_leaves_the_operation_held() {
             ..
         }
     ));
+}
+
+/// `req` (derivation 2) with the operation's scope and fingerprint under derivation 1.
+fn with_other<'a>(req: ClaimRequest<'a>, scope: &'a str, fingerprint: &'a str) -> ClaimRequest<'a> {
+    ClaimRequest {
+        other: Some(super::claims::OtherDerivation {
+            scope,
+            fingerprint,
+            derivation: 1,
+        }),
+        ..req
+    }
+}
+
+async fn commit(c: &Arc<Claims>, claim: super::claims::Claim, p: &Policy) {
+    let done = c
+        .execute(claim, Arc::new(p.clone()), async {
+            Ok::<_, Reset>(receipt(200))
+        })
+        .await
+        .expect("executed");
+    assert_eq!(done.recorded, Recorded::Done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_an_upgrade_is_answered_by_the_other_derivation_s_record() {
+    let store = memory();
+    let c = claims(store.clone());
+    let p = policy(false);
+    // The first attempt, made before the upgrade: derivation 1's scope.
+    let old = ClaimRequest {
+        derivation: 1,
+        ..request("v1-scope", "fp1", true)
+    };
+    let Acquired::Execute(claim) = acquire(&c, &old, &p).await else {
+        panic!("the first attempt executes");
+    };
+    commit(&c, claim, &p).await;
+    // The retry derives another scope; it finds the first attempt's receipt, and the claim it
+    // made under its own scope is gone again.
+    let retry = with_other(request("v2-scope", "fp2", true), "v1-scope", "fp1");
+    assert!(matches!(
+        acquire(&c, &retry, &p).await,
+        Acquired::Replay { differs: false, .. }
+    ));
+    assert!(store.get("v2-scope").await.expect("get").is_none());
+    let kept = store.get("v1-scope").await.expect("get").expect("kept");
+    assert_eq!(kept.body.derivation, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_derivations_claiming_at_once_never_both_execute() {
+    let c = claims(memory());
+    let p = policy(false);
+    let first = with_other(request("v1-scope", "fp1", true), "v2-scope", "fp2");
+    let Acquired::Execute(_held) = acquire(&c, &first, &p).await else {
+        panic!("the first executes");
+    };
+    let second = with_other(request("v2-scope", "fp2", true), "v1-scope", "fp1");
+    assert!(matches!(
+        acquire(&c, &second, &p).await,
+        Acquired::InFlight { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_scope_two_fingerprints_is_compared_by_the_record_s_derivation() {
+    let c = claims(memory());
+    let p = policy(false);
+    let old = ClaimRequest {
+        derivation: 1,
+        ..request("s", "fp-as-sent", true)
+    };
+    let Acquired::Execute(claim) = acquire(&c, &old, &p).await else {
+        panic!("executes");
+    };
+    commit(&c, claim, &p).await;
+    // The same scope; derivation 2 fingerprints the path as the grammar reads it.
+    let retry = with_other(request("s", "fp-as-read", true), "s", "fp-as-sent");
+    assert!(matches!(
+        acquire(&c, &retry, &p).await,
+        Acquired::Replay { differs: false, .. }
+    ));
+    // Without the other derivation the strict client key sees another request: 422.
+    let c = claims(memory());
+    let Acquired::Execute(claim) = acquire(&c, &old, &p).await else {
+        panic!("executes");
+    };
+    commit(&c, claim, &p).await;
+    assert!(matches!(
+        acquire(&c, &request("s", "fp-as-read", true), &p).await,
+        Acquired::Mismatch
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_claim_found_under_the_other_derivation_is_executed_there() {
+    let c = claims(memory());
+    let p = reconciling();
+    let old = ClaimRequest {
+        derivation: 1,
+        ..request("v1-scope", "fp1", true)
+    };
+    unknown(&c, &old, &p).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let retry = with_other(request("v2-scope", "fp2", true), "v1-scope", "fp1");
+    let Acquired::Held {
+        reconcilable: Some(held),
+        ..
+    } = acquire(&c, &retry, &p).await
+    else {
+        panic!("held under the other derivation's scope, reconcilable");
+    };
+    assert_eq!(held.scope(), "v1-scope");
+    let Reconciled::Execute(claim) = c
+        .reconcile(held, Verdict::NotFound, &retry, &p)
+        .await
+        .expect("store")
+    else {
+        panic!("not found: this retry executes it");
+    };
+    assert_eq!(
+        claim.scope, "v1-scope",
+        "where the held attempt was claimed"
+    );
+    assert!(c.store().get("v2-scope").await.expect("get").is_none());
 }

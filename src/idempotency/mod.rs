@@ -1,20 +1,16 @@
-//! The idempotency core: what a key is, what it is scoped to, what a request's fingerprint is,
-//! the claim state machine, and how an upstream outcome settles a claim.
+//! The idempotency core: the claim state machine over a store, the record it keeps, and how an
+//! upstream outcome settles a claim. It knows scopes and fingerprints as strings; how they are
+//! read from a request is `request/` and `identity/`.
 
 pub mod claims;
 #[cfg(test)]
 mod claims_tests;
 pub mod decide;
-pub mod fingerprint;
-pub mod hex;
-pub mod key;
 pub mod outcome;
 pub mod policy;
 pub mod receipt_cache;
 pub mod record;
-pub mod scope;
 pub mod store;
-pub mod template;
 #[cfg(any(test, feature = "test-store"))]
 pub mod testing;
 pub mod unconfirmed;

@@ -54,7 +54,7 @@ pub struct Token(String);
 
 impl Token {
     pub fn random() -> Token {
-        Token(super::hex::lower(&rand::random::<[u8; 16]>()))
+        Token(crate::hex::lower(&rand::random::<[u8; 16]>()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -184,6 +184,14 @@ pub struct RecordBody {
     /// its own is the same: what executes is what was priced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priced: Option<String>,
+    /// How the scope and fingerprint were derived from the request (`identity::derivation`);
+    /// records written before versions were kept are version 1.
+    #[serde(default = "first_derivation")]
+    pub derivation: u8,
+}
+
+fn first_derivation() -> u8 {
+    1
 }
 
 /// A person's (or a lookup's) resolution of a held outcome, kept with the receipt.
@@ -305,6 +313,7 @@ impl Record {
                 declined: false,
                 attempt: 0,
                 reconciled: false,
+                derivation: 2,
                 settled_ms: 0,
                 resolved: None,
                 priced: None,
@@ -360,6 +369,7 @@ mod tests {
                 declined: true,
                 attempt: 3,
                 reconciled: true,
+                derivation: 2,
                 settled_ms: 5,
                 resolved: Some(Box::new(ResolvedBy {
                     by: "ana".into(),
@@ -381,6 +391,14 @@ mod tests {
             &*Receipt::header_value_bytes(&receipt.headers[0].1),
             [0xff, b'a', 0x80]
         );
+    }
+
+    #[test]
+    fn records_from_before_derivations_were_kept_are_version_1() {
+        let old = b"C0123456789abcdef0123456789abcdef{\"fingerprint\":\"f\",\"route\":\"r\",\"created_ms\":1}";
+        assert_eq!(Record::decode(old).expect("decodes").body.derivation, 1);
+        let new = Record::for_test(State::Pending).encode();
+        assert!(String::from_utf8_lossy(&new).contains("\"derivation\":2"));
     }
 
     #[test]

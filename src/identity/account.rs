@@ -11,7 +11,10 @@
 use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
 
-use crate::idempotency::template::{bearer_claims, Rendered, RequestView, Template};
+use super::derivation::Derivation;
+use crate::request::auth::{bearer_claims, key_as_bearer_or_basic_user};
+use crate::request::template::{Rendered, Template};
+use crate::request::Request;
 
 /// One thing that tells two accounts apart.
 #[derive(Debug, Clone)]
@@ -26,10 +29,17 @@ pub enum AccountPart {
     /// A bearer JWT's `iss` and `sub` (Coinbase's key name), read without verifying it. A
     /// bearer that is not a JWT counts whole.
     BearerSubject,
-    /// These body fields (Plaid's `client_id` and `secret`), as templates over the body.
-    BodyFields(Vec<Template>),
-    /// The path segment after this one (`Accounts` for Twilio's AccountSid).
+    /// The path segment after this one (`Accounts` for Twilio's AccountSid), in any case.
     PathAfter(String),
+    /// `Authorization` holding the provider's one secret key, as `Bearer KEY` or as Basic with
+    /// the key as user and no password (Stripe documents both). Derivation 2 hashes both as
+    /// `Bearer KEY`, so they are one account; derivation 1 hashed the header as sent.
+    BearerOrBasicUser,
+    /// Credentials the provider takes in a header or a body field alike (Plaid's `client_id`
+    /// and `secret`): derivation 2 hashes each value wherever it is sent, under the header's
+    /// name, and refuses a request that sends two different ones; derivation 1 hashed the
+    /// headers, then the body fields, apart.
+    HeaderOrBody(Vec<(HeaderName, Template)>),
 }
 
 /// How a route tells accounts apart.
@@ -46,6 +56,8 @@ pub enum AccountError {
     Missing(String),
     #[error("the route's account template cannot be read from this request: {0}")]
     Unreadable(String),
+    #[error("{0}")]
+    Ambiguous(String),
 }
 
 /// Before every other name: the ones earlier versions hashed, in their order, so scopes of
@@ -67,55 +79,79 @@ const CREDENTIAL_WORDS: [&str; 11] = [
 ];
 
 impl AccountSpec {
-    /// Hex SHA-256 over what identifies the account; `""` when the request carries nothing
-    /// that does (an unauthenticated request, which the provider refuses anyway).
+    /// Hex SHA-256 over what identifies the account as `derivation` computes it; `""` when the
+    /// request carries nothing that does (an unauthenticated request, which the provider
+    /// refuses anyway).
     ///
     /// `ignore` names headers that are never an account (the idempotency key headers).
     pub fn fingerprint(
         &self,
-        req: &RequestView<'_>,
+        req: &Request<'_>,
         ignore: &[&HeaderName],
+        derivation: Derivation,
     ) -> Result<String, AccountError> {
         let mut h = Hasher::default();
         match self {
             AccountSpec::Template(t) => match t.render(req) {
                 Ok(Rendered::Key(account)) => h.add("account", account.as_bytes()),
                 Ok(Rendered::Missing(field)) => return Err(AccountError::Missing(field)),
+                Err(e) if e.is_ambiguity() => return Err(AccountError::Ambiguous(e.to_string())),
                 Err(e) => return Err(AccountError::Unreadable(e.to_string())),
             },
             AccountSpec::Parts(parts) => {
                 for part in parts {
-                    part.hash_into(req, ignore, &mut h);
+                    part.hash_into(req, ignore, derivation, &mut h)?;
                 }
             }
         }
         Ok(h.finish())
     }
+
+    /// Whether the account is told apart by the header `name` (or may be: every
+    /// credential-looking header, on a route that names none).
+    pub fn reads_header(&self, name: &HeaderName) -> bool {
+        let parts = match self {
+            AccountSpec::Template(t) => return t.reads_header(name),
+            AccountSpec::Parts(parts) => parts,
+        };
+        parts.iter().any(|p| match p {
+            AccountPart::Headers(names) => names.contains(name),
+            AccountPart::CredentialLike => {
+                LEGACY.contains(&name.as_str()) || looks_like_credential(name)
+            }
+            AccountPart::SigV4 | AccountPart::BearerSubject | AccountPart::BearerOrBasicUser => {
+                name == http::header::AUTHORIZATION
+            }
+            AccountPart::HeaderOrBody(pairs) => pairs.iter().any(|(h, _)| h == name),
+            AccountPart::PathAfter(_) => false,
+        })
+    }
+
+    /// Whether derivations may hash this request's account differently (a part that
+    /// normalises a credential): only then is the other derivation's account computed.
+    pub fn normalises(&self) -> bool {
+        matches!(self, AccountSpec::Parts(parts) if parts.iter().any(|p| matches!(
+            p,
+            AccountPart::BearerOrBasicUser | AccountPart::HeaderOrBody(_) | AccountPart::PathAfter(_)
+        )))
+    }
 }
 
 impl AccountPart {
-    fn hash_into(&self, req: &RequestView<'_>, ignore: &[&HeaderName], h: &mut Hasher) {
+    fn hash_into(
+        &self,
+        req: &Request<'_>,
+        ignore: &[&HeaderName],
+        derivation: Derivation,
+        h: &mut Hasher,
+    ) -> Result<(), AccountError> {
         match self {
             AccountPart::Headers(names) => {
                 for name in names {
                     h.header(req.headers, name);
                 }
             }
-            AccountPart::CredentialLike => {
-                for name in LEGACY {
-                    h.header(req.headers, &HeaderName::from_static(name));
-                }
-                let mut others: Vec<&HeaderName> = req
-                    .headers
-                    .keys()
-                    .filter(|n| looks_like_credential(n) && !ignore.contains(n))
-                    .filter(|n| !LEGACY.contains(&n.as_str()))
-                    .collect();
-                others.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-                for name in others {
-                    h.header(req.headers, name);
-                }
-            }
+            AccountPart::CredentialLike => credential_like(req.headers, ignore, h),
             AccountPart::SigV4 => {
                 if let Some((key_id, region, service)) = sigv4_scope(req.headers) {
                     h.add("sigv4", format!("{key_id}/{region}/{service}").as_bytes());
@@ -131,24 +167,118 @@ impl AccountPart {
                 }
                 None => h.header(req.headers, &http::header::AUTHORIZATION),
             },
-            AccountPart::BodyFields(fields) => {
-                for field in fields {
-                    // A body the template cannot read has no such field: the provider refuses
-                    // a request whose credentials it cannot read.
-                    if let Ok(Rendered::Key(v)) = field.render(req) {
-                        h.add("body", v.as_bytes());
-                    }
-                }
-            }
             AccountPart::PathAfter(segment) => {
+                // Derivation 1 compared the segment's case exactly.
+                let same = |s: &str| match derivation {
+                    Derivation::V1 => s == segment,
+                    Derivation::V2 => s.eq_ignore_ascii_case(segment),
+                };
                 let mut segments = req.path.split('/').filter(|s| !s.is_empty());
-                if segments.any(|s| s == segment) {
+                if segments.any(same) {
                     if let Some(id) = segments.next() {
                         h.add("path", id.as_bytes());
                     }
                 }
             }
+            AccountPart::BearerOrBasicUser => {
+                let key = key_as_bearer_or_basic_user(req.headers);
+                match (derivation, key) {
+                    // Exactly the bytes derivation 1 hashed for `Bearer KEY`: a key sent as
+                    // Bearer keeps its scope across the upgrade.
+                    (Derivation::V2, Some(key)) => {
+                        h.add("authorization", format!("Bearer {key}").as_bytes())
+                    }
+                    _ => h.header(req.headers, &http::header::AUTHORIZATION),
+                }
+            }
+            AccountPart::HeaderOrBody(pairs) => match derivation {
+                Derivation::V1 => {
+                    for (name, _) in pairs {
+                        h.header(req.headers, name);
+                    }
+                    for (_, field) in pairs {
+                        if let Some(v) = rendered_body_field(req, field)? {
+                            h.add("body", v.as_bytes());
+                        }
+                    }
+                }
+                Derivation::V2 => {
+                    for (name, field) in pairs {
+                        if let Some(v) = header_or_body(req, name, field)? {
+                            h.add(name.as_str(), v.as_bytes());
+                        }
+                    }
+                }
+            },
         }
+        Ok(())
+    }
+}
+
+/// Every header that looks like a credential: the legacy names first, in their order, so
+/// scopes of requests that carry only those stay what they were.
+fn credential_like(headers: &HeaderMap, ignore: &[&HeaderName], h: &mut Hasher) {
+    for name in LEGACY {
+        h.header(headers, &HeaderName::from_static(name));
+    }
+    let mut others: Vec<&HeaderName> = headers
+        .keys()
+        .filter(|n| looks_like_credential(n) && !ignore.contains(n))
+        .filter(|n| !LEGACY.contains(&n.as_str()))
+        .collect();
+    others.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    for name in others {
+        h.header(headers, name);
+    }
+}
+
+/// A credential in a body field, as derivation 1 hashed it: the field's template rendered
+/// (`f:VALUE`). A body the template cannot read has no such field (the provider refuses a
+/// request whose credentials it cannot read); one that reads two ways is refused.
+fn rendered_body_field(
+    req: &Request<'_>,
+    field: &Template,
+) -> Result<Option<String>, AccountError> {
+    match field.render(req) {
+        Ok(Rendered::Key(v)) => Ok(Some(v)),
+        Ok(Rendered::Missing(_)) => Ok(None),
+        Err(e) if e.is_ambiguity() => Err(AccountError::Ambiguous(e.to_string())),
+        Err(_) => Ok(None),
+    }
+}
+
+/// A credential in a body field, its value as sent.
+fn body_value(req: &Request<'_>, field: &Template) -> Result<Option<String>, AccountError> {
+    match field.first_value(req) {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_ambiguity() => Err(AccountError::Ambiguous(e.to_string())),
+        Err(_) => Ok(None),
+    }
+}
+
+/// One credential sent as a header or a body field; both, with different values, is
+/// ambiguous (the provider reads one of them, the proxy cannot know which).
+fn header_or_body(
+    req: &Request<'_>,
+    name: &HeaderName,
+    field: &Template,
+) -> Result<Option<String>, AccountError> {
+    let mut values = req.headers.get_all(name).iter();
+    let header = match (values.next(), values.next()) {
+        (Some(v), None) => Some(String::from_utf8_lossy(v.as_bytes()).into_owned()),
+        (Some(_), Some(_)) => {
+            return Err(AccountError::Ambiguous(format!(
+                "the {name} header is sent more than once"
+            )))
+        }
+        (None, _) => None,
+    };
+    match (header, body_value(req, field)?) {
+        (Some(h), Some(b)) if h != b => Err(AccountError::Ambiguous(format!(
+            "the credential is sent both in the {name} header and in the body, with different values"
+        ))),
+        (Some(h), _) => Ok(Some(h)),
+        (None, b) => Ok(b),
     }
 }
 
@@ -210,7 +340,7 @@ impl Hasher {
 
     fn finish(self) -> String {
         if self.any {
-            crate::idempotency::hex::lower(&self.h.finalize())
+            crate::hex::lower(&self.h.finalize())
         } else {
             String::new()
         }
@@ -222,14 +352,8 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
-    fn view<'a>(headers: &'a HeaderMap, path: &'a str, body: &'a [u8]) -> RequestView<'a> {
-        RequestView {
-            method: "POST",
-            path,
-            headers,
-            body,
-            tenant: "default",
-        }
+    fn view<'a>(headers: &'a HeaderMap, path: &'a str, body: &'a [u8]) -> Request<'a> {
+        Request::new(&http::Method::POST, path, path, headers, body, "default")
     }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -241,7 +365,7 @@ mod tests {
     }
 
     fn fp(spec: &AccountSpec, h: &HeaderMap) -> String {
-        spec.fingerprint(&view(h, "/v1/x", b""), &[])
+        spec.fingerprint(&view(h, "/v1/x", b""), &[], Derivation::V2)
             .expect("fingerprint")
     }
 
@@ -260,7 +384,7 @@ mod tests {
         let k2 = headers(&[("idempotency-key", "2"), ("authorization", "Bearer a")]);
         let ignore = HeaderName::from_static("idempotency-key");
         let f = |h: &HeaderMap| {
-            spec.fingerprint(&view(h, "/", b""), &[&ignore])
+            spec.fingerprint(&view(h, "/", b""), &[&ignore], Derivation::V2)
                 .expect("fingerprint")
         };
         assert_eq!(f(&k1), f(&k2));
@@ -274,7 +398,7 @@ mod tests {
             old.update((part.len() as u64).to_be_bytes());
             old.update(part);
         }
-        let old = crate::idempotency::hex::lower(&old.finalize());
+        let old = crate::hex::lower(&old.finalize());
         let h = headers(&[("authorization", "Bearer sk_a"), ("user-agent", "x")]);
         for spec in [
             AccountSpec::Parts(vec![AccountPart::CredentialLike]),
@@ -344,36 +468,102 @@ mod tests {
         let spec = AccountSpec::Parts(vec![AccountPart::PathAfter("Accounts".into())]);
         let h = HeaderMap::new();
         let at = |p: &str| {
-            spec.fingerprint(&view(&h, p, b""), &[])
+            spec.fingerprint(&view(&h, p, b""), &[], Derivation::V2)
                 .expect("fingerprint")
         };
         assert_ne!(
             at("/2010-04-01/Accounts/AC1/Messages.json"),
             at("/2010-04-01/Accounts/AC2/Messages.json")
         );
-        let body = AccountSpec::Parts(vec![AccountPart::BodyFields(vec![Template::parse(
-            "c:{body.client_id}",
-        )
-        .expect("template")])]);
-        let mut json = HeaderMap::new();
-        json.insert("content-type", HeaderValue::from_static("application/json"));
-        let b = |client: &str| {
-            let text = format!(r#"{{"client_id":"{client}"}}"#);
-            body.fingerprint(&view(&json, "/", text.as_bytes()), &[])
-                .expect("fingerprint")
-        };
-        assert_ne!(b("c1"), b("c2"));
         let tenant = AccountSpec::Template(Template::parse("t:{tenant}").expect("template"));
         assert_eq!(
             tenant
-                .fingerprint(&view(&h, "/", b""), &[])
+                .fingerprint(&view(&h, "/", b""), &[], Derivation::V2)
                 .map(|s| s.len()),
             Ok(64)
         );
         let header = AccountSpec::Template(Template::parse("a:{header.x-account}").expect("t"));
         assert_eq!(
-            header.fingerprint(&view(&h, "/", b""), &[]),
+            header.fingerprint(&view(&h, "/", b""), &[], Derivation::V2),
             Err(AccountError::Missing("header.x-account".into()))
         );
+    }
+
+    #[test]
+    fn one_stripe_key_as_bearer_or_basic_is_one_account_from_derivation_2() {
+        use base64::Engine as _;
+        let spec = AccountSpec::Parts(vec![
+            AccountPart::BearerOrBasicUser,
+            AccountPart::Headers(vec![HeaderName::from_static("stripe-account")]),
+        ]);
+        let basic = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("sk_test_x:")
+        );
+        let bearer = headers(&[("authorization", "Bearer sk_test_x")]);
+        let mut as_basic = HeaderMap::new();
+        as_basic.insert(
+            "authorization",
+            HeaderValue::from_str(&basic).expect("value"),
+        );
+        let at = |h: &HeaderMap, d| {
+            spec.fingerprint(&view(h, "/v1/charges", b""), &[], d)
+                .expect("fingerprint")
+        };
+        assert_eq!(at(&bearer, Derivation::V2), at(&as_basic, Derivation::V2));
+        assert_ne!(at(&bearer, Derivation::V1), at(&as_basic, Derivation::V1));
+        // A key sent as Bearer keeps the scope it had: derivation 1 and 2 agree on it, and
+        // on what the old profile (`Headers(authorization, stripe-account)`) hashed.
+        assert_eq!(at(&bearer, Derivation::V1), at(&bearer, Derivation::V2));
+        let old = AccountSpec::Parts(vec![AccountPart::Headers(vec![
+            HeaderName::from_static("authorization"),
+            HeaderName::from_static("stripe-account"),
+        ])]);
+        for h in [&bearer, &as_basic] {
+            assert_eq!(
+                old.fingerprint(&view(h, "/", b""), &[], Derivation::V1)
+                    .expect("fp"),
+                at(h, Derivation::V1)
+            );
+        }
+        let other_key = headers(&[("authorization", "Bearer sk_test_y")]);
+        assert_ne!(at(&bearer, Derivation::V2), at(&other_key, Derivation::V2));
+        assert!(spec.normalises());
+    }
+
+    #[test]
+    fn plaid_credentials_in_headers_or_body_are_one_account_from_derivation_2() {
+        let field = |f: &str| Template::parse(&format!("f:{{body.{f}}}")).expect("template");
+        let spec = AccountSpec::Parts(vec![AccountPart::HeaderOrBody(vec![
+            (
+                HeaderName::from_static("plaid-client-id"),
+                field("client_id"),
+            ),
+            (HeaderName::from_static("plaid-secret"), field("secret")),
+        ])]);
+        let mut json = HeaderMap::new();
+        json.insert("content-type", HeaderValue::from_static("application/json"));
+        let mut in_headers = json.clone();
+        in_headers.insert("plaid-client-id", HeaderValue::from_static("c1"));
+        in_headers.insert("plaid-secret", HeaderValue::from_static("s1"));
+        let in_body = br#"{"client_id":"c1","secret":"s1"}"#;
+        let fp = |h: &HeaderMap, b: &[u8], d| spec.fingerprint(&view(h, "/", b), &[], d);
+        assert_eq!(
+            fp(&in_headers, b"{}", Derivation::V2),
+            fp(&json, in_body, Derivation::V2)
+        );
+        assert_ne!(
+            fp(&in_headers, b"{}", Derivation::V1),
+            fp(&json, in_body, Derivation::V1)
+        );
+        assert_eq!(
+            fp(&in_headers, b"{}", Derivation::V1),
+            fp(&in_headers, b"{}", Derivation::V2)
+        );
+        let both = br#"{"client_id":"c2","secret":"s1"}"#;
+        assert!(matches!(
+            fp(&in_headers, both, Derivation::V2),
+            Err(AccountError::Ambiguous(_))
+        ));
     }
 }

@@ -13,20 +13,24 @@
 //! - **request**: the whole request, for `dedup_window`.
 
 pub mod account;
-pub mod canonical;
+pub mod derivation;
 pub mod minted_keys;
 pub mod operations;
 pub mod provider_key;
+pub mod scope;
 
-use http::{HeaderMap, HeaderName, Method};
+use http::HeaderName;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use self::account::{AccountError, AccountSpec};
+use self::derivation::{Derivation, Derivations};
 use self::operations::Operation;
 use self::provider_key::KeyField;
-use crate::idempotency::key::{self, KeyError};
-use crate::idempotency::template::{RenderError, Rendered, RequestView, Template};
+use crate::request::fingerprint;
+use crate::request::key::{self, KeyError};
+use crate::request::template::{RenderError, Rendered, Template};
+use crate::request::{FieldError, Request};
 
 /// Every caller is this tenant when no tenants are configured.
 pub const DEFAULT_TENANT: &str = "default";
@@ -105,6 +109,8 @@ pub struct RouteIdentity {
     /// Where the provider takes its own key.
     pub provider_key: Option<KeyField>,
     pub signing: Signing,
+    /// The derivation it claims under, and whether it still looks under the other one.
+    pub derivations: Derivations,
 }
 
 /// The operation a protected request performs.
@@ -173,14 +179,31 @@ impl Identity {
     }
 }
 
-/// A protected request, identified.
-#[derive(Debug, Clone)]
-pub struct Identified {
+/// An operation's identity as one derivation computes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Derived {
+    pub derivation: Derivation,
     pub identity: Identity,
     /// Hex hash of the account; `""` when the request names none.
     pub account: String,
     /// What exactly is asked, without what re-signing changes.
     pub fingerprint: String,
+}
+
+impl Derived {
+    pub fn scope_key(&self) -> String {
+        self.identity.scope_key(&self.fingerprint)
+    }
+}
+
+/// A protected request, identified.
+#[derive(Debug, Clone)]
+pub struct Identified {
+    /// As the route's own derivation computes it: what it claims under.
+    pub derived: Derived,
+    /// As the other derivation computes it, while the route looks there too and only when it
+    /// differs (a key sent as Basic, a path the grammar rewrote).
+    pub other: Option<Derived>,
     /// The key the client sent, if any (header, or the provider's own field).
     pub client_key: Option<String>,
     /// What the client set in the provider's own key field, if anything.
@@ -215,70 +238,55 @@ pub enum IdentityError {
     #[error("{0}")]
     Malformed(String),
     #[error(transparent)]
-    Account(#[from] AccountError),
+    Account(AccountError),
+    /// The request reads two ways (a field in both the query and the body, a JSON key given
+    /// twice, a credential sent twice over).
+    #[error("{0}")]
+    Ambiguous(String),
 }
 
-/// The request as identification sees it.
-pub struct Request<'a> {
-    pub method: &'a Method,
-    /// The path after the route's upstream base path, without the query.
-    pub path: &'a str,
-    /// The upstream path and query, as forwarded.
-    pub path_and_query: &'a str,
-    pub headers: &'a HeaderMap,
-    pub body: &'a [u8],
-    pub tenant: &'a str,
-}
-
-impl Request<'_> {
-    fn view(&self) -> RequestView<'_> {
-        RequestView {
-            method: self.method.as_str(),
-            path: self.path,
-            headers: self.headers,
-            body: self.body,
-            tenant: self.tenant,
+impl From<AccountError> for IdentityError {
+    fn from(e: AccountError) -> IdentityError {
+        match e {
+            AccountError::Ambiguous(m) => IdentityError::Ambiguous(m),
+            e => IdentityError::Account(e),
         }
     }
+}
 
-    fn query(&self) -> &str {
-        self.path_and_query.split_once('?').map_or("", |(_, q)| q)
+impl From<FieldError> for IdentityError {
+    fn from(e: FieldError) -> IdentityError {
+        match e {
+            FieldError::AlsoInQuery(_) => IdentityError::Ambiguous(e.to_string()),
+            FieldError::Body(b) => IdentityError::Malformed(b.to_string()),
+        }
     }
 }
 
 impl RouteIdentity {
+    /// Whether identifying a request reads the header `name`: its key headers, what tells its
+    /// accounts apart, and the headers its templates read.
+    pub fn reads_header(&self, name: &HeaderName) -> bool {
+        *name == self.key_header
+            || matches!(&self.provider_key, Some(KeyField::Header(h)) if h == name)
+            || self.account.reads_header(name)
+            || self.template.as_ref().is_some_and(|t| t.reads_header(name))
+            || self.operations.iter().any(|o| o.key.reads_header(name))
+    }
+
     /// Identifies a request of a method the route protects (its body read in full).
     pub fn identify(
         &self,
         route: &str,
         req: &Request<'_>,
     ) -> Result<Identification, IdentityError> {
-        let view = req.view();
         let keys = self.client_keys(req)?;
         let rules = self.rules_for(req);
-        let chosen = match rules.source {
-            KeySource::Request => Some(Identity::Request),
-            KeySource::Client => match &keys.client {
-                Some(k) => {
-                    // A provider field the client set must be a key the proxy can hold.
-                    key::validate(k.as_bytes(), &self.key_source_name(keys.header.is_some()))?;
-                    Some(Identity::Client(k.clone()))
-                }
-                None => rules.derive(route, &view)?,
-            },
-            KeySource::Template => rules.derive(route, &view)?,
-        };
-        let identity = match chosen {
-            Some(identity) => identity,
-            None => match self.without_key(&rules, &view)? {
-                Some(identity) => identity,
-                None => {
-                    return Ok(Identification::Unprotected {
-                        why: self.unprotected_because(&rules, &view),
-                        client_key: keys.client,
-                    })
-                }
-            },
+        let Some(identity) = self.choose(route, req, &keys, &rules)? else {
+            return Ok(Identification::Unprotected {
+                why: self.unprotected_because(&rules, req),
+                client_key: keys.client,
+            });
         };
         self.identified(route, req, identity, keys, &rules)
             .map(|i| Identification::Protected(Box::new(i)))
@@ -297,7 +305,8 @@ impl RouteIdentity {
         self.identified(route, req, Identity::Request, keys, &rules)
     }
 
-    /// The identified request: its account, fingerprint and what the operation is.
+    /// The request under `identity`: its account and fingerprint by each derivation, and
+    /// what the operation is.
     fn identified(
         &self,
         route: &str,
@@ -306,26 +315,30 @@ impl RouteIdentity {
         keys: ClientKeys,
         rules: &KeyRules<'_>,
     ) -> Result<Identified, IdentityError> {
-        let view = req.view();
-        let fingerprint = self.fingerprint(req);
-        let mut ignore = vec![&self.key_header];
-        if let Some(KeyField::Header(h)) = &self.provider_key {
-            ignore.push(h);
-        }
-        let account = self.account.fingerprint(&view, &ignore)?;
+        let primary = self.derivations.primary;
+        let fingerprint = self.fingerprint(req, primary);
         // What the operation is whatever key the client sent: its template key where the
         // route has one, else the request itself.
         let same_operation = match &identity {
-            Identity::Client(_) => match rules.derive(route, &view) {
+            Identity::Client(_) => match rules.derive(route, req, primary) {
                 Ok(Some(derived)) => derived.scope_key(&fingerprint),
                 _ => Identity::Request.scope_key(&fingerprint),
             },
             other => other.scope_key(&fingerprint),
         };
-        Ok(Identified {
+        let derived = Derived {
+            derivation: primary,
+            account: self.account_of(req, primary)?,
             identity,
-            account,
             fingerprint,
+        };
+        let other = match self.derivations.other() {
+            Some(other) => self.as_derived_by(other, &derived, req, rules)?,
+            None => None,
+        };
+        Ok(Identified {
+            derived,
+            other,
             client_key: keys.client,
             provider_set: keys.provider_set,
             same_operation,
@@ -333,15 +346,95 @@ impl RouteIdentity {
         })
     }
 
+    /// The operation's identity: the client's key, the template's, the request itself, or
+    /// (`None`) none, and the request goes out unprotected.
+    fn choose(
+        &self,
+        route: &str,
+        req: &Request<'_>,
+        keys: &ClientKeys,
+        rules: &KeyRules<'_>,
+    ) -> Result<Option<Identity>, IdentityError> {
+        let primary = self.derivations.primary;
+        let chosen = match rules.source {
+            KeySource::Request => Some(Identity::Request),
+            KeySource::Client => match &keys.client {
+                Some(k) => {
+                    // A provider field the client set must be a key the proxy can hold.
+                    key::validate(k.as_bytes(), &self.key_source_name(keys.header.is_some()))?;
+                    Some(Identity::Client(k.clone()))
+                }
+                None => rules.derive(route, req, primary)?,
+            },
+            KeySource::Template => rules.derive(route, req, primary)?,
+        };
+        match chosen {
+            Some(identity) => Ok(Some(identity)),
+            None => self.without_key(rules, req),
+        }
+    }
+
+    /// The same operation as `other` computes it, when that differs from `derived`: the
+    /// account where a credential is normalised, the fingerprint and endpoint where the path
+    /// was spelled otherwise.
+    fn as_derived_by(
+        &self,
+        other: Derivation,
+        derived: &Derived,
+        req: &Request<'_>,
+        rules: &KeyRules<'_>,
+    ) -> Result<Option<Derived>, IdentityError> {
+        let respelled = req.as_sent.target != req.target;
+        if !respelled && !self.account.normalises() {
+            return Ok(None);
+        }
+        let identity = match &derived.identity {
+            Identity::Derived { key, .. } => Identity::Derived {
+                endpoint: rules.endpoint(req, other),
+                key: key.clone(),
+            },
+            identity => identity.clone(),
+        };
+        let theirs = Derived {
+            derivation: other,
+            identity,
+            account: self.account_of(req, other)?,
+            fingerprint: if respelled {
+                self.fingerprint(req, other)
+            } else {
+                derived.fingerprint.clone()
+            },
+        };
+        Ok((theirs.account != derived.account
+            || theirs.scope_key() != derived.scope_key()
+            || theirs.fingerprint != derived.fingerprint)
+            .then_some(theirs))
+    }
+
+    fn account_of(
+        &self,
+        req: &Request<'_>,
+        derivation: Derivation,
+    ) -> Result<String, IdentityError> {
+        let mut ignore = vec![&self.key_header];
+        if let Some(KeyField::Header(h)) = &self.provider_key {
+            ignore.push(h);
+        }
+        Ok(self.account.fingerprint(req, &ignore, derivation)?)
+    }
+
     /// The keys the client sent: its `key_header`, and what it set in the provider's own
     /// field (when that is not the same header).
     fn client_keys(&self, req: &Request<'_>) -> Result<ClientKeys, IdentityError> {
         let header = key::from_headers(req.headers, &self.key_header)?;
-        let provider_set = self
+        let provider_set = match self
             .provider_key
             .as_ref()
             .filter(|f| **f != KeyField::Header(self.key_header.clone()))
-            .and_then(|f| f.client_set(req.headers, req.query(), req.body));
+        {
+            Some(field) => field.client_set(req)?,
+            None => None,
+        };
         Ok(ClientKeys {
             client: header.clone().or_else(|| provider_set.clone()),
             header,
@@ -364,7 +457,6 @@ impl RouteIdentity {
             missing: operation
                 .and_then(|o| o.missing_key)
                 .unwrap_or(self.missing_key),
-            endpoint: format!("{} /{}", req.method, req.path.trim_matches('/')),
             operation,
         }
     }
@@ -374,7 +466,7 @@ impl RouteIdentity {
     fn without_key(
         &self,
         rules: &KeyRules<'_>,
-        view: &RequestView<'_>,
+        req: &Request<'_>,
     ) -> Result<Option<Identity>, IdentityError> {
         let header = self.key_header.to_string();
         match (rules.missing, rules.template) {
@@ -382,30 +474,35 @@ impl RouteIdentity {
             (MissingKey::Forward, _) => Ok(None),
             (MissingKey::Reject, Some(t)) => Err(IdentityError::MissingKeyField {
                 header,
-                field: missing_field(t, view),
+                field: missing_field(t, req),
             }),
             (MissingKey::Reject, None) => Err(IdentityError::MissingKey { header }),
         }
     }
 
-    fn unprotected_because(&self, rules: &KeyRules<'_>, view: &RequestView<'_>) -> String {
+    fn unprotected_because(&self, rules: &KeyRules<'_>, req: &Request<'_>) -> String {
         match rules.template {
             Some(t) => format!(
                 "no key: the key template needs {}, which the request does not carry",
-                missing_field(t, view)
+                missing_field(t, req)
             ),
             None => format!("no key: the request carries no {} header", self.key_header),
         }
     }
 
-    fn fingerprint(&self, req: &Request<'_>) -> String {
+    /// Derivation 1 fingerprinted the target as the client spelled it; 2 as forwarded.
+    fn fingerprint(&self, req: &Request<'_>, derivation: Derivation) -> String {
+        let target = match derivation {
+            Derivation::V1 => req.as_sent.target,
+            Derivation::V2 => req.target,
+        };
         let content_type = req
             .headers
             .get(http::header::CONTENT_TYPE)
             .map(http::HeaderValue::as_bytes);
-        canonical::fingerprint(
+        fingerprint::without(
             req.method.as_str(),
-            req.path_and_query,
+            target,
             content_type,
             req.body,
             &self.volatile,
@@ -432,8 +529,6 @@ struct KeyRules<'r> {
     source: KeySource,
     template: Option<&'r Template>,
     missing: MissingKey,
-    /// `POST /v1/refunds`: derived keys are per endpoint.
-    endpoint: String,
     operation: Option<&'r Operation>,
 }
 
@@ -442,30 +537,47 @@ impl KeyRules<'_> {
     fn derive(
         &self,
         route: &str,
-        view: &RequestView<'_>,
+        req: &Request<'_>,
+        derivation: Derivation,
     ) -> Result<Option<Identity>, IdentityError> {
         let Some(t) = self.template else {
             return Ok(None);
         };
-        match t.render(view) {
+        match t.render(req) {
             Ok(Rendered::Key(key)) => Ok(Some(Identity::Derived {
-                endpoint: self.endpoint.clone(),
+                endpoint: self.endpoint(req, derivation),
                 key,
             })),
             Ok(Rendered::Missing(_)) => Ok(None),
             Err(e) => Err(malformed(route, &e)),
         }
     }
+
+    /// `POST /v1/refunds`: derived keys are per endpoint. Derivation 1 wrote the path as the
+    /// client spelled it; 2 as the grammar reads it, a matched operation's literal segments
+    /// as its pattern spells them.
+    fn endpoint(&self, req: &Request<'_>, derivation: Derivation) -> String {
+        match (derivation, self.operation) {
+            (Derivation::V1, _) => {
+                format!("{} /{}", req.method, req.as_sent.path.trim_matches('/'))
+            }
+            (Derivation::V2, Some(o)) => o.endpoint(req.method, req.path),
+            (Derivation::V2, None) => format!("{} /{}", req.method, req.path.trim_matches('/')),
+        }
+    }
 }
 
-fn missing_field(t: &Template, view: &RequestView<'_>) -> String {
-    match t.render(view) {
+fn missing_field(t: &Template, req: &Request<'_>) -> String {
+    match t.render(req) {
         Ok(Rendered::Missing(field)) => field,
         _ => "a field".into(),
     }
 }
 
 fn malformed(route: &str, e: &RenderError) -> IdentityError {
+    if e.is_ambiguity() {
+        return IdentityError::Ambiguous(format!("route {route}: {e}"));
+    }
     IdentityError::Malformed(format!(
         "route {route}: {e}, so its key template cannot derive a key"
     ))
@@ -475,7 +587,7 @@ fn malformed(route: &str, e: &RenderError) -> IdentityError {
 mod tests {
     use super::*;
     use crate::identity::account::AccountPart;
-    use http::HeaderValue;
+    use http::{HeaderMap, HeaderValue, Method};
 
     fn spec(source: KeySource, template: Option<&str>) -> RouteIdentity {
         RouteIdentity {
@@ -488,6 +600,7 @@ mod tests {
             volatile: vec![],
             provider_key: Some(KeyField::Header(HeaderName::from_static("idempotency-key"))),
             signing: Signing::None,
+            derivations: Derivations::default(),
         }
     }
 
@@ -499,14 +612,14 @@ mod tests {
         }
         spec.identify(
             "r",
-            &Request {
-                method: &Method::POST,
-                path: "/v1/charges",
-                path_and_query: "/v1/charges",
-                headers: &h,
-                body: body.as_bytes(),
-                tenant: DEFAULT_TENANT,
-            },
+            &Request::new(
+                &Method::POST,
+                "/v1/charges",
+                "/v1/charges",
+                &h,
+                body.as_bytes(),
+                DEFAULT_TENANT,
+            ),
         )
         .expect("identifies")
     }
@@ -527,15 +640,15 @@ mod tests {
             Some("minted-2"),
             r#"{"invoice":"1","note":"reworded"}"#,
         ));
-        assert_eq!(a.identity, b.identity);
+        assert_eq!(a.derived.identity, b.derived.identity);
         assert_eq!(
-            a.identity,
+            a.derived.identity,
             Identity::Derived {
                 endpoint: "POST /v1/charges".into(),
                 key: "inv:1".into()
             }
         );
-        assert_ne!(a.fingerprint, b.fingerprint);
+        assert_ne!(a.derived.fingerprint, b.derived.fingerprint);
         assert_eq!(a.client_key.as_deref(), Some("minted-1"));
     }
 
@@ -544,8 +657,8 @@ mod tests {
         let s = spec(KeySource::Client, None);
         let a = identity(identify(&s, Some("k1"), r#"{"invoice":"1"}"#));
         let b = identity(identify(&s, Some("k2"), r#"{"invoice":"1"}"#));
-        assert_eq!(a.identity, Identity::Client("k1".into()));
-        assert_ne!(a.identity, b.identity);
+        assert_eq!(a.derived.identity, Identity::Client("k1".into()));
+        assert_ne!(a.derived.identity, b.derived.identity);
         assert_eq!(a.same_operation, b.same_operation);
         assert!(matches!(
             identify(&s, None, "{}"),
@@ -558,11 +671,8 @@ mod tests {
         let s = spec(KeySource::Request, None);
         let a = identity(identify(&s, Some("k1"), r#"{"a":1}"#));
         let b = identity(identify(&s, Some("k2"), r#"{"a":1}"#));
-        assert_eq!(a.identity, Identity::Request);
-        assert_eq!(
-            a.identity.scope_key(&a.fingerprint),
-            b.identity.scope_key(&b.fingerprint)
-        );
+        assert_eq!(a.derived.identity, Identity::Request);
+        assert_eq!(a.derived.scope_key(), b.derived.scope_key());
     }
 
     #[test]
@@ -591,5 +701,53 @@ mod tests {
         for i in [&charge, &Identity::Request] {
             assert!(i.scope_key("f").contains(' '));
         }
+    }
+
+    #[test]
+    fn a_respelled_path_is_another_derivation_s_fingerprint_and_endpoint() {
+        let mut s = spec(KeySource::Template, None);
+        s.operations =
+            vec![Operation::parse(None, "POST /v1/refunds", "r:{body.charge}", None).expect("op")];
+        let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        let body = br#"{"charge":"ch_1"}"#;
+        let req = Request::new(
+            &Method::POST,
+            "/v1/refunds",
+            "/v1/refunds",
+            &h,
+            body,
+            "default",
+        )
+        .sent_as(crate::request::AsSent {
+            path: "/v1/./refunds",
+            target: "/v1/./refunds",
+        });
+        let id = identity(s.identify("r", &req).expect("identifies"));
+        let other = id.other.expect("derivation 1 differs");
+        assert_eq!(other.derivation, Derivation::V1);
+        assert_eq!(
+            other.identity,
+            Identity::Derived {
+                endpoint: "POST /v1/./refunds".into(),
+                key: "r:ch_1".into()
+            }
+        );
+        assert_ne!(other.fingerprint, id.derived.fingerprint);
+        let plain = Request::new(
+            &Method::POST,
+            "/v1/refunds",
+            "/v1/refunds",
+            &h,
+            body,
+            "default",
+        );
+        assert!(identity(s.identify("r", &plain).expect("identifies"))
+            .other
+            .is_none());
+        s.derivations = Derivations::new(Derivation::V2, std::time::Duration::ZERO);
+        assert!(identity(s.identify("r", &req).expect("identifies"))
+            .other
+            .is_none());
     }
 }

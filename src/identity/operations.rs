@@ -1,10 +1,14 @@
 //! Endpoints of a route and the template that names each one's operation:
-//! `match = "POST /v1/payment_intents/*/confirm"`.
+//! `match = "POST /v1/payment_intents/*/confirm"`. Literal segments match in any letter case,
+//! and a path with an encoded slash a provider documents (`BTC%2FUSD`) is matched as written
+//! and as a server that decodes it reads it: a rule that covers too much only protects or
+//! counts more, one that covers too little lets a request past it.
 
 use http::Method;
 
 use super::MissingKey;
-use crate::idempotency::template::Template;
+use crate::request::path::slash_reading;
+use crate::request::template::Template;
 
 #[derive(Debug, Clone)]
 pub struct Operation {
@@ -63,21 +67,44 @@ impl Pattern {
         Ok(Pattern { method, segments })
     }
 
-    /// Whether a request with this method and path (after the route's upstream base path,
-    /// without the query) is covered.
+    /// Whether a request with this method and path (after the route's upstream base path, in
+    /// the one grammar, without the query) is covered.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         if self.method.as_ref().is_some_and(|m| m != method) {
             return false;
         }
+        self.matches_path(path) || slash_reading(path).is_some_and(|p| self.matches_path(&p))
+    }
+
+    fn matches_path(&self, path: &str) -> bool {
         let mut given = path.split('/').filter(|s| !s.is_empty());
         for want in &self.segments {
             match (want, given.next()) {
                 (Segment::Any, Some(_)) => {}
-                (Segment::Literal(l), Some(s)) if l == s => {}
+                (Segment::Literal(l), Some(s)) if l.eq_ignore_ascii_case(s) => {}
                 _ => return false,
             }
         }
         given.next().is_none()
+    }
+
+    /// `METHOD /path` of a request this pattern matches, its literal segments spelled as the
+    /// pattern spells them: one endpoint, however the letter case of the request went.
+    pub fn endpoint(&self, method: &Method, path: &str) -> String {
+        let mut given = path.split('/').filter(|s| !s.is_empty());
+        let mut out = format!("{method} ");
+        for want in &self.segments {
+            out.push('/');
+            match (want, given.next()) {
+                (Segment::Literal(l), _) => out.push_str(l),
+                (Segment::Any, Some(s)) => out.push_str(s),
+                (Segment::Any, None) => {}
+            }
+        }
+        if self.segments.is_empty() {
+            out.push('/');
+        }
+        out
     }
 }
 
@@ -105,6 +132,11 @@ impl Operation {
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         self.pattern.matches(method, path)
     }
+
+    /// The endpoint of a request this operation matches (see `Pattern::endpoint`).
+    pub fn endpoint(&self, method: &Method, path: &str) -> String {
+        self.pattern.endpoint(method, path)
+    }
 }
 
 #[cfg(test)]
@@ -127,6 +159,26 @@ mod tests {
         assert!(create.matches(&Method::PUT, "/v1/refunds"));
         assert!(!create.matches(&Method::PUT, "/v1/refundsx"));
         assert_eq!(create.name, "* /v1/refunds");
+    }
+
+    #[test]
+    fn letter_case_and_documented_encoded_slashes_match_both_ways() {
+        let refunds = op("POST /v1/refunds");
+        assert!(refunds.matches(&Method::POST, "/V1/Refunds"));
+        assert_eq!(
+            refunds.endpoint(&Method::POST, "/V1/Refunds/"),
+            "POST /v1/refunds"
+        );
+        let confirm = op("POST /v1/payment_intents/*/confirm");
+        assert_eq!(
+            confirm.endpoint(&Method::POST, "/V1/payment_intents/pi_AbC/CONFIRM"),
+            "POST /v1/payment_intents/pi_AbC/confirm"
+        );
+        let close = op("DELETE /v2/positions/*");
+        assert!(close.matches(&Method::DELETE, "/v2/positions/BTC%2FUSD"));
+        let orders = op("POST /v2/orders");
+        assert!(orders.matches(&Method::POST, "/v2%2Forders"));
+        assert!(!orders.matches(&Method::POST, "/v2/orders%2Fx"));
     }
 
     #[test]

@@ -12,6 +12,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
 use serde_json::value::RawValue;
 
+use crate::request::body::{self, Field};
+use crate::request::form::{self, decode, encode as percent_encode};
+use crate::request::{FieldError, Request};
+
 /// Where a provider takes its idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyField {
@@ -29,80 +33,34 @@ impl KeyField {
         }
     }
 
-    /// The key the client itself set in this field, if any.
-    pub fn client_set(&self, headers: &HeaderMap, query: &str, body: &[u8]) -> Option<String> {
+    /// The key the client itself set in this field, if any. A body field may also come in
+    /// the query (Binance takes its parameters in either); in both at once it is ambiguous.
+    pub fn client_set(&self, req: &Request<'_>) -> Result<Option<String>, FieldError> {
         match self {
-            KeyField::Header(name) => headers
+            KeyField::Header(name) => Ok(req
+                .headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
-                .map(String::from),
-            KeyField::Body(field) => body_value(headers, body, field)
-                .or_else(|| form_value(query.as_bytes(), field))
-                .filter(|v| !v.is_empty()),
+                .map(String::from)),
+            KeyField::Body(field) => {
+                let in_body = match req.parsed()?.field(std::slice::from_ref(field)) {
+                    Field::Value(v) => Some(v),
+                    _ => None,
+                };
+                let in_query = form::value_of(req.query().as_bytes(), field);
+                if in_body.is_some() && in_query.is_some() {
+                    return Err(FieldError::AlsoInQuery(field.clone()));
+                }
+                Ok(in_body.or(in_query).filter(|v| !v.is_empty()))
+            }
         }
     }
 }
 
 fn is_form(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| {
-            v.trim()
-                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
-        })
-}
-
-fn body_value(headers: &HeaderMap, body: &[u8], field: &str) -> Option<String> {
-    if is_form(headers) {
-        return form_value(body, field);
-    }
-    let text = std::str::from_utf8(body).ok()?;
-    let fields: HashMap<&str, &RawValue> = serde_json::from_str(text).ok()?;
-    serde_json::from_str::<String>(fields.get(field)?.get()).ok()
-}
-
-fn form_value(raw: &[u8], field: &str) -> Option<String> {
-    raw.split(|b| *b == b'&').find_map(|pair| {
-        let (k, v) = match pair.iter().position(|b| *b == b'=') {
-            Some(i) => (&pair[..i], &pair[i + 1..]),
-            None => (pair, &b""[..]),
-        };
-        (percent_decode(k).as_deref() == Some(field)).then(|| percent_decode(v))?
-    })
-}
-
-fn percent_decode(s: &[u8]) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        match s[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let h = std::str::from_utf8(s.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(h, 16).ok()?);
-                i += 2;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).ok()
-}
-
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    body::essence(headers) == body::FORM
 }
 
 /// A body checked, before anything is claimed, to be able to carry a key in `field`; the
@@ -144,7 +102,7 @@ impl BodySlot {
             for pair in body.split(|b| *b == b'&') {
                 let end = offset + pair.len();
                 let name_end = pair.iter().position(|b| *b == b'=').unwrap_or(pair.len());
-                if percent_decode(&pair[..name_end]).as_deref() == Some(field) {
+                if decode(&pair[..name_end]).ok().as_deref() == Some(field) {
                     return Ok(slot(Slot::FormReplace { start: offset, end }));
                 }
                 offset = end + 1;
@@ -288,19 +246,26 @@ mod tests {
         }
     }
 
+    fn set(f: &KeyField, h: &HeaderMap, query: &str, body: &[u8]) -> Option<String> {
+        let target = format!("/api/v3/order?{query}");
+        let req = Request::new(&http::Method::POST, "/api/v3/order", &target, h, body, "t");
+        f.client_set(&req).expect("readable")
+    }
+
     #[test]
     fn reads_what_the_client_set() {
         let f = KeyField::Body("newClientOrderId".into());
         assert_eq!(
-            f.client_set(&form(), "", b"symbol=X&newClientOrderId=my%2D1"),
+            set(&f, &form(), "", b"symbol=X&newClientOrderId=my%2D1"),
             Some("my-1".into())
         );
         assert_eq!(
-            f.client_set(&form(), "symbol=X&newClientOrderId=q1", b"side=BUY"),
+            set(&f, &form(), "symbol=X&newClientOrderId=q1", b"side=BUY"),
             Some("q1".into())
         );
         assert_eq!(
-            KeyField::Body("idempotency_key".into()).client_set(
+            set(
+                &KeyField::Body("idempotency_key".into()),
                 &json(),
                 "",
                 br#"{"idempotency_key":"u-1","amount_money":{}}"#
@@ -310,8 +275,31 @@ mod tests {
         let mut h = json();
         h.insert("paypal-request-id", HeaderValue::from_static("alice:1"));
         assert_eq!(
-            KeyField::Header(HeaderName::from_static("paypal-request-id")).client_set(&h, "", b""),
+            set(
+                &KeyField::Header(HeaderName::from_static("paypal-request-id")),
+                &h,
+                "",
+                b""
+            ),
             Some("alice:1".into())
+        );
+    }
+
+    #[test]
+    fn a_key_in_both_the_query_and_the_body_is_ambiguous() {
+        let f = KeyField::Body("newClientOrderId".into());
+        let h = form();
+        let req = Request::new(
+            &http::Method::POST,
+            "/api/v3/order",
+            "/api/v3/order?newClientOrderId=a",
+            &h,
+            b"newClientOrderId=b",
+            "t",
+        );
+        assert_eq!(
+            f.client_set(&req),
+            Err(FieldError::AlsoInQuery("newClientOrderId".into()))
         );
     }
 }

@@ -38,6 +38,10 @@ pub enum ProxyError {
     BodyTooLarge { limit: usize },
     #[error("{0}")]
     BadRequest(String),
+    /// The proxy and the provider could read the request two ways (`request::ambiguity`,
+    /// `request::path`): refused, never guessed.
+    #[error("{0}")]
+    Ambiguous(String),
     #[error("no route covers {0}")]
     NoRoute(String),
     #[error("this idempotency key was already used for a different request")]
@@ -72,7 +76,8 @@ impl ProxyError {
             | ProxyError::MalformedBody(_)
             | ProxyError::MethodCase { .. }
             | ProxyError::Signed(_)
-            | ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            | ProxyError::BadRequest(_)
+            | ProxyError::Ambiguous(_) => StatusCode::BAD_REQUEST,
             ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::NoRoute(_) => StatusCode::NOT_FOUND,
@@ -102,6 +107,9 @@ impl ProxyError {
                 "malformed-body"
             }
             ProxyError::Identity(IdentityError::Account(_)) => "unknown-account",
+            ProxyError::Identity(IdentityError::Ambiguous(_)) | ProxyError::Ambiguous(_) => {
+                "ambiguous-request"
+            }
             ProxyError::MethodCase { .. } => "method-case",
             ProxyError::Signed(_) => "signed-request",
             ProxyError::Busy { .. } => "proxy-busy",
@@ -145,6 +153,9 @@ impl ProxyError {
                 "Malformed request body"
             }
             ProxyError::Identity(IdentityError::Account(_)) => "Account not identified",
+            ProxyError::Identity(IdentityError::Ambiguous(_)) | ProxyError::Ambiguous(_) => {
+                "Ambiguous request"
+            }
             ProxyError::MethodCase { .. } => "Method in the wrong case",
             ProxyError::Signed(_) => "Signed request cannot be protected as sent",
             ProxyError::Busy { .. } => "Proxy busy",
@@ -183,6 +194,7 @@ impl ProxyError {
             ProxyError::Identity(IdentityError::MissingKeyField { header, .. }) => format!("Nothing was forwarded or claimed. Add the field, or send a {header} header that stays the same across retries of this operation."),
             ProxyError::Identity(IdentityError::Malformed(_)) | ProxyError::MalformedBody(_) => "Nothing was forwarded or claimed. Send a well-formed body.".into(),
             ProxyError::Identity(IdentityError::Account(_)) => "Nothing was forwarded or claimed. The route tells accounts apart by its `account` template; send what it names.".into(),
+            ProxyError::Identity(IdentityError::Ambiguous(_)) | ProxyError::Ambiguous(_) => "Nothing was forwarded or claimed: the proxy and the provider could read this request two ways, and a spend cap or an operation's key could be walked around. Send it in its plain form.".into(),
             ProxyError::MethodCase { protected, .. } => format!("Nothing was forwarded or claimed. HTTP methods are case-sensitive: send {protected}."),
             ProxyError::Signed(_) => "Nothing was forwarded or claimed.".into(),
             ProxyError::Busy { .. } => "Nothing was forwarded or claimed. Retry shortly with the same key.".into(),

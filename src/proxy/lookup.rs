@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use http::{header, HeaderMap, HeaderName, Method, Request, Version};
+use http::{header, HeaderMap, HeaderName, Method, Version};
 
 use super::headers::for_upstream;
 use super::receipt;
@@ -17,7 +17,9 @@ use crate::config::LookupConfig;
 use crate::http::body::{empty, read_limited};
 use crate::idempotency::claims::Verdict;
 use crate::idempotency::policy::{Condition, StatusSet, Test};
-use crate::idempotency::template::{RequestView, Template};
+use crate::request::form::encode;
+use crate::request::template::Template;
+use crate::request::Request;
 
 /// How a route asks its provider about an operation.
 #[derive(Debug, Clone)]
@@ -40,11 +42,10 @@ enum Part {
     Field(Template),
 }
 
-/// The retry's request, as the lookup reads it.
-pub struct Asking<'a> {
-    pub view: RequestView<'a>,
-    /// The key the held attempt passed down.
-    pub key: &'a str,
+/// The retry's request, and the key the held attempt passed down.
+pub struct Asking<'r, 'a> {
+    pub request: &'r Request<'a>,
+    pub key: &'r str,
 }
 
 impl Lookup {
@@ -96,13 +97,13 @@ impl Lookup {
     }
 
     /// The path and query to ask, or `None` when the retry lacks a field the request needs.
-    fn target(&self, asking: &Asking<'_>) -> Option<String> {
+    fn target(&self, asking: &Asking<'_, '_>) -> Option<String> {
         let mut out = String::new();
         for part in &self.parts {
             match part {
                 Part::Literal(l) => out.push_str(l),
                 Part::Key => out.push_str(&encode(asking.key)),
-                Part::Field(t) => match t.first_value(&asking.view) {
+                Part::Field(t) => match t.first_value(asking.request) {
                     Ok(Some(v)) => out.push_str(&encode(&v)),
                     _ => return None,
                 },
@@ -116,7 +117,7 @@ impl Lookup {
         &self,
         client: &UpstreamClient,
         upstream: impl Fn(&str) -> Option<http::Uri>,
-        asking: &Asking<'_>,
+        asking: &Asking<'_, '_>,
         key_headers: &[&HeaderName],
         deadline: Duration,
         max_receipt: usize,
@@ -124,7 +125,7 @@ impl Lookup {
         let Some(uri) = self.target(asking).and_then(|t| upstream(&t)) else {
             return Verdict::Unclear("the retry lacks a field the lookup request needs".into());
         };
-        let mut headers: HeaderMap = asking.view.headers.clone();
+        let mut headers: HeaderMap = asking.request.headers.clone();
         for_upstream(&mut headers, true);
         for name in [header::CONTENT_TYPE, header::CONTENT_ENCODING]
             .iter()
@@ -132,7 +133,7 @@ impl Lookup {
         {
             headers.remove(name);
         }
-        let mut req = Request::new(empty());
+        let mut req = http::Request::new(empty());
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = uri;
         *req.version_mut() = Version::HTTP_11;
@@ -177,19 +178,6 @@ impl Lookup {
     }
 }
 
-/// Percent-encodes everything but unreserved characters (RFC 3986).
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,14 +210,16 @@ mod tests {
         .expect("parses");
         let mut h = HeaderMap::new();
         h.insert("content-type", "application/json".parse().expect("value"));
+        let request = Request::new(
+            &Method::POST,
+            "/api/v3/order",
+            "/api/v3/order",
+            &h,
+            br#"{"symbol":"BTC USDT"}"#,
+            "default",
+        );
         let asking = Asking {
-            view: RequestView {
-                method: "POST",
-                path: "/api/v3/order",
-                headers: &h,
-                body: br#"{"symbol":"BTC USDT"}"#,
-                tenant: "default",
-            },
+            request: &request,
             key: "order:1/a",
         };
         assert_eq!(

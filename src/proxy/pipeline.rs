@@ -1,8 +1,10 @@
-//! The pipeline of one protected request, top to bottom: `route → read → identify (key,
-//! account, fingerprint) → scope → spend → prepare → claim (or reconcile, or answer) →
-//! forward → settle → respond`.
-//! (The route was chosen by `dispatch`; the claim's life — lease, settle, waking waiters — is
-//! `Claims::execute`.) This file is HTTP only: each stage below is one function.
+//! The pipeline of one protected request, top to bottom: `route → read → refuse what reads
+//! two ways → identify (key, account, fingerprint) → scope → spend → prepare → claim (or
+//! reconcile, or answer) → forward → settle → respond`.
+//! (The route was chosen by `dispatch`, the path read in the one grammar by `routed`; the
+//! claim's life — lease, settle, waking waiters — is `Claims::execute`.) This file is HTTP
+//! only: each stage below is one function, and every stage reads the request through one
+//! view (`request::Request`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,24 +18,28 @@ use super::headers::strip_hop_by_hop;
 use super::lookup::{Asking, Lookup};
 use super::outgoing::Outgoing;
 use super::receipt;
+use super::routed::Target;
 use super::spending;
 use super::upstream::{UpstreamClient, UpstreamError};
 use crate::http::body::{read_limited, stream, Body, ReadError};
 use crate::idempotency::claims::{
-    Acquired, Claim, ClaimRequest, Executed, HeldClaim, Reconciled, Recorded, Verdict,
+    Acquired, Claim, ClaimRequest, Executed, HeldClaim, OtherDerivation, Reconciled, Recorded,
+    Verdict,
 };
 use crate::idempotency::outcome::{CallFailure, Outcome};
 use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
 use crate::idempotency::record::Receipt;
-use crate::idempotency::scope;
-use crate::idempotency::template::RequestView;
 use crate::identity::provider_key::KeyField;
+use crate::identity::scope::Place;
 use crate::identity::DEFAULT_TENANT;
-use crate::identity::{self, Identification, Identified, Identity};
+use crate::identity::{Derived, Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
+use crate::request::ambiguity;
+use crate::request::body::BodyError;
+use crate::request::{AsSent, Request as Read};
 use crate::routes::{Route, RouteSpend};
 use crate::spend::gate::{Admission, Ticket};
 
@@ -45,12 +51,12 @@ pub async fn run(
     app: &App,
     route: &Arc<Route>,
     req: Request<Incoming>,
-    upstream_uri: Uri,
+    target: Target,
     tenant: &str,
 ) -> Response<Body> {
     let started = Instant::now();
     let mut trace = Trace::default();
-    let resp = match protect(app, route, req, upstream_uri, tenant, &mut trace).await {
+    let resp = match protect(app, route, req, target, tenant, &mut trace).await {
         Ok(resp) => resp,
         Err(e) => {
             trace.outcome.get_or_insert(outcome_of(&e));
@@ -65,26 +71,28 @@ async fn protect(
     app: &App,
     route: &Arc<Route>,
     req: Request<Incoming>,
-    upstream_uri: Uri,
+    target: Target,
     tenant: &str,
     trace: &mut Trace,
 ) -> Result<Response<Body>, ProxyError> {
     let admitted = app
         .admission
         .admit(declared_length(req.headers()), &app.metrics)?;
-    let req = read(app, req, upstream_uri, tenant).await?;
-    let capped = capped(route, &req);
-    let identified = match identify(route, &req)? {
+    let req = read(app, req, target, tenant).await?;
+    let view = req.view(route);
+    refuse_ambiguous(route, &view)?;
+    let capped = spending::applies(route, view.method, view.path);
+    let identified = match route.identity.identify(&route.name, &view)? {
         Identification::Protected(identified) => identified,
         Identification::Unprotected { why, client_key } => match capped {
-            None => return unprotected(route, req, &why, client_key.as_deref(), trace).await,
+            None => return unprotected(route, &req, &why, client_key.as_deref(), trace).await,
             // Never forwarded unpriced: derived from the whole request, or refused.
-            Some(rules) => keyless(route, rules, &req, &why)?,
+            Some(rules) => keyless(route, rules, &view, &why)?,
         },
     };
     trace.identified(&identified);
     let plan = match capped {
-        Some(rules) => Some((rules, plan(route, rules, &req, &identified, trace)?)),
+        Some(rules) => Some((rules, plan(route, rules, &req, &view, &identified, trace)?)),
         None => None,
     };
     let op = scope(app, route, tenant, identified, plan.as_ref());
@@ -97,14 +105,14 @@ async fn protect(
         tenant,
         op.identified.provider_set.as_deref(),
     )?;
-    let (claim, mut ticket) = match gated(app, route, &req, &op, &outgoing, plan, trace).await? {
+    let (claim, mut ticket) = match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
         Gated::Forward(claim, ticket) => (*claim, ticket),
         Gated::Answered(resp) => return Ok(resp),
     };
     // Only a request about to execute can be a re-run under a new key: a replay or a
     // conflict came under a key already seen.
     notice_minted_keys(app, route, tenant, &op.identified);
-    let key = passed_down(route, tenant, &op.identified, claim.attempt());
+    let key = passed_down(route, tenant, &op, &claim.scope, claim.attempt());
     // Going out: from here on the reservation stays unless the outcome says nothing happened.
     if let Some(t) = ticket.as_mut() {
         t.keep();
@@ -115,44 +123,85 @@ async fn protect(
     respond(executed, key.as_str())
 }
 
-/// The request as read: its head, where it goes upstream, its whole body, and whose it is.
-/// Every stage after `read` looks at it.
+/// The request as read: its head, where it goes upstream (in the one path grammar) and where
+/// the client's spelling would have sent it, its whole body, and whose it is. Every stage
+/// after `read` looks at it through one view (`request::Request`).
 struct ReadRequest<'a> {
     parts: http::request::Parts,
     upstream_uri: Uri,
+    as_sent: Option<Uri>,
     body: Bytes,
     tenant: &'a str,
 }
 
 impl ReadRequest<'_> {
-    /// The request as route templates read it, with `path` as its path.
-    fn view<'r>(&'r self, path: &'r str) -> RequestView<'r> {
-        RequestView {
-            method: self.parts.method.as_str(),
+    /// The one view every reader takes.
+    fn view<'r>(&'r self, route: &Route) -> Read<'r> {
+        let (path, target) = route_path_and_target(route, &self.upstream_uri);
+        let view = Read::new(
+            &self.parts.method,
             path,
-            headers: &self.parts.headers,
-            body: &self.body,
-            tenant: self.tenant,
+            target,
+            &self.parts.headers,
+            &self.body,
+            self.tenant,
+        );
+        match &self.as_sent {
+            Some(uri) => {
+                let (path, target) = route_path_and_target(route, uri);
+                view.sent_as(AsSent { path, target })
+            }
+            None => view,
         }
     }
 }
 
-/// A protected request once identified: what it is, the scope it claims, and the policy
-/// its claim follows.
+/// A protected request once identified: what it is, the scope it claims (and the other
+/// derivation's, during an upgrade's window), and the policy its claim follows.
 struct Operation {
     identified: Box<Identified>,
     scope: String,
+    other_scope: Option<String>,
     policy: Arc<Policy>,
     /// On a capped operation, its canonical fingerprint (`spending::Plan::binding`): what a
     /// takeover of its claim must execute.
     priced: Option<String>,
 }
 
+impl Operation {
+    /// The derivation a claim on `scope` was made under: the operation's own, or the other
+    /// one when the claim was found under its scope.
+    fn derived_for(&self, scope: &str) -> &Derived {
+        match (&self.identified.other, &self.other_scope) {
+            (Some(other), Some(s)) if s == scope => other,
+            _ => &self.identified.derived,
+        }
+    }
+}
+
+/// Refuses what the proxy and the provider could read two ways and only the route knows of:
+/// a `Connection` header naming a header this route reads (stripped before the provider sees
+/// it), and a `_method` or a JSON key given twice in a body that may hold one.
+fn refuse_ambiguous(route: &Route, req: &Read<'_>) -> Result<(), ProxyError> {
+    let ambiguous = |e: &dyn std::fmt::Display| ProxyError::Ambiguous(e.to_string());
+    ambiguity::no_connection_named(req.headers, |name| route.reads_header(name))
+        .map_err(|e| ambiguous(&e))?;
+    if ambiguity::may_override_in_body(req.body) {
+        match req.parsed() {
+            Ok(parsed) => ambiguity::no_body_method_override(parsed).map_err(|e| ambiguous(&e))?,
+            Err(e @ BodyError::DuplicateKey(_)) => return Err(ambiguous(&e)),
+            // Malformed: whatever reads a field says so; an unreadable body names no method.
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// A protected method that identify could not protect (`why`): forwarded as it came, with
 /// the client's own key passed on.
 async fn unprotected(
     route: &Route,
-    req: ReadRequest<'_>,
+    req: &ReadRequest<'_>,
     why: &str,
     client_key: Option<&str>,
     trace: &mut Trace,
@@ -162,8 +211,8 @@ async fn unprotected(
     let outgoing = Outgoing::prepare(
         route,
         &req.parts,
-        req.upstream_uri,
-        req.body,
+        req.upstream_uri.clone(),
+        req.body.clone(),
         req.tenant,
         None,
     )?;
@@ -179,30 +228,23 @@ fn scope(
     identified: Box<Identified>,
     plan: Option<&(&RouteSpend, spending::Plan)>,
 ) -> Operation {
-    let scope = scope::scope(
-        &app.namespace,
+    let place = Place {
+        namespace: &app.namespace,
         tenant,
-        &route.name,
-        &route.upstream.host,
-        &identified.account,
-        &identified.identity.scope_key(&identified.fingerprint),
-    );
-    let policy = route.policy_for(&identified.identity);
+        route: &route.name,
+        upstream_host: &route.upstream.host,
+    };
+    let scope_of = |d: &Derived| place.scope(&d.account, &d.scope_key());
+    let scope = scope_of(&identified.derived);
+    let other_scope = identified.other.as_ref().map(scope_of);
+    let policy = route.policy_for(&identified.derived.identity);
     Operation {
         identified,
         scope,
+        other_scope,
         policy,
         priced: plan.map(|(_, p)| p.binding.clone()),
     }
-}
-
-/// The route's spend rules, when they cover this request (a capped operation).
-fn capped<'r>(route: &'r Route, req: &ReadRequest<'_>) -> Option<&'r RouteSpend> {
-    spending::applies(
-        route,
-        &req.parts.method,
-        route_path(route, &req.upstream_uri),
-    )
 }
 
 /// A capped request the route could not key (`why`): an operation that may derive (a
@@ -211,34 +253,20 @@ fn capped<'r>(route: &'r Route, req: &ReadRequest<'_>) -> Option<&'r RouteSpend>
 fn keyless(
     route: &Route,
     rules: &RouteSpend,
-    req: &ReadRequest<'_>,
+    view: &Read<'_>,
     why: &str,
 ) -> Result<Box<Identified>, ProxyError> {
-    let path = route_path(route, &req.upstream_uri);
-    if !rules.derives_without_key(&req.parts.method, path) {
-        return Err(key_required(route, req, why));
+    if !rules.derives_without_key(view.method, view.path) {
+        return Err(key_required(route, view, why));
     }
-    let uri = &req.upstream_uri;
-    let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let whole = route.identity.identify_whole(
-        &route.name,
-        &identity::Request {
-            method: &req.parts.method,
-            path,
-            path_and_query,
-            headers: &req.parts.headers,
-            body: &req.body,
-            tenant: req.tenant,
-        },
-    )?;
-    Ok(Box::new(whole))
+    Ok(Box::new(route.identity.identify_whole(&route.name, view)?))
 }
 
-fn key_required(route: &Route, req: &ReadRequest<'_>, why: &str) -> ProxyError {
+fn key_required(route: &Route, view: &Read<'_>, why: &str) -> ProxyError {
     let what = format!(
         "{why}. {} {} moves money or places an order, so it needs a business key: one per payment, the same on every retry — an Idempotency-Key header (`{}`) with key_source = \"client\", or a field the route's key template names",
-        req.parts.method,
-        route_path(route, &req.upstream_uri),
+        view.method,
+        view.path,
         route.identity.key_header
     );
     ProxyError::Spend {
@@ -255,22 +283,22 @@ fn plan(
     route: &Route,
     rules: &RouteSpend,
     req: &ReadRequest<'_>,
+    view: &Read<'_>,
     identified: &Identified,
     trace: &mut Trace,
 ) -> Result<spending::Plan, ProxyError> {
-    let path = route_path(route, &req.upstream_uri);
-    if matches!(identified.identity, Identity::Request)
-        && !rules.derives_without_key(&req.parts.method, path)
+    if matches!(identified.derived.identity, Identity::Request)
+        && !rules.derives_without_key(view.method, view.path)
     {
         trace.spend = Some("idempotency-key-required".into());
         return Err(key_required(
             route,
-            req,
+            view,
             "the route identifies this request by its whole body",
         ));
     }
     let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
-    spending::plan(rules, &req.view(path), tunnel, &identified.account).map_err(|error| {
+    spending::plan(rules, view, tunnel, &identified.derived.account).map_err(|error| {
         trace.spend = Some(error.slug().to_string());
         ProxyError::Spend {
             error,
@@ -307,7 +335,7 @@ impl Unsent {
 
     async fn withdraw(mut self) {
         if let Some(claim) = self.claim.take() {
-            self.claims.withdraw(claim, self.policy.clone()).await;
+            self.claims.give_up(claim, self.policy.clone()).await;
         }
     }
 }
@@ -317,7 +345,7 @@ impl Drop for Unsent {
         if let (Some(claim), Ok(rt)) = (self.claim.take(), tokio::runtime::Handle::try_current()) {
             let (claims, policy) = (self.claims.clone(), self.policy.clone());
             rt.spawn(async move {
-                claims.withdraw(claim, policy).await;
+                claims.give_up(claim, policy).await;
             });
         }
     }
@@ -330,7 +358,7 @@ impl Drop for Unsent {
 async fn gated(
     app: &App,
     route: &Route,
-    req: &ReadRequest<'_>,
+    req: &Read<'_>,
     op: &Operation,
     outgoing: &Outgoing<'_>,
     plan: Option<(&RouteSpend, spending::Plan)>,
@@ -355,14 +383,13 @@ async fn gated(
                 "internal: a claim went missing".into(),
             ));
         };
-        let path = route_path(route, &req.upstream_uri);
         let at = spending::Attempting {
             scope: &op.scope,
             token: held.token.as_str(),
             replaces: held.replaces(),
             approved,
         };
-        let admitted = spending::admit(&app.spend, route, rules, plan, &req.view(path), &at).await;
+        let admitted = spending::admit(&app.spend, route, rules, plan, req, &at).await;
         let refused = match admitted {
             Ok(Admission::Admitted(ticket)) => {
                 trace.spend = Some(ticket.describe());
@@ -407,7 +434,7 @@ fn said_if_merged(
         .headers()
         .get("idempotent-replayed")
         .is_some_and(|v| v.as_bytes() == b"true");
-    if plan.is_some() && replayed && matches!(op.identified.identity, Identity::Request) {
+    if plan.is_some() && replayed && matches!(op.identified.derived.identity, Identity::Request) {
         let window = humantime::format_duration(op.policy.retention);
         let note = format!("replayed: an identical request within the {window} window is the same payment; to pay twice, send each with its own Idempotency-Key (key_source = \"client\") or a field that differs");
         if let Ok(v) = HeaderValue::from_str(&note) {
@@ -440,11 +467,15 @@ async fn settle_spend(
     }
 }
 
-/// The request's path after the route's upstream base path, without the query.
-fn route_path<'u>(route: &Route, uri: &'u Uri) -> &'u str {
-    uri.path()
+/// The request's path after the route's upstream base path (without the query), and its
+/// whole upstream path and query.
+fn route_path_and_target<'u>(route: &Route, uri: &'u Uri) -> (&'u str, &'u str) {
+    let path = uri
+        .path()
         .strip_prefix(route.upstream.base_path.as_str())
-        .unwrap_or(uri.path())
+        .unwrap_or(uri.path());
+    let target = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    (path, target)
 }
 
 /// The body, read whole (it is fingerprinted) within `server.max_body_bytes`. Read only now,
@@ -453,7 +484,7 @@ fn route_path<'u>(route: &Route, uri: &'u Uri) -> &'u str {
 async fn read<'a>(
     app: &App,
     req: Request<Incoming>,
-    upstream_uri: Uri,
+    target: Target,
     tenant: &'a str,
 ) -> Result<ReadRequest<'a>, ProxyError> {
     let (parts, body) = req.into_parts();
@@ -472,7 +503,8 @@ async fn read<'a>(
         })?;
     Ok(ReadRequest {
         parts,
-        upstream_uri,
+        upstream_uri: target.uri,
+        as_sent: target.as_sent,
         body,
         tenant,
     })
@@ -488,23 +520,6 @@ fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// What the request is: its account, its operation and its fingerprint.
-fn identify(route: &Route, req: &ReadRequest<'_>) -> Result<Identification, ProxyError> {
-    let uri = &req.upstream_uri;
-    let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    Ok(route.identity.identify(
-        &route.name,
-        &identity::Request {
-            method: &req.parts.method,
-            path: route_path(route, uri),
-            path_and_query,
-            headers: &req.parts.headers,
-            body: &req.body,
-            tenant: req.tenant,
-        },
-    )?)
-}
-
 /// Counts and logs a client that sent a new key for an operation seen a moment ago.
 fn notice_minted_keys(app: &App, route: &Route, tenant: &str, id: &Identified) {
     let Some(client_key) = &id.client_key else {
@@ -513,7 +528,7 @@ fn notice_minted_keys(app: &App, route: &Route, tenant: &str, id: &Identified) {
     if app.minted_keys.another_key(
         &route.name,
         tenant,
-        &id.account,
+        &id.derived.account,
         &id.same_operation,
         client_key,
     ) {
@@ -524,7 +539,7 @@ fn notice_minted_keys(app: &App, route: &Route, tenant: &str, id: &Identified) {
             tracing::warn!(
                 route = %route.name,
                 %tenant,
-                key_source = id.identity.source().as_str(),
+                key_source = id.derived.identity.source().as_str(),
                 since_last_warning = unlogged,
                 "the client sent a new idempotency key for an operation it sent a moment ago: it generates a key per call (SDKs do), so its key cannot catch a re-run; derive the key on this route (key_source = \"template\" or \"request\"); idemproxy_client_minted_keys_total counts each"
             );
@@ -546,7 +561,7 @@ enum Claimed {
 async fn claim(
     app: &App,
     route: &Route,
-    req: &ReadRequest<'_>,
+    req: &Read<'_>,
     op: &Operation,
     outgoing: &Outgoing<'_>,
     trace: &mut Trace,
@@ -570,7 +585,7 @@ async fn claim(
         Err(e) if op.policy.fail_open && e.is_unreachable() => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
             trace.outcome = Some(RequestOutcome::Unprotected);
-            let key = passed_down(route, req.tenant, &op.identified, 0);
+            let key = passed_down(route, req.tenant, op, &op.scope, 0);
             let resp = forward_unprotected(route, outgoing, key.ours(), "store unavailable");
             return resp.await.map(Claimed::Answered);
         }
@@ -582,13 +597,25 @@ async fn claim(
     Ok(Claimed::Forward(claim))
 }
 
-/// The claim on the operation's scope, as the store gives it.
+/// The claim on the operation's scope, as the store gives it, with the other derivation's
+/// scope during an upgrade's window.
 fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
+    let derived = &op.identified.derived;
+    let other = match (&op.identified.other, &op.other_scope) {
+        (Some(other), Some(scope)) => Some(OtherDerivation {
+            scope,
+            fingerprint: &other.fingerprint,
+            derivation: other.derivation.number(),
+        }),
+        _ => None,
+    };
     ClaimRequest {
         scope: &op.scope,
-        fingerprint: &op.identified.fingerprint,
-        strict: op.identified.identity.strict(),
+        fingerprint: &derived.fingerprint,
+        strict: derived.identity.strict(),
         route: &route.name,
+        derivation: derived.derivation.number(),
+        other,
         priced: op.priced.as_deref(),
     }
 }
@@ -641,14 +668,14 @@ async fn reconcile(
     app: &App,
     route: &Route,
     held: HeldClaim,
-    retry: &ReadRequest<'_>,
+    retry: &Read<'_>,
     op: &Operation,
     trace: &mut Trace,
 ) -> Result<Reconciled, ProxyError> {
     let Some(lookup) = &route.lookup else {
         return Ok(Reconciled::Held { retry_after: None });
     };
-    let key = passed_down(route, retry.tenant, &op.identified, held.attempt());
+    let key = passed_down(route, retry.tenant, op, held.scope(), held.attempt());
     let verdict = ask(app, route, lookup, retry, key.as_str()).await;
     let reconciled = app
         .claims
@@ -672,15 +699,9 @@ async fn reconcile(
 
 /// Asks the provider, with the retry's request, whether the attempt that passed down `key`
 /// happened.
-async fn ask(
-    app: &App,
-    route: &Route,
-    lookup: &Lookup,
-    retry: &ReadRequest<'_>,
-    key: &str,
-) -> Verdict {
+async fn ask(app: &App, route: &Route, lookup: &Lookup, retry: &Read<'_>, key: &str) -> Verdict {
     let asking = Asking {
-        view: retry.view(route_path(route, &retry.upstream_uri)),
+        request: retry,
         key,
     };
     let mut key_headers = vec![&route.identity.key_header];
@@ -732,9 +753,17 @@ impl PassedDown {
 
 /// A client keyed by its own provider key keeps it (in the default tenant: outside it, the
 /// provider-level key is the proxy's to set); a derived operation's key replaces what the
-/// client set, which SDKs mint per call.
-fn passed_down(route: &Route, tenant: &str, id: &Identified, attempt: u32) -> PassedDown {
-    match (&id.identity, &id.provider_set) {
+/// client set, which SDKs mint per call. A claim found under the other derivation's scope
+/// passes down what that derivation's attempt passed down.
+fn passed_down(
+    route: &Route,
+    tenant: &str,
+    op: &Operation,
+    claim_scope: &str,
+    attempt: u32,
+) -> PassedDown {
+    let id = op.derived_for(claim_scope);
+    match (&id.identity, &op.identified.provider_set) {
         // Nothing of ours reaches the provider (a signed body): it has the client's own key.
         (_, Some(own)) if route.pass_key.is_none() => PassedDown::Clients(own.clone()),
         (Identity::Client(_), Some(own)) if tenant == DEFAULT_TENANT => {
@@ -889,7 +918,7 @@ struct Trace {
 
 impl Trace {
     fn identified(&mut self, id: &Identified) {
-        self.key_source = Some(id.identity.source().as_str());
+        self.key_source = Some(id.derived.identity.source().as_str());
         self.operation = id.operation.clone();
     }
 

@@ -1,6 +1,7 @@
 //! A request a route covers, from any way in (base URL, forward proxy, interception):
-//! protected if its method is, refused if its method differs from a protected one only in
-//! case, passed through otherwise.
+//! refused if it carries a method override; protected if its method is (its path read in the
+//! one grammar first: what the rules match is what is forwarded); refused if its method
+//! differs from a protected one only in case; passed through otherwise.
 
 use std::sync::Arc;
 
@@ -10,9 +11,19 @@ use hyper::body::Incoming;
 use super::error::ProxyError;
 use super::{passthrough, pipeline};
 use crate::http::body::Body;
+use crate::identity::Signing;
 use crate::metrics::RequestOutcome;
 use crate::proxy::App;
+use crate::request::ambiguity;
+use crate::request::path;
 use crate::routes::Route;
+
+/// Where a protected request goes upstream, in the one grammar, and where it would have gone
+/// as the client spelled it (when that differs).
+pub struct Target {
+    pub uri: Uri,
+    pub as_sent: Option<Uri>,
+}
 
 /// Runs a request that `route` covers: protected if its method is, passed through otherwise.
 /// `path_and_query` is the upstream path (base-URL prefix already removed).
@@ -23,27 +34,73 @@ pub async fn to_route(
     path_and_query: &str,
     tenant: &str,
 ) -> Response<Body> {
-    let upstream_uri: Uri = match route.upstream_uri(path_and_query) {
-        Ok(uri) => uri,
-        Err(e) => {
-            return ProxyError::BadRequest(format!("the request path cannot be forwarded: {e}"))
-                .into_response()
-        }
+    let refuse = |e: ProxyError| {
+        app.metrics.request(&route.name, RequestOutcome::Rejected);
+        e.into_response()
     };
+    let (path, query) = match path_and_query.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (path_and_query, None),
+    };
+    // A GET the route passes through, executed as a DELETE behind the provider: refused on
+    // every method.
+    if let Err(e) = ambiguity::no_method_override(req.headers(), query.unwrap_or("")) {
+        return refuse(ProxyError::Ambiguous(e.to_string()));
+    }
     if route.protects(req.method()) {
+        let target = match target(route, path, query, path_and_query) {
+            Ok(target) => target,
+            Err(e) => return refuse(e),
+        };
         // Boxed: the pipeline's state is kilobytes, and every enclosing future (up to the one
         // hyper keeps per request) would otherwise embed it and be copied whole.
-        Box::pin(pipeline::run(app, route, req, upstream_uri, tenant)).await
+        Box::pin(pipeline::run(app, route, req, target, tenant)).await
     } else if let Some(protected) = route.protects_other_case(req.method()) {
-        app.metrics.request(&route.name, RequestOutcome::Rejected);
-        ProxyError::MethodCase {
+        refuse(ProxyError::MethodCase {
             given: req.method().to_string(),
             protected: protected.to_string(),
-        }
-        .into_response()
+        })
     } else {
+        let upstream_uri = match route.upstream_uri(path_and_query) {
+            Ok(uri) => uri,
+            Err(e) => return refuse(unforwardable(e)),
+        };
         app.metrics
             .request(&route.name, RequestOutcome::Passthrough);
         passthrough::forward_for(route, tenant, req, upstream_uri).await
     }
+}
+
+/// The protected request's upstream target: its path in the one grammar. A signed request
+/// must go out as signed, so one whose path is not canonical is refused, never rewritten.
+fn target(
+    route: &Route,
+    path: &str,
+    query: Option<&str>,
+    as_sent: &str,
+) -> Result<Target, ProxyError> {
+    let normalised = path::normalise(path, route.path)
+        .map_err(|e| ProxyError::Ambiguous(format!("route {}: {e}", route.name)))?;
+    if !normalised.changed() {
+        let uri = route.upstream_uri(as_sent).map_err(unforwardable)?;
+        return Ok(Target { uri, as_sent: None });
+    }
+    if route.identity.signing != Signing::None {
+        return Err(ProxyError::Signed(format!(
+            "route {}: the path `{path}` is not in canonical form (it reads as `{}`), and the provider checks a signature over the path as sent; the proxy will not rewrite a signed request. Sign the canonical path",
+            route.name, normalised.path
+        )));
+    }
+    let rewritten = match query {
+        Some(q) => format!("{}?{q}", normalised.path),
+        None => normalised.path.into_owned(),
+    };
+    Ok(Target {
+        uri: route.upstream_uri(&rewritten).map_err(unforwardable)?,
+        as_sent: Some(route.upstream_uri(as_sent).map_err(unforwardable)?),
+    })
+}
+
+fn unforwardable(e: http::Error) -> ProxyError {
+    ProxyError::BadRequest(format!("the request path cannot be forwarded: {e}"))
 }

@@ -6,8 +6,8 @@ use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 
 use crate::http::body::{full, Body};
 use crate::http::problem::{Problem, ERROR_HEADER};
-use crate::idempotency::template::RequestView;
 use crate::providers::ErrorShape;
+use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::binding::{self, Bound};
 use crate::spend::budget::{Cost, PriceError, Spender};
@@ -56,6 +56,7 @@ impl SpendError {
 
     pub fn slug(&self) -> &'static str {
         match self {
+            SpendError::Price(PriceError::Ambiguous(_)) => "ambiguous-request",
             SpendError::Price(_) => "amount-invalid",
             SpendError::Run(_) => "run-invalid",
             SpendError::KeyRequired(_) => "idempotency-key-required",
@@ -72,6 +73,7 @@ impl SpendError {
 
     pub fn advice(&self) -> &'static str {
         match self {
+            SpendError::Price(PriceError::Ambiguous(_)) => "Nothing was forwarded: the proxy and the provider could read two amounts from this request, so it does not go out. Send each field once, in the body.",
             SpendError::Price(_) => "Nothing was forwarded: a capped route counts every payment, so one whose amount cannot be read does not go out.",
             SpendError::Run(_) => "Nothing was forwarded. Run ids are 1-64 letters, digits, '.', '_', ':' or '-'; inside a tunnel the run is the one its CONNECT named.",
             SpendError::KeyRequired(_) => "Nothing was forwarded: two identical payments without a key cannot be told from a retry, so money out and orders need a business key (one per payment, the same on every retry).",
@@ -122,7 +124,7 @@ pub struct Plan {
 /// Prices a capped request and binds it to its canonical form; reads no store.
 pub fn plan(
     spend: &RouteSpend,
-    view: &RequestView<'_>,
+    view: &Request<'_>,
     tunnel: Option<&TunnelRun>,
     account: &str,
 ) -> Result<Plan, SpendError> {
@@ -133,7 +135,7 @@ pub fn plan(
         Cost::Free | Cost::Unpriced(_) => String::new(),
     };
     let binding = binding::fingerprint(&Bound {
-        method: view.method,
+        method: view.method.as_str(),
         path: view.path,
         account,
         amount: &amount,
@@ -161,7 +163,7 @@ pub async fn admit(
     route: &Route,
     spend: &RouteSpend,
     plan: &Plan,
-    view: &RequestView<'_>,
+    view: &Request<'_>,
     at: &Attempting<'_>,
 ) -> Result<Admission, SpendError> {
     let ask = Ask {
@@ -173,7 +175,7 @@ pub async fn admit(
         },
         cost: plan.cost.clone(),
         binding: &plan.binding,
-        method: view.method,
+        method: view.method.as_str(),
         path: view.path,
         body: view.body,
         enforce: spend.enforce,

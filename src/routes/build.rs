@@ -10,8 +10,8 @@ use http::{HeaderName, Method, Uri};
 use super::{Route, RouteSpend, RunSource, Upstream};
 use crate::config::{self, Config, ConfigError, Hold, KeySource, OutcomeRuleConfig, RouteConfig};
 use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, StatusSet, Test};
-use crate::idempotency::template::Template;
 use crate::identity::account::{AccountPart, AccountSpec};
+use crate::identity::derivation::{Derivation, Derivations};
 use crate::identity::operations::Operation;
 use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
@@ -19,6 +19,7 @@ use crate::identity::{RouteIdentity, Signing};
 use crate::providers::{self, ErrorShape, KeyLimits, LimitsError, Profile};
 use crate::proxy::lookup::Lookup;
 use crate::proxy::upstream::{ClientError, ClientOptions, UpstreamClient};
+use crate::request::template::Template;
 use crate::spend::budget::{Budget, BudgetText};
 
 /// The `i`-th `[[routes]]` block, built.
@@ -55,6 +56,7 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
         lookup,
         spend: b.spend()?,
         errors: b.profile.as_ref().map_or(ErrorShape::Problem, |p| p.errors),
+        path: b.profile.as_ref().map(|p| p.path).unwrap_or_default(),
     })
 }
 
@@ -256,7 +258,17 @@ impl<'a> Builder<'a> {
                 .unwrap_or_default(),
             provider_key,
             signing: self.signing(),
+            derivations: self.derivations(),
         })
+    }
+
+    /// The derivation `[identity]` names (checked when the file was read), and its window.
+    fn derivations(&self) -> Derivations {
+        let identity = &self.config.identity;
+        Derivations::new(
+            Derivation::from_number(identity.derivation).unwrap_or(Derivation::CURRENT),
+            identity.fallback.0,
+        )
     }
 
     /// The route's `account` template, else its `credential_headers`, else the profile's

@@ -15,6 +15,7 @@ use crate::identity::{Identity, RouteIdentity};
 use crate::providers::{ErrorShape, KeyLimits};
 use crate::proxy::lookup::Lookup;
 use crate::proxy::upstream::UpstreamClient;
+use crate::request::path::PathRules;
 use crate::spend::budget::Budget;
 
 mod build;
@@ -59,6 +60,8 @@ pub struct Route {
     pub spend: Option<RouteSpend>,
     /// How the provider's SDKs expect errors to look.
     pub errors: ErrorShape,
+    /// What the provider's paths may hold beyond the proxy's grammar.
+    pub path: PathRules,
 }
 
 /// `[routes.spend]`, built.
@@ -98,7 +101,29 @@ impl RouteSpend {
     }
 }
 
+/// Headers whose meaning is the message's body: the proxy reads them to read the body.
+const CONTENT_HEADERS: [http::HeaderName; 3] = [
+    http::header::CONTENT_TYPE,
+    http::header::CONTENT_LENGTH,
+    http::header::CONTENT_ENCODING,
+];
+
 impl Route {
+    /// Whether the proxy reads the header `name` on this route's protected requests: to
+    /// identify them, to read their body, or to find their run. (A `Connection` header that
+    /// names one would have the proxy decide on a header the provider never gets.)
+    pub fn reads_header(&self, name: &http::HeaderName) -> bool {
+        CONTENT_HEADERS.contains(name)
+            || self.identity.reads_header(name)
+            || matches!(&self.pass_key, Some(KeyField::Header(h)) if h == name)
+            || self.spend.as_ref().is_some_and(|s| {
+                s.budget.reads_header(name)
+                    || s.run_from
+                        .iter()
+                        .any(|r| matches!(r, RunSource::Header(h) if h == name))
+            })
+    }
+
     pub fn protects(&self, method: &Method) -> bool {
         self.methods.contains(method)
     }

@@ -36,7 +36,7 @@ pub fn fingerprint(b: &Bound<'_>) -> String {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
-    crate::idempotency::hex::lower(&h.finalize())
+    crate::hex::lower(&h.finalize())
 }
 
 /// The body as one string whatever its spelling: JSON with sorted keys and normalised
@@ -67,7 +67,7 @@ fn canonical_body(content_type: Option<&str>, body: &[u8], descriptive: &[String
         }
         return out;
     }
-    format!("raw:{}", crate::idempotency::hex::lower(body))
+    format!("raw:{}", crate::hex::lower(body))
 }
 
 /// A JSON value with keys sorted (serde_json's map is ordered) and numbers normalised.

@@ -10,13 +10,19 @@ use rust_decimal::Decimal;
 pub use super::cost::Cost;
 use super::money::{Currency, Money, MoneyError, Unit};
 use super::port::{CapName, Counter, Reservation};
-use crate::idempotency::template::{RequestView, Template};
+use crate::request::body::{BodyError, Field as BodyField, Parsed};
+use crate::request::template::Template;
+use crate::request::Request;
 
 /// Why a request's cost cannot be read: the client must fix the request (400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PriceError {
     #[error("the amount cannot be read: {0}")]
     Unreadable(String),
+    /// The proxy and the provider could read two amounts from the request (a key named
+    /// twice, a field in the query too).
+    #[error("the amount reads two ways: {0}")]
+    Ambiguous(String),
     #[error("the amount {0}")]
     Invalid(MoneyError),
     #[error("the currency {0}")]
@@ -209,14 +215,14 @@ impl Budget {
     /// What the request costs: its price, or `Free` on a section that counts executions
     /// only. A request whose amount or currency cannot be read is refused, never waved
     /// through.
-    pub fn cost(&self, req: &RequestView<'_>) -> Result<Cost, PriceError> {
+    pub fn cost(&self, req: &Request<'_>) -> Result<Cost, PriceError> {
         if self.amount.is_empty() {
             return Ok(Cost::Free);
         }
         self.price(req).map(Cost::Priced)
     }
 
-    fn price(&self, req: &RequestView<'_>) -> Result<Price, PriceError> {
+    fn price(&self, req: &Request<'_>) -> Result<Price, PriceError> {
         let currency = match &self.currency {
             CurrencySource::Fixed(c) => *c,
             CurrencySource::Field(text, f) => {
@@ -241,8 +247,15 @@ impl Budget {
         Ok(Price { asked, counted })
     }
 
+    /// Whether reading the amount or the currency reads the header `name`.
+    pub fn reads_header(&self, name: &http::HeaderName) -> bool {
+        let reads = |f: &Field| matches!(f, Field::Template(t) if t.reads_header(name));
+        self.amount.iter().any(|a| a.factors.iter().any(reads))
+            || matches!(&self.currency, CurrencySource::Field(_, f) if reads(f))
+    }
+
     /// The first amount expression the request has every field of.
-    fn asked(&self, req: &RequestView<'_>, currency: Currency) -> Result<Money, PriceError> {
+    fn asked(&self, req: &Request<'_>, currency: Currency) -> Result<Money, PriceError> {
         let mut tried = Vec::new();
         for expr in &self.amount {
             let mut values = Vec::new();
@@ -509,27 +522,39 @@ impl Field {
     }
 
     /// Every value of the field in the request (one for a plain field).
-    fn values(&self, req: &RequestView<'_>) -> Result<Vec<String>, PriceError> {
+    fn values(&self, req: &Request<'_>) -> Result<Vec<String>, PriceError> {
         match self {
             Field::Template(t) => Ok(t
                 .first_value(req)
-                .map_err(|e| PriceError::Unreadable(e.to_string()))?
+                .map_err(|e| {
+                    if e.is_ambiguity() {
+                        PriceError::Ambiguous(e.to_string())
+                    } else {
+                        PriceError::Unreadable(e.to_string())
+                    }
+                })?
                 .into_iter()
                 .collect()),
             Field::EveryElement { before, after } => {
-                let body: serde_json::Value = serde_json::from_slice(req.body)
-                    .map_err(|e| PriceError::Unreadable(format!("the body is not JSON ({e})")))?;
-                let Some(list) = walk(&body, before) else {
+                req.not_in_query(before)
+                    .map_err(|e| PriceError::Ambiguous(e.to_string()))?;
+                let parsed = req.parsed().map_err(|e| match e {
+                    BodyError::DuplicateKey(_) => PriceError::Ambiguous(e.to_string()),
+                    e => PriceError::Unreadable(e.to_string()),
+                })?;
+                if !matches!(parsed, Parsed::Json(_)) {
+                    return Err(PriceError::Unreadable("the body is not JSON".into()));
+                }
+                let Some(list) = parsed.json_at(before) else {
                     return Ok(Vec::new());
                 };
-                let items = list.as_array().ok_or_else(|| {
+                let items = list.items().ok_or_else(|| {
                     PriceError::Unreadable(format!("body.{} is not a list", before.join(".")))
                 })?;
                 items
                     .iter()
-                    .map(|item| match walk(item, after) {
-                        Some(serde_json::Value::String(s)) => Ok(s.clone()),
-                        Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+                    .map(|item| match item.at(after).map(|v| v.as_field()) {
+                        Some(BodyField::Value(v)) => Ok(v),
                         _ => Err(PriceError::Unreadable(format!(
                             "an element of body.{} has no {}",
                             before.join("."),
@@ -542,7 +567,7 @@ impl Field {
     }
 
     /// The field's amount: a plain value, or the sum over every element (in exact decimals).
-    fn sum(&self, req: &RequestView<'_>) -> Result<Option<String>, PriceError> {
+    fn sum(&self, req: &Request<'_>) -> Result<Option<String>, PriceError> {
         let values = self.values(req)?;
         match values.as_slice() {
             [] => Ok(None),
@@ -564,7 +589,7 @@ impl Field {
     }
 
     /// The field's single value; every element must agree (one currency per request).
-    fn agreed(&self, req: &RequestView<'_>) -> Result<Option<String>, PriceError> {
+    fn agreed(&self, req: &Request<'_>) -> Result<Option<String>, PriceError> {
         let values = self.values(req)?;
         let Some(first) = values.first() else {
             return Ok(None);
@@ -577,12 +602,4 @@ impl Field {
         }
         Ok(Some(first.clone()))
     }
-}
-
-fn walk<'v>(v: &'v serde_json::Value, path: &[String]) -> Option<&'v serde_json::Value> {
-    path.iter().try_fold(v, |v, seg| match v {
-        serde_json::Value::Object(m) => m.get(seg),
-        serde_json::Value::Array(a) => seg.parse::<usize>().ok().and_then(|i| a.get(i)),
-        _ => None,
-    })
 }

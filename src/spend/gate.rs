@@ -579,7 +579,7 @@ fn fresh_approval(budget: &Budget, ask: &Ask<'_>, price: Price, why: &str, now: 
 /// The approval of the operation under `scope`: every retry of it finds the same one.
 pub fn approval_id(scope: &str) -> String {
     let digest = Sha256::digest(scope.as_bytes());
-    format!("apr_{}", crate::idempotency::hex::lower(&digest[..12]))
+    format!("apr_{}", crate::hex::lower(&digest[..12]))
 }
 
 /// What waiters on an approval watch, and a decision announces.

@@ -123,6 +123,74 @@ async fn run_tool_with(args: &[&str], env: &[(&str, String)]) -> Value {
     })
 }
 
+/// A charge made the way Stripe's API reference writes it: curl with the secret key as the
+/// Basic user (`-u sk_…:`), a form body. Status, JSON body, `Idempotent-Replayed`.
+async fn curl_charge(
+    s: &Stripe,
+    invoice: &str,
+    amount: &str,
+    description: &str,
+) -> (u16, Value, Option<String>) {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "20", "-u"])
+        .arg(format!("{SECRET}:"))
+        .arg(s.proxy.url("/stripe/v1/charges"))
+        .args(["-d", &format!("amount={amount}"), "-d", "currency=usd"])
+        .args([
+            "-d",
+            "source=tok_visa",
+            "-d",
+            &format!("description={description}"),
+        ])
+        .args(["-d", &format!("metadata[invoice_id]={invoice}")])
+        .output()
+        .await
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let replayed = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("idempotent-replayed")
+            .then(|| v.trim().to_string())
+    });
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(Value::Null),
+        replayed,
+    )
+}
+
+/// One secret key is one Stripe account, sent as Bearer (the SDK) or as Basic (curl, as
+/// Stripe's docs write it): an invoice the SDK paid is not paid again by hand, and the other
+/// way round, however the second request words its description.
+async fn one_key_as_basic_or_as_bearer_is_one_account(backend: Backend) {
+    let s = shipped_config(backend, |_| {}).await;
+    let sdk = run_tool(&s, &["charge", "inv-6001", "2000", "Pay invoice 6001"]).await;
+    assert!(succeeded(&sdk), "{sdk}");
+    let (status, body, replayed) =
+        curl_charge(&s, "inv-6001", "2000", "Paying invoice 6001 by hand").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["id"], sdk["charge"], "curl gets the SDK's charge");
+    assert_eq!(replayed.as_deref(), Some("true"));
+    assert_eq!(s.fake.charges().len(), 1);
+    assert_eq!(
+        s.fake.keys_seen().len(),
+        1,
+        "curl's request never reached Stripe"
+    );
+
+    let (status, by_hand, _) = curl_charge(&s, "inv-6002", "3000", "Invoice 6002").await;
+    assert_eq!(status, 200, "{by_hand}");
+    let sdk = run_tool(&s, &["charge", "inv-6002", "3000", "Pay invoice 6002"]).await;
+    assert_eq!(sdk["charge"], by_hand["id"], "the SDK gets curl's charge");
+    assert_eq!(s.fake.charges().len(), 2, "one charge per invoice");
+}
+
 /// A run the agent reads as success.
 fn succeeded(out: &Value) -> bool {
     out.get("error").is_none()
@@ -459,6 +527,7 @@ async fn a_denied_payment_is_an_error_the_sdk_names(backend: Backend) {
 
 both_backends!(
     an_agent_re_run_of_the_official_sdk_charges_once,
+    one_key_as_basic_or_as_bearer_is_one_account,
     a_reworded_re_run_gets_the_first_charge_not_a_422,
     sdk_retries_after_a_lost_response_get_the_first_charge,
     a_decline_then_a_new_card_for_the_same_invoice_charges_once,

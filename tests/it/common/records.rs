@@ -28,6 +28,7 @@ pub fn record(state: State) -> Record {
             declined: false,
             attempt: 0,
             reconciled: false,
+            derivation: 2,
             settled_ms: 0,
             resolved: None,
             priced: None,

@@ -17,20 +17,19 @@
 //! the same key. A key longer than 255 bytes becomes `sha256 ` + the hex SHA-256 of the
 //! rendered text: the space keeps it apart from every rendered key, which never holds one.
 
-use std::collections::BTreeMap;
-
-use http::{HeaderMap, HeaderName};
-use serde_json::value::RawValue;
+use http::HeaderName;
 use sha2::{Digest, Sha256};
 
+use super::auth::bearer_claims;
+use super::body::{BodyError, Field as BodyField, Parsed};
 use super::key::MAX_KEY_LEN;
+use super::{FieldError, Request};
 
 #[derive(Debug, Clone)]
 pub struct Template {
     parts: Vec<Part>,
     /// Bytes percent-encoded inside field values.
     escaped: [bool; 128],
-    uses_body: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -64,16 +63,6 @@ enum Filter {
     Decimal(u32),
 }
 
-/// The parts of a request a template reads.
-pub struct RequestView<'a> {
-    pub method: &'a str,
-    /// The path after the route prefix, without the query.
-    pub path: &'a str,
-    pub headers: &'a HeaderMap,
-    pub body: &'a [u8],
-    pub tenant: &'a str,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rendered {
     Key(String),
@@ -84,10 +73,10 @@ pub enum Rendered {
 /// Why a request cannot be keyed by the template: the client must fix the request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RenderError {
-    #[error("the body is not valid JSON ({0})")]
-    Json(String),
-    #[error("the body is not valid application/x-www-form-urlencoded ({0})")]
-    Form(String),
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    #[error("{0}")]
+    AlsoInQuery(String),
     #[error("the key template reads body fields, which need a JSON or form-encoded body; this one has content type `{0}`")]
     UnsupportedBody(String),
     #[error("{field} is {kind}, not a single value")]
@@ -98,6 +87,26 @@ pub enum RenderError {
     NotADecimal { field: String, value: String },
     #[error("{field} is not text")]
     NotText { field: String },
+}
+
+impl RenderError {
+    /// The request could be read two ways (a JSON key named twice, a field in the query too):
+    /// refused as ambiguous rather than as malformed.
+    pub fn is_ambiguity(&self) -> bool {
+        matches!(
+            self,
+            RenderError::AlsoInQuery(_) | RenderError::Body(BodyError::DuplicateKey(_))
+        )
+    }
+}
+
+impl From<FieldError> for RenderError {
+    fn from(e: FieldError) -> RenderError {
+        match e {
+            FieldError::Body(e) => RenderError::Body(e),
+            FieldError::AlsoInQuery(_) => RenderError::AlsoInQuery(e.to_string()),
+        }
+    }
 }
 
 impl Template {
@@ -165,35 +174,17 @@ impl Template {
                 }
             }
         }
-        let uses_body = parts.iter().any(|p| {
-            matches!(
-                p,
-                Part::Field(Field {
-                    source: Source::Body(_),
-                    ..
-                })
-            )
-        });
-        Ok(Template {
-            parts,
-            escaped,
-            uses_body,
-        })
+        Ok(Template { parts, escaped })
     }
 
     /// Renders the key for a request, or names the first field it lacks.
-    pub fn render(&self, req: &RequestView<'_>) -> Result<Rendered, RenderError> {
-        let body = if self.uses_body {
-            Some(ParsedBody::parse(req.headers, req.body)?)
-        } else {
-            None
-        };
+    pub fn render(&self, req: &Request<'_>) -> Result<Rendered, RenderError> {
         let mut out = String::new();
         for part in &self.parts {
             match part {
                 Part::Literal(l) => out.push_str(l),
                 Part::Field(field) => {
-                    let Some(value) = field.value(req, body.as_ref())? else {
+                    let Some(value) = field.value(req)? else {
                         return Ok(Rendered::Missing(field.text.clone()));
                     };
                     let value = field.apply_filters(value)?;
@@ -212,24 +203,35 @@ impl Template {
 
     /// The value (filters applied, not escaped) of the template's first field: for callers
     /// that encode it their own way (a lookup's URL). `None` when it is missing.
-    pub fn first_value(&self, req: &RequestView<'_>) -> Result<Option<String>, RenderError> {
+    pub fn first_value(&self, req: &Request<'_>) -> Result<Option<String>, RenderError> {
         let Some(field) = self.parts.iter().find_map(|p| match p {
             Part::Field(f) => Some(f),
             Part::Literal(_) => None,
         }) else {
             return Ok(None);
         };
-        let body = if self.uses_body {
-            Some(ParsedBody::parse(req.headers, req.body)?)
-        } else {
-            None
-        };
-        match field.value(req, body.as_ref())? {
+        match field.value(req)? {
             Some(v) => field
                 .apply_filters(v)
                 .map(|v| Some(v).filter(|v| !v.is_empty())),
             None => Ok(None),
         }
+    }
+
+    /// Whether a field of this template reads the header `name` (`bearer.CLAIM` reads
+    /// `Authorization`).
+    pub fn reads_header(&self, name: &HeaderName) -> bool {
+        self.parts.iter().any(|p| match p {
+            Part::Field(Field {
+                source: Source::Header(h),
+                ..
+            }) => h == name,
+            Part::Field(Field {
+                source: Source::Bearer(_),
+                ..
+            }) => name == http::header::AUTHORIZATION,
+            _ => false,
+        })
     }
 
     fn escape_into(&self, value: &str, out: &mut String) {
@@ -329,13 +331,9 @@ fn parse_body_path(path: &str) -> Result<Vec<String>, String> {
 }
 
 impl Field {
-    fn value(
-        &self,
-        req: &RequestView<'_>,
-        body: Option<&ParsedBody<'_>>,
-    ) -> Result<Option<String>, RenderError> {
+    fn value(&self, req: &Request<'_>) -> Result<Option<String>, RenderError> {
         match &self.source {
-            Source::Method => Ok(Some(req.method.to_string())),
+            Source::Method => Ok(Some(req.method.as_str().to_string())),
             Source::Tenant => Ok(Some(req.tenant.to_string())),
             Source::Bearer(claim) => Ok(bearer_claims(req.headers).and_then(|claims| match claims
                 .get(claim.as_str())?
@@ -366,10 +364,7 @@ impl Field {
                         field: self.text.clone(),
                     })
             }
-            Source::Body(path) => match body {
-                Some(b) => b.lookup(path, &self.text),
-                None => Ok(None),
-            },
+            Source::Body(path) => body_value(req, path, &self.text),
         }
     }
 
@@ -390,192 +385,26 @@ impl Field {
     }
 }
 
-/// The claims of the JWT in `Authorization: Bearer …`, decoded without verifying its signature
-/// (the proxy has no key to verify it with). `None` when the header holds no JWT.
-pub fn bearer_claims(headers: &HeaderMap) -> Option<serde_json::Map<String, serde_json::Value>> {
-    use base64::Engine as _;
-    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.trim().split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return None;
+/// A body field as key text; the errors say why the body cannot give one.
+fn body_value(
+    req: &Request<'_>,
+    path: &[String],
+    field: &str,
+) -> Result<Option<String>, RenderError> {
+    let parsed = req.parsed()?;
+    if let Parsed::Other(content_type) = parsed {
+        return Err(RenderError::UnsupportedBody(content_type.clone()));
     }
-    let mut parts = token.trim().split('.');
-    let (_header, payload, _signature) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() {
-        return None;
-    }
-    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(payload.trim_end_matches('='))
-        .ok()?;
-    match serde_json::from_slice(&json).ok()? {
-        serde_json::Value::Object(map) => Some(map),
-        _ => None,
-    }
-}
-
-enum ParsedBody<'a> {
-    /// No body at all (a DELETE, a bodiless POST): every body field is missing.
-    Empty,
-    Json(&'a RawValue),
-    Form(Vec<(Vec<String>, String)>),
-}
-
-impl<'a> ParsedBody<'a> {
-    fn parse(headers: &HeaderMap, body: &'a [u8]) -> Result<ParsedBody<'a>, RenderError> {
-        if body.is_empty() {
-            return Ok(ParsedBody::Empty);
-        }
-        let content_type = headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let essence = content_type
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        if essence == "application/json" || essence.ends_with("+json") {
-            let text = std::str::from_utf8(body)
-                .map_err(|e| RenderError::Json(format!("not UTF-8: {e}")))?;
-            let raw: &RawValue =
-                serde_json::from_str(text).map_err(|e| RenderError::Json(e.to_string()))?;
-            Ok(ParsedBody::Json(raw))
-        } else if essence == "application/x-www-form-urlencoded" {
-            parse_form(body).map(ParsedBody::Form)
-        } else {
-            Err(RenderError::UnsupportedBody(if content_type.is_empty() {
-                "none".into()
-            } else {
-                content_type.into()
-            }))
-        }
-    }
-
-    fn lookup(&self, path: &[String], field: &str) -> Result<Option<String>, RenderError> {
-        match self {
-            ParsedBody::Empty => Ok(None),
-            ParsedBody::Form(pairs) => {
-                let mut found = pairs.iter().filter(|(k, _)| k.as_slice() == path);
-                let Some((_, v)) = found.next() else {
-                    return Ok(None);
-                };
-                if found.next().is_some() {
-                    return Err(RenderError::Repeated {
-                        field: field.into(),
-                    });
-                }
-                Ok(Some(v.clone()))
-            }
-            ParsedBody::Json(root) => {
-                let mut cur: &RawValue = root;
-                for seg in path {
-                    let text = cur.get().trim_start();
-                    let next = if text.starts_with('{') {
-                        let map: BTreeMap<String, &RawValue> = serde_json::from_str(cur.get())
-                            .map_err(|e| RenderError::Json(e.to_string()))?;
-                        map.get(seg.as_str()).copied()
-                    } else if text.starts_with('[') {
-                        let items: Vec<&RawValue> = serde_json::from_str(cur.get())
-                            .map_err(|e| RenderError::Json(e.to_string()))?;
-                        seg.parse::<usize>()
-                            .ok()
-                            .and_then(|i| items.get(i).copied())
-                    } else {
-                        None
-                    };
-                    match next {
-                        Some(v) => cur = v,
-                        None => return Ok(None),
-                    }
-                }
-                json_scalar(cur, field)
-            }
-        }
-    }
-}
-
-/// A JSON leaf as key text: strings unquoted, numbers exactly as written, null = absent.
-fn json_scalar(v: &RawValue, field: &str) -> Result<Option<String>, RenderError> {
-    let text = v.get().trim();
-    let not_a_value = |kind| {
-        Err(RenderError::NotAValue {
+    match req.body_field(path)? {
+        BodyField::Missing => Ok(None),
+        BodyField::Value(v) => Ok(Some(v)),
+        BodyField::Structure(kind) => Err(RenderError::NotAValue {
             field: field.into(),
             kind,
-        })
-    };
-    match text.as_bytes().first() {
-        Some(b'"') => serde_json::from_str::<String>(text)
-            .map(Some)
-            .map_err(|e| RenderError::Json(e.to_string())),
-        Some(b'{') => not_a_value("an object"),
-        Some(b'[') => not_a_value("an array"),
-        _ if text == "null" => Ok(None),
-        _ => Ok(Some(text.to_string())),
-    }
-}
-
-/// Strict `application/x-www-form-urlencoded`: `+` is a space, `%XX` must be two hex digits,
-/// and what it decodes to must be UTF-8. Keys are split Stripe-style: `a[b][c]` → a, b, c.
-fn parse_form(body: &[u8]) -> Result<Vec<(Vec<String>, String)>, RenderError> {
-    let mut pairs = Vec::new();
-    for (i, pair) in body.split(|b| *b == b'&').enumerate() {
-        if pair.is_empty() {
-            continue;
-        }
-        let (k, v) = match pair.iter().position(|b| *b == b'=') {
-            Some(p) => (&pair[..p], &pair[p + 1..]),
-            None => (pair, &b""[..]),
-        };
-        let key = percent_decode(k).map_err(|m| RenderError::Form(format!("pair {i}: {m}")))?;
-        let value = percent_decode(v).map_err(|m| RenderError::Form(format!("pair {i}: {m}")))?;
-        pairs.push((form_key_path(&key), value));
-    }
-    Ok(pairs)
-}
-
-fn percent_decode(s: &[u8]) -> Result<String, String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        match s[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = s
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| format!("`%` at byte {i} is not followed by two hex digits"))?;
-                out.push(hex);
-                i += 2;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| "decodes to bytes that are not UTF-8".to_string())
-}
-
-/// `metadata[invoice_id]` → `["metadata", "invoice_id"]`; a key without brackets is one segment.
-fn form_key_path(key: &str) -> Vec<String> {
-    let Some(open) = key.find('[') else {
-        return vec![key.to_string()];
-    };
-    let mut segments = vec![key[..open].to_string()];
-    let mut rest = &key[open..];
-    while let Some(inner) = rest.strip_prefix('[') {
-        match inner.find(']') {
-            Some(close) => {
-                segments.push(inner[..close].to_string());
-                rest = &inner[close + 1..];
-            }
-            None => return vec![key.to_string()],
-        }
-    }
-    if rest.is_empty() {
-        segments
-    } else {
-        vec![key.to_string()]
+        }),
+        BodyField::Repeated => Err(RenderError::Repeated {
+            field: field.into(),
+        }),
     }
 }
 
@@ -654,15 +483,10 @@ pub fn round_decimal(s: &str, places: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
 
-    fn view<'a>(headers: &'a HeaderMap, path: &'a str, body: &'a [u8]) -> RequestView<'a> {
-        RequestView {
-            method: "POST",
-            path,
-            headers,
-            body,
-            tenant: "acme",
-        }
+    fn view<'a>(headers: &'a HeaderMap, path: &'a str, body: &'a [u8]) -> Request<'a> {
+        Request::new(&http::Method::POST, path, path, headers, body, "acme")
     }
 
     fn json_headers() -> HeaderMap {
@@ -788,15 +612,15 @@ mod tests {
         let t = "p:{body.a}";
         assert!(matches!(
             key(t, &json_headers(), r#"{"a":1"#),
-            Err(RenderError::Json(_))
+            Err(RenderError::Body(BodyError::Json(_)))
         ));
         assert!(matches!(
             key(t, &form_headers(), "a=%zz"),
-            Err(RenderError::Form(_))
+            Err(RenderError::Body(BodyError::Form(_)))
         ));
         assert!(matches!(
             key(t, &form_headers(), "a=%ff"),
-            Err(RenderError::Form(_))
+            Err(RenderError::Body(BodyError::Form(_)))
         ));
         assert!(matches!(
             key(t, &HeaderMap::new(), "a=1"),

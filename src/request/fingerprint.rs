@@ -1,15 +1,38 @@
-//! What "the same request" means for a provider that signs its requests: every re-signed
-//! attempt carries a new timestamp, nonce or signature (Binance's `timestamp`, `signature`,
-//! `recvWindow`; Kraken's `nonce`, `otp`), and parameters may move between the query and a
-//! form body, in any order. Those parts leave the fingerprint; what remains is compared in
-//! a canonical form. A route with nothing volatile keeps the exact fingerprint.
+//! What "the same request" means: SHA-256 over method, path and query, content type and body
+//! (`exact`). For a provider that signs its requests, every re-signed attempt carries a new
+//! timestamp, nonce or signature (Binance's `timestamp`, `signature`, `recvWindow`; Kraken's
+//! `nonce`, `otp`), and parameters may move between the query and a form body, in any order:
+//! those parts leave the fingerprint, and what remains is compared in a canonical form
+//! (`without`). A route with nothing volatile keeps the exact fingerprint.
 
 use sha2::{Digest, Sha256};
 
-use crate::idempotency::fingerprint;
+use super::{body, form};
+
+/// Hex SHA-256 of the parts that make a request the same request.
+///
+/// Each part is length-prefixed so that moving bytes between parts changes the hash.
+pub fn exact(
+    method: &str,
+    path_and_query: &str,
+    content_type: Option<&[u8]>,
+    body: &[u8],
+) -> String {
+    let mut h = Sha256::new();
+    for part in [
+        method.as_bytes(),
+        path_and_query.as_bytes(),
+        content_type.unwrap_or_default(),
+        body,
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    crate::hex::lower(&h.finalize())
+}
 
 /// Hex SHA-256 of what makes a request the same request, without the `volatile` parameters.
-pub fn fingerprint(
+pub fn without(
     method: &str,
     path_and_query: &str,
     content_type: Option<&[u8]>,
@@ -17,7 +40,7 @@ pub fn fingerprint(
     volatile: &[String],
 ) -> String {
     if volatile.is_empty() {
-        return fingerprint::fingerprint(method, path_and_query, content_type, body);
+        return exact(method, path_and_query, content_type, body);
     }
     let (path, query) = path_and_query
         .split_once('?')
@@ -36,11 +59,11 @@ pub fn fingerprint(
         .into_iter()
         .filter(keep)
         .collect();
-    let body_form = essence == "application/x-www-form-urlencoded";
+    let body_form = essence == body::FORM;
     let canonical_body: Vec<u8> = if body_form {
         params.extend(form_pairs(body).into_iter().filter(keep));
         Vec::new()
-    } else if essence == "application/json" || essence.ends_with("+json") {
+    } else if body::is_json(&essence) {
         match serde_json::from_slice::<serde_json::Value>(body) {
             Ok(serde_json::Value::Object(mut map)) => {
                 map.retain(|k, _| !volatile.iter().any(|v| v == k));
@@ -70,52 +93,45 @@ pub fn fingerprint(
         h.update((part.len() as u64).to_be_bytes());
         h.update(part);
     }
-    crate::idempotency::hex::lower(&h.finalize())
+    crate::hex::lower(&h.finalize())
 }
 
 /// `a=1&b=x%20y` → `[("a","1"), ("b","x y")]`; undecodable escapes are kept as written.
 fn form_pairs(raw: &[u8]) -> Vec<(String, String)> {
-    raw.split(|b| *b == b'&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = match pair.iter().position(|b| *b == b'=') {
-                Some(i) => (&pair[..i], &pair[i + 1..]),
-                None => (pair, &b""[..]),
-            };
-            (decode(k), decode(v))
-        })
+    form::raw_pairs(raw)
+        .map(|(k, v)| (form::decode_lossy(k), form::decode_lossy(v)))
         .collect()
-}
-
-fn decode(s: &[u8]) -> String {
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        match s[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = s
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn differs_on_every_part_and_on_boundaries() {
+        let base = exact("POST", "/v1/charges", Some(b"application/json"), b"{}");
+        assert_eq!(
+            base,
+            exact("POST", "/v1/charges", Some(b"application/json"), b"{}")
+        );
+        assert_ne!(
+            base,
+            exact("PUT", "/v1/charges", Some(b"application/json"), b"{}")
+        );
+        assert_ne!(
+            base,
+            exact("POST", "/v1/charges?x=1", Some(b"application/json"), b"{}")
+        );
+        assert_ne!(base, exact("POST", "/v1/charges", None, b"{}"));
+        assert_ne!(
+            base,
+            exact("POST", "/v1/charges", Some(b"application/json"), b"{ }")
+        );
+        assert_ne!(
+            exact("POST", "/a", Some(b"b"), b""),
+            exact("POST", "/ab", Some(b""), b"")
+        );
+    }
 
     const FORM: &[u8] = b"application/x-www-form-urlencoded";
     const JSON: &[u8] = b"application/json";
@@ -129,7 +145,7 @@ mod tests {
     #[test]
     fn re_signed_binance_orders_are_the_same_request() {
         let v = binance();
-        let first = fingerprint(
+        let first = without(
             "POST",
             "/api/v3/order?symbol=BTCUSDT&timestamp=1&signature=aa",
             Some(FORM),
@@ -137,7 +153,7 @@ mod tests {
             &v,
         );
         // Re-signed, parameters reordered and moved between the query and the body.
-        let retry = fingerprint(
+        let retry = without(
             "POST",
             "/api/v3/order?timestamp=2&recvWindow=5000&signature=bb&side=BUY",
             Some(FORM),
@@ -145,7 +161,7 @@ mod tests {
             &v,
         );
         assert_eq!(first, retry);
-        let other = fingerprint(
+        let other = without(
             "POST",
             "/api/v3/order?symbol=BTCUSDT&timestamp=1&signature=aa",
             Some(FORM),
@@ -158,14 +174,14 @@ mod tests {
     #[test]
     fn json_bodies_drop_volatile_fields_and_ignore_order() {
         let v = ["nonce".to_string()].to_vec();
-        let a = fingerprint(
+        let a = without(
             "POST",
             "/0/private/AddOrder",
             Some(JSON),
             br#"{"nonce":1,"pair":"XBTUSD","volume":"1"}"#,
             &v,
         );
-        let b = fingerprint(
+        let b = without(
             "POST",
             "/0/private/AddOrder",
             Some(JSON),
@@ -173,7 +189,7 @@ mod tests {
             &v,
         );
         assert_eq!(a, b);
-        let c = fingerprint(
+        let c = without(
             "POST",
             "/0/private/AddOrder",
             Some(JSON),
@@ -186,8 +202,8 @@ mod tests {
     #[test]
     fn nothing_volatile_keeps_the_exact_fingerprint() {
         assert_eq!(
-            fingerprint("POST", "/v1/x?a=1", Some(JSON), b"{}", &[]),
-            fingerprint::fingerprint("POST", "/v1/x?a=1", Some(JSON), b"{}")
+            without("POST", "/v1/x?a=1", Some(JSON), b"{}", &[]),
+            exact("POST", "/v1/x?a=1", Some(JSON), b"{}")
         );
     }
 }
