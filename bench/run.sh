@@ -140,6 +140,11 @@ write_config() { # $1 file, $2 store url, $3 more [store] lines
   cat > "$1" <<TOML
 [server]
 listen = "127.0.0.1:0"
+# The capped route parks payments above approve_above for approval: a proxy must have an admin
+# listener and token for that (never reached here).
+admin_listen = "127.0.0.1:0"
+[admin]
+token_sha256 = "$(printf %s bench-admin-token | sha256sum | cut -d' ' -f1)"
 [store]
 url = "$2"
 ${3:-}

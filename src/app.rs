@@ -55,6 +55,8 @@ impl Parts {
             egress: Some(egress.clone()),
         })
         .map_err(|e| config.invalid("server", e.to_string()))?;
+        let admin = AdminSettings::from_config(config)?;
+        approvals_can_be_decided(config, &admin)?;
         Ok(Parts {
             routes: Routes::build(config)?,
             connect: ConnectPolicy::build(config)?,
@@ -63,11 +65,46 @@ impl Parts {
             sealer: Sealer::load(&config.encryption)
                 .map_err(|e| config.invalid(e.field, e.message))?
                 .map(Arc::new),
-            admin: AdminSettings::from_config(config)?,
+            admin,
             default_client,
             webhook: webhook(config)?,
         })
     }
+}
+
+/// A route that parks payments for a person's approval needs the admin listener and its
+/// token, through which people decide: without them a parked payment can never go out, and
+/// the agent waiting on it is stuck.
+fn approvals_can_be_decided(config: &Config, admin: &AdminSettings) -> Result<(), ConfigError> {
+    let with_approvals = config.routes.iter().enumerate().find_map(|(i, r)| {
+        let spend = r.spend.as_ref()?;
+        let field = match (&spend.approve_above, &spend.approve_run_above) {
+            (Some(_), _) => "approve_above",
+            (None, Some(_)) => "approve_run_above",
+            (None, None) => return None,
+        };
+        Some(format!("routes[{i}] ({}).spend.{field}", r.name))
+    });
+    let Some(field) = with_approvals else {
+        return Ok(());
+    };
+    let token = format!(
+        "an admin token that may approve: the environment variable {} (admin.token_env) set when the proxy starts, admin.token_sha256, or an [[admin.tokens]] entry with role approver or operator",
+        config.admin.token_env
+    );
+    if config.server.admin_listen.is_none() {
+        return Err(config.invalid(
+            field,
+            format!("payments above it wait for a person's approval, given through the admin listener, and none is configured: add server.admin_listen (e.g. \"127.0.0.1:9090\") and {token}"),
+        ));
+    }
+    if !admin.can_approve() {
+        return Err(config.invalid(
+            field,
+            format!("payments above it wait for a person's approval, given through the admin API, and no token may approve: set {token}"),
+        ));
+    }
+    Ok(())
 }
 
 /// The approvals webhook's URL and a client for it (the operator's own endpoint: not

@@ -466,10 +466,13 @@ pub struct SpendConfig {
     pub caps_currency: String,
     /// Other currencies a request may use: units of `caps_currency` per unit of each.
     /// A currency neither here nor `caps_currency` is refused.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "amount::rates")]
     pub rates: BTreeMap<String, String>,
+    #[serde(default, deserialize_with = "amount::per_request")]
     pub per_request: Option<String>,
+    #[serde(default, deserialize_with = "amount::per_run")]
     pub per_run: Option<String>,
+    #[serde(default, deserialize_with = "amount::per_tenant")]
     pub per_tenant: Option<String>,
     /// What every tenant together may spend on the route in `route_window`.
     pub per_route: Option<String>,
@@ -488,8 +491,10 @@ pub struct SpendConfig {
     #[serde(default = "default_run_window")]
     pub route_window: Dur,
     /// A single request above this needs a person's approval.
+    #[serde(default, deserialize_with = "amount::approve_above")]
     pub approve_above: Option<String>,
     /// A run whose spend (this request included) would pass this needs approval.
+    #[serde(default, deserialize_with = "amount::approve_run_above")]
     pub approve_run_above: Option<String>,
     /// A tenant whose spend on the route in `tenant_window` (this request included) would
     /// pass this needs approval: what a worker naming a new run per payment cannot escape.
@@ -525,14 +530,121 @@ fn default_true() -> bool {
 fn default_descriptive() -> Vec<String> {
     vec!["description".into()]
 }
+/// Amounts in `[routes.spend]` are text ("500.00"): a TOML float would round them. A bare
+/// number is refused with the line to write instead.
+mod amount {
+    use std::collections::BTreeMap;
+    use std::fmt;
+
+    use serde::de::{self, MapAccess, Visitor};
+    use serde::Deserializer;
+
+    struct Amount(&'static str);
+
+    impl Amount {
+        fn refuse<E: de::Error>(&self, number: String) -> E {
+            let whole = if number.contains('.') {
+                number.clone()
+            } else {
+                format!("{number}.00")
+            };
+            E::custom(format!(
+                "amounts are text, in caps_currency: write {} = \"{whole}\", not {number}",
+                self.0
+            ))
+        }
+    }
+
+    impl<'de> Visitor<'de> for Amount {
+        type Value = Option<String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "an amount as text, e.g. {} = \"500.00\"", self.0)
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Err(self.refuse(v.to_string()))
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Err(self.refuse(v.to_string()))
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            Err(self.refuse(v.to_string()))
+        }
+    }
+
+    fn field<'de, D: Deserializer<'de>>(
+        d: D,
+        name: &'static str,
+    ) -> Result<Option<String>, D::Error> {
+        d.deserialize_any(Amount(name))
+    }
+
+    pub fn per_request<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        field(d, "per_request")
+    }
+    pub fn per_run<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        field(d, "per_run")
+    }
+    pub fn per_tenant<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        field(d, "per_tenant")
+    }
+    pub fn approve_above<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        field(d, "approve_above")
+    }
+    pub fn approve_run_above<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        field(d, "approve_run_above")
+    }
+
+    struct Rates;
+
+    impl<'de> Visitor<'de> for Rates {
+        type Value = BTreeMap<String, String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a table of rates as text, e.g. rates = { eur = \"1.09\" }")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut rates = BTreeMap::new();
+            while let Some(currency) = map.next_key::<String>()? {
+                let rate = map.next_value::<toml::Value>()?;
+                match rate {
+                    toml::Value::String(text) => {
+                        rates.insert(currency, text);
+                    }
+                    other => {
+                        return Err(de::Error::custom(format!(
+                        "rates are text: write rates = {{ {currency} = \"{other}\" }}, not {other}"
+                    )))
+                    }
+                }
+            }
+            Ok(rates)
+        }
+    }
+
+    pub fn rates<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+        d.deserialize_map(Rates)
+    }
+}
+
 fn default_tenant_window() -> Dur {
     Dur(Duration::from_secs(24 * 3600))
 }
 fn default_run_window() -> Dur {
     Dur(Duration::from_secs(24 * 3600))
 }
+/// Short enough that a tool held for a decision gets its answer within a tool call's usual
+/// 30 s timeout (Stripe's SDKs are told not to retry a pending approval).
 fn default_approval_wait() -> Dur {
-    Dur(Duration::from_secs(25))
+    Dur(Duration::from_secs(20))
 }
 fn default_approval_expires() -> Dur {
     Dur(Duration::from_secs(24 * 3600))

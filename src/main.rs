@@ -34,11 +34,13 @@ enum Command {
         #[arg(long, default_value = "config/idemproxy.toml")]
         config: PathBuf,
     },
-    /// Try it locally: a stand-in provider that counts what it does, and the proxy in front
-    /// of it (config/examples/local.toml); prints the commands to run.
+    /// Try it locally, from any directory: stand-in providers on this machine (one that
+    /// counts what it does, one shaped like Stripe's API) and the proxy in front of them;
+    /// prints the commands to run. Each run starts with an empty store.
     Demo {
-        #[arg(long, default_value = "config/examples/local.toml")]
-        config: PathBuf,
+        /// The demo's config (default: config/examples/local.toml, built in).
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Load and validate a config file, then exit.
     CheckConfig {
@@ -200,65 +202,77 @@ fn runtime_for(config: &Config) -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// The stand-in provider on the first route's upstream, the CA if the config names one that
-/// does not exist yet, then the proxy, as `serve` runs it.
-fn run_demo(path: PathBuf) -> anyhow::Result<()> {
-    let config = Config::load(&path)?;
-    let route = config
-        .routes
-        .first()
-        .with_context(|| format!("{}: the demo needs a route to the stand-in", path.display()))?;
-    let upstream: http::Uri = route
-        .upstream
-        .parse()
-        .with_context(|| format!("{}: routes[0].upstream is not a URL", path.display()))?;
-    let provider = upstream
-        .authority()
-        .filter(|_| upstream.scheme_str() == Some("http"))
-        .and_then(|a| {
-            format!("{}:{}", a.host(), a.port_u16().unwrap_or(80))
-                .parse()
-                .ok()
-        })
-        .with_context(|| {
-            format!(
-                "{}: routes[0].upstream must be http://127.0.0.1:PORT, where the stand-in listens",
-                path.display()
-            )
-        })?;
-    if let (Some(cert), Some(_)) = (&config.tls.ca_cert, &config.tls.ca_key) {
-        if !cert.exists() {
-            let dir = cert.parent().map(PathBuf::from).unwrap_or_default();
-            ca_init(InitOptions {
-                dir,
-                force: false,
-                proxy_url: format!("http://{}", config.server.listen),
-                worker_dir: None,
-                system_bundle: None,
-            })?;
+/// A fresh run of the demo's config: the CA if the config names one that does not exist yet,
+/// then the proxy as `serve` runs it, with the stand-ins started once it listens. The run's
+/// store goes when the demo ends.
+fn run_demo(config: Option<PathBuf>) -> anyhow::Result<()> {
+    let (text, source) = match config {
+        Some(path) => (
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read {}", path.display()))?,
+            path,
+        ),
+        None => (
+            idemproxy::demo::BUILT_IN.to_string(),
+            PathBuf::from(idemproxy::demo::BUILT_IN_NAME),
+        ),
+    };
+    let cwd = std::env::current_dir().context("no current directory")?;
+    let run = idemproxy::demo::Run::prepare(&text, &source, &cwd)?;
+    let config = Config::load(&run.config)?;
+    let ca = match (&config.tls.ca_cert, &config.tls.ca_key) {
+        (Some(cert), Some(key)) => {
+            if !cert.exists() {
+                ca_init(InitOptions {
+                    dir: cert.parent().map(PathBuf::from).unwrap_or_default(),
+                    force: false,
+                    proxy_url: format!("http://{}", config.server.listen),
+                    worker_dir: None,
+                    system_bundle: None,
+                })?;
+            }
+            Some((cert.clone(), key.clone()))
         }
-    }
-    let https_host = route.host.clone();
-    run_serve(
-        path,
+        _ => None,
+    };
+    let shop_host = config
+        .routes
+        .iter()
+        .find(|r| {
+            run.stand_ins
+                .iter()
+                .any(|s| s.route == r.name && matches!(s.kind, idemproxy::demo::Kind::Counter))
+        })
+        .and_then(|r| r.host.clone());
+    let stand_ins = run.stand_ins.clone();
+    let config_path = run.config.clone();
+    let served = run_serve(
+        config_path,
         Some(Box::new(move |proxy| {
-            let listener = std::net::TcpListener::bind(provider)
-                .with_context(|| format!("the stand-in provider cannot listen on {provider}"))?;
-            listener.set_nonblocking(true)?;
-            tokio::spawn(idemproxy::demo::stand_in(
-                tokio::net::TcpListener::from_std(listener)?,
-            ));
-            print!(
-                "{}",
-                idemproxy::demo::instructions(proxy, provider, https_host.as_deref())
-            );
-            Ok(())
+            Box::pin(async move {
+                let ca = ca.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+                let starting = idemproxy::demo::Run::start_stand_ins(&stand_ins, ca);
+                starting.await?;
+                print!(
+                    "{}",
+                    idemproxy::demo::instructions(proxy, &stand_ins, shop_host.as_deref())
+                );
+                Ok(())
+            })
         })),
-    )
+    );
+    drop(run);
+    served
 }
 
-/// Runs once the proxy listens (the demo starts its stand-in there).
-type OnListening = Box<dyn FnOnce(std::net::SocketAddr) -> anyhow::Result<()> + Send>;
+/// Runs once the proxy listens (the demo starts its stand-ins there).
+type OnListening = Box<
+    dyn FnOnce(
+            std::net::SocketAddr,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>
+        + Send,
+>;
 
 fn run_serve(path: PathBuf, on_listening: Option<OnListening>) -> anyhow::Result<()> {
     let config = Config::load(&path)?;
@@ -300,7 +314,7 @@ async fn serve_config(
     }
     tracing::info!(%local, store = %config.store.url, routes = config.routes.len(), "idemproxy started");
     if let Some(hook) = on_listening {
-        hook(local)?;
+        hook(local).await?;
     }
     let opts = ServerOptions {
         header_read_timeout: config.server.header_read_timeout.0,

@@ -146,6 +146,11 @@ impl Access {
         !self.entries.is_empty()
     }
 
+    /// Whether some token may approve parked payments.
+    pub fn can_approve(&self) -> bool {
+        self.entries.iter().any(|e| e.role >= Role::Approver)
+    }
+
     /// The holder of `token`, compared against every known hash in constant time.
     pub fn check(&self, token: &str) -> Option<Principal> {
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();

@@ -6,18 +6,20 @@ use http::Method;
 
 use super::client::{call, ClientError};
 
-/// Where the admin API is, and the token for it.
+/// Where the admin API is, and the token for it: before or after the subcommand
+/// (`idemproxy approvals list --admin URL`), as `--help` lists them there.
 #[derive(Debug, Args)]
 pub struct AdminTarget {
     /// Base URL of the admin listener.
     #[arg(
         long,
+        global = true,
         env = "IDEMPROXY_ADMIN_URL",
         default_value = "http://127.0.0.1:9090"
     )]
     pub admin: String,
     /// Environment variable holding the admin token.
-    #[arg(long, default_value = "IDEMPROXY_ADMIN_TOKEN")]
+    #[arg(long, global = true, default_value = "IDEMPROXY_ADMIN_TOKEN")]
     pub token_env: String,
 }
 

@@ -76,6 +76,11 @@ impl AdminSettings {
             audit_hook: None,
         })
     }
+
+    /// Whether some admin token may approve parked payments: without one, nobody can.
+    pub fn can_approve(&self) -> bool {
+        self.access.can_approve()
+    }
 }
 
 /// What `check-config` and `serve` warn about in `[admin]` and `server.admin_listen`.

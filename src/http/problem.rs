@@ -60,13 +60,20 @@ impl Problem {
     }
 
     pub fn into_response(self) -> Response<Body> {
-        let mut resp = Response::new(full(self.body()));
+        self.respond("application/problem+json", self.body())
+    }
+
+    /// The same problem with another JSON body (a provider's error shape): the same status,
+    /// `Retry-After` and `X-Idemproxy-Error`.
+    pub fn json_response(&self, body: String) -> Response<Body> {
+        self.respond("application/json", body)
+    }
+
+    fn respond(&self, content_type: &'static str, body: String) -> Response<Body> {
+        let mut resp = Response::new(full(body));
         *resp.status_mut() = self.status;
         let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         h.insert(ERROR_HEADER, HeaderValue::from_static(self.slug));
         if let Some(secs) = self.retry_after_secs() {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));

@@ -233,8 +233,13 @@ pub enum IdentityError {
     InvalidKey(#[from] KeyError),
     #[error("this route requires an idempotency key in the {header} header")]
     MissingKey { header: String },
-    #[error("the request has no {header} header and its key template needs {field}, which the request does not carry")]
-    MissingKeyField { header: String, field: String },
+    /// `header`: the header whose key the route would take instead; `None` where the
+    /// operation is named by its template alone (a client key would not be used).
+    #[error("{}", missing_field_message(.header.as_deref(), .field))]
+    MissingKeyField {
+        header: Option<String>,
+        field: String,
+    },
     #[error("{0}")]
     Malformed(String),
     #[error(transparent)]
@@ -473,7 +478,7 @@ impl RouteIdentity {
             (MissingKey::Derive, _) => Ok(Some(Identity::Request)),
             (MissingKey::Forward, _) => Ok(None),
             (MissingKey::Reject, Some(t)) => Err(IdentityError::MissingKeyField {
-                header,
+                header: (rules.source == KeySource::Client).then_some(header),
                 field: missing_field(t, req),
             }),
             (MissingKey::Reject, None) => Err(IdentityError::MissingKey { header }),
@@ -564,6 +569,13 @@ impl KeyRules<'_> {
             (Derivation::V2, Some(o)) => o.endpoint(req.method, req.path),
             (Derivation::V2, None) => format!("{} /{}", req.method, req.path.trim_matches('/')),
         }
+    }
+}
+
+fn missing_field_message(header: Option<&str>, field: &str) -> String {
+    match header {
+        Some(header) => format!("the request has no {header} header and its key template needs {field}, which the request does not carry"),
+        None => format!("this operation is named by its key template, which needs {field}; the request does not carry it"),
     }
 }
 

@@ -11,6 +11,7 @@ use super::routed::to_route;
 use super::{connect, passthrough};
 use crate::http::body::Body;
 use crate::metrics::RequestOutcome;
+use crate::providers::ErrorShape;
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 
@@ -80,17 +81,18 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
                         "{host} is covered by a route on another port; a request to port {port} \
                          would bypass its idempotency checks"
                     ))
-                    .into_response()
+                    .into_response(ErrorShape::Problem)
                 }
                 None => match app.egress.check(host, port).await {
                     Ok(_) => {
                         app.metrics.request(NO_ROUTE, RequestOutcome::Passthrough);
-                        passthrough::forward(&app.default_client, req, uri).await
+                        passthrough::forward(&app.default_client, req, uri, ErrorShape::Problem)
+                            .await
                     }
                     Err(e) => {
                         tracing::info!(%tenant, host, port, error = %e, "egress refused");
                         app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);
-                        ProxyError::EgressRefused(e.to_string()).into_response()
+                        ProxyError::EgressRefused(e.to_string()).into_response(ErrorShape::Problem)
                     }
                 },
             }
@@ -115,7 +117,7 @@ async fn base_url(
         None => {
             app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);
             let path = path_and_query.split('?').next().unwrap_or("/").to_string();
-            ProxyError::NoRoute(path).into_response()
+            ProxyError::NoRoute(path).into_response(ErrorShape::Problem)
         }
     }
 }

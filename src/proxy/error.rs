@@ -1,10 +1,14 @@
 //! Why the proxy answers a request itself: one error enum, mapped to status, slug, title and
-//! advice, rendered by the one problem+json renderer (`http::problem`).
+//! advice, and the one renderer of every such answer: `application/problem+json`
+//! (`http::problem`), or, on a route whose provider has an error shape of its own, that shape,
+//! so the provider's SDK raises a typed error carrying the refusal's code instead of failing
+//! to parse the body.
 
 use std::time::Duration;
 
-use http::{Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 
+use super::spending::SpendError;
 use super::upstream::UpstreamError;
 use crate::http::body::Body;
 use crate::http::problem::Problem;
@@ -12,6 +16,8 @@ use crate::idempotency::claims::Recorded;
 use crate::idempotency::outcome::Outcome;
 use crate::idempotency::store::StoreError;
 use crate::identity::IdentityError;
+use crate::providers::ErrorShape;
+use crate::spend::gate::Refusal;
 
 /// A failed upstream handshake is a set-up problem: retrying alone does not help.
 const TLS_RETRY: &str =
@@ -60,13 +66,9 @@ pub enum ProxyError {
     },
     #[error("egress refused: {0}")]
     EgressRefused(String),
-    /// A money-moving request stopped by its caps or approvals, rendered in the provider's
-    /// error shape.
-    #[error("{error}")]
-    Spend {
-        error: super::spending::SpendError,
-        shape: crate::providers::ErrorShape,
-    },
+    /// A money-moving request stopped by its caps or approvals.
+    #[error(transparent)]
+    Spend(SpendError),
 }
 
 impl ProxyError {
@@ -92,7 +94,7 @@ impl ProxyError {
             } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::EgressRefused(_) => StatusCode::FORBIDDEN,
-            ProxyError::Spend { error, .. } => error.status(),
+            ProxyError::Spend(error) => error.status(),
         }
     }
 
@@ -139,7 +141,7 @@ impl ProxyError {
             } => "upstream-response-too-large",
             ProxyError::Upstream { .. } => "upstream-failed",
             ProxyError::EgressRefused(_) => "egress-refused",
-            ProxyError::Spend { error, .. } => error.slug(),
+            ProxyError::Spend(error) => error.slug(),
         }
     }
 
@@ -183,7 +185,7 @@ impl ProxyError {
             } => "Upstream timed out",
             ProxyError::Upstream { .. } => "Upstream failed",
             ProxyError::EgressRefused(_) => "Destination not allowed",
-            ProxyError::Spend { .. } => "Payment stopped by spend control",
+            ProxyError::Spend(_) => "Payment stopped by spend control",
         }
     }
 
@@ -191,7 +193,8 @@ impl ProxyError {
         match self {
             ProxyError::Identity(IdentityError::InvalidKey(_)) => "Send a key of 1 to 255 visible ASCII characters, e.g. a UUID.".into(),
             ProxyError::Identity(IdentityError::MissingKey { .. }) => "Add the header with a key that stays the same across retries of this operation.".into(),
-            ProxyError::Identity(IdentityError::MissingKeyField { header, .. }) => format!("Nothing was forwarded or claimed. Add the field, or send a {header} header that stays the same across retries of this operation."),
+            ProxyError::Identity(IdentityError::MissingKeyField { header: Some(header), .. }) => format!("Nothing was forwarded or claimed. Add the field, or send a {header} header that stays the same across retries of this operation."),
+            ProxyError::Identity(IdentityError::MissingKeyField { header: None, .. }) => "Nothing was forwarded or claimed. Add the field: it tells this operation from another one, so a re-run of the same operation is recognised.".into(),
             ProxyError::Identity(IdentityError::Malformed(_)) | ProxyError::MalformedBody(_) => "Nothing was forwarded or claimed. Send a well-formed body.".into(),
             ProxyError::Identity(IdentityError::Account(_)) => "Nothing was forwarded or claimed. The route tells accounts apart by its `account` template; send what it names.".into(),
             ProxyError::Identity(IdentityError::Ambiguous(_)) | ProxyError::Ambiguous(_) => "Nothing was forwarded or claimed: the proxy and the provider could read this request two ways, and a spend cap or an operation's key could be walked around. Send it in its plain form.".into(),
@@ -223,7 +226,7 @@ impl ProxyError {
                 Some(_) => "Nothing reached the provider. Retry with the same key.".into(),
             },
             ProxyError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
-            ProxyError::Spend { error, .. } => error.advice().into(),
+            ProxyError::Spend(error) => error.advice().into(),
         }
     }
 
@@ -234,21 +237,153 @@ impl ProxyError {
             ProxyError::StoreUnavailable(_) | ProxyError::Busy { .. } => {
                 Some(Duration::from_secs(1))
             }
+            ProxyError::Spend(error) => error.retry_after(),
             _ => None,
         }
     }
 
-    pub fn into_response(self) -> Response<Body> {
-        if let ProxyError::Spend { error, shape } = self {
-            return error.into_response(shape);
+    /// Whether a client that retries by itself within a second or two (Stripe's SDKs, which
+    /// obey `Stripe-Should-Retry`) should: only where that retry can get another answer and
+    /// cannot do harm. A pending approval is not: each attempt would be parked again for
+    /// `approval_wait`, holding the tool past its timeout; the agent asks again later.
+    fn worth_retrying_soon(&self) -> bool {
+        match self {
+            ProxyError::InFlight { .. }
+            | ProxyError::StoreUnavailable(_)
+            | ProxyError::Busy { .. }
+            | ProxyError::Spend(SpendError::Refused(Refusal::Store(_))) => true,
+            ProxyError::Upstream { error, claim } => match claim {
+                _ if matches!(error, UpstreamError::Tls(_)) => false,
+                None | Some((Outcome::Released, Recorded::Done)) => true,
+                Some(_) => false,
+            },
+            _ => false,
         }
-        Problem {
+    }
+
+    /// The answer, in the route's provider's error shape (`ErrorShape::Problem`: no provider
+    /// shape, or no route).
+    pub fn into_response(self, shape: ErrorShape) -> Response<Body> {
+        let retry = self.worth_retrying_soon();
+        let problem = Problem {
             status: self.status(),
             slug: self.slug(),
             title: self.title(),
             detail: format!("{self}. {}", self.advice()),
             retry_after: self.retry_after(),
+        };
+        render(problem, shape, retry)
+    }
+}
+
+/// The one renderer of the proxy's own answers on a route: problem+json, or the provider's
+/// error body with the same status, `Retry-After` and `X-Idemproxy-Error` slug. The slug is
+/// also the provider error's code (`idemproxy_<slug>`), so either can be matched on. Another
+/// shape (JSON-RPC errors for MCP routes) is another arm here.
+pub fn render(problem: Problem, shape: ErrorShape, retry: bool) -> Response<Body> {
+    let code = format!("idemproxy_{}", problem.slug.replace('-', "_"));
+    let message = problem.detail.as_str();
+    let status = problem.status;
+    let body = match shape {
+        ErrorShape::Problem => return problem.into_response(),
+        ErrorShape::Stripe => serde_json::json!({"error": {
+            "type": stripe_type(status, problem.slug), "code": code, "message": message}}),
+        ErrorShape::Square => serde_json::json!({"errors": [{
+            "category": "INVALID_REQUEST_ERROR", "code": code.to_uppercase(), "detail": message}]}),
+        ErrorShape::Adyen => serde_json::json!({
+            "status": status.as_u16(), "errorCode": code, "message": message, "errorType": "validation"}),
+        ErrorShape::PayPal => serde_json::json!({
+            "name": code.to_uppercase(), "message": message, "debug_id": problem.slug}),
+        ErrorShape::Alpaca => {
+            serde_json::json!({"code": 40_000_000 + u64::from(status.as_u16()) * 10_000, "message": message})
         }
-        .into_response()
+    };
+    let mut resp = problem.json_response(body.to_string());
+    if shape == ErrorShape::Stripe {
+        // stripe-python and stripe-node obey this over their own rules (which retry every
+        // 409 and 5xx).
+        resp.headers_mut().insert(
+            "stripe-should-retry",
+            HeaderValue::from_static(if retry { "true" } else { "false" }),
+        );
+    }
+    resp
+}
+
+/// Stripe's error `type` for a refusal: its SDKs pick the error class by it (stripe-node) or
+/// by the status (stripe-python).
+fn stripe_type(status: StatusCode, slug: &str) -> &'static str {
+    match slug {
+        "idempotency-key-reused" | "request-in-flight" => "idempotency_error",
+        _ if status == StatusCode::CONFLICT || status.is_server_error() => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+
+    async fn rendered(
+        e: ProxyError,
+        shape: ErrorShape,
+    ) -> (http::response::Parts, serde_json::Value) {
+        let (parts, body) = e.into_response(shape).into_parts();
+        let bytes = body.collect().await.expect("a full body").to_bytes();
+        (parts, serde_json::from_slice(&bytes).expect("JSON"))
+    }
+
+    fn header<'p>(parts: &'p http::response::Parts, name: &str) -> Option<&'p str> {
+        parts.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[tokio::test]
+    async fn every_refusal_takes_the_route_shape_with_its_slug_as_the_code() {
+        let (parts, body) = rendered(ProxyError::KeyReused, ErrorShape::Stripe).await;
+        assert_eq!(parts.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(header(&parts, "content-type"), Some("application/json"));
+        assert_eq!(
+            header(&parts, "x-idemproxy-error"),
+            Some("idempotency-key-reused")
+        );
+        assert_eq!(header(&parts, "stripe-should-retry"), Some("false"));
+        assert_eq!(body["error"]["code"], "idemproxy_idempotency_key_reused");
+        assert_eq!(body["error"]["type"], "idempotency_error");
+
+        let in_flight = ProxyError::InFlight {
+            retry_after: Duration::from_secs(3),
+        };
+        let (parts, body) = rendered(in_flight, ErrorShape::Stripe).await;
+        assert_eq!(header(&parts, "stripe-should-retry"), Some("true"));
+        assert_eq!(header(&parts, "retry-after"), Some("3"));
+        assert_eq!(body["error"]["code"], "idemproxy_request_in_flight");
+
+        let unknown = ProxyError::OutcomeUnknown { retry_after: None };
+        let (parts, body) = rendered(unknown, ErrorShape::Alpaca).await;
+        assert_eq!(parts.status, StatusCode::CONFLICT);
+        assert_eq!(header(&parts, "stripe-should-retry"), None);
+        assert!(body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unknown")));
+
+        let (parts, body) = rendered(ProxyError::KeyReused, ErrorShape::Problem).await;
+        assert_eq!(
+            header(&parts, "content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(body["type"], "urn:idemproxy:problem:idempotency-key-reused");
+    }
+
+    #[tokio::test]
+    async fn a_template_operation_missing_its_field_does_not_blame_the_header() {
+        let e = ProxyError::Identity(IdentityError::MissingKeyField {
+            header: None,
+            field: "body.metadata.invoice_id".into(),
+        });
+        let (_, body) = rendered(e, ErrorShape::Stripe).await;
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("body.metadata.invoice_id"), "{message}");
+        assert!(!message.contains("header"), "{message}");
     }
 }

@@ -280,7 +280,7 @@ async fn request(
         return crate::proxy::error::ProxyError::BadRequest(
             "CONNECT inside an intercepted connection is not supported; send requests to the provider directly in this tunnel".into(),
         )
-        .into_response();
+        .into_response(route.errors);
     }
     let path_and_query = req
         .uri()

@@ -8,6 +8,7 @@ use super::upstream::UpstreamClient;
 use crate::http::body::{stream, Body};
 use crate::identity::provider_key::KeyField;
 use crate::identity::DEFAULT_TENANT;
+use crate::providers::ErrorShape;
 use crate::proxy::error::ProxyError;
 use crate::routes::Route;
 
@@ -33,10 +34,16 @@ pub async fn forward_for(
             }
         }
     }
-    forward(&route.client, req, uri).await
+    forward(&route.client, req, uri, route.errors).await
 }
 
-pub async fn forward(client: &UpstreamClient, req: Request<Incoming>, uri: Uri) -> Response<Body> {
+/// `errors`: how the route's provider writes errors (a failed call is answered in it).
+pub async fn forward(
+    client: &UpstreamClient,
+    req: Request<Incoming>,
+    uri: Uri,
+    errors: ErrorShape,
+) -> Response<Body> {
     let (mut parts, body) = req.into_parts();
     // A body of unknown length (chunked) on a GET or HEAD: hyper's client would send none at
     // all, silently. Say it is chunked, and it goes down as sent.
@@ -59,6 +66,6 @@ pub async fn forward(client: &UpstreamClient, req: Request<Incoming>, uri: Uri) 
             strip_hop_by_hop(&mut parts.headers);
             Response::from_parts(parts, stream(body))
         }
-        Err(error) => ProxyError::Upstream { error, claim: None }.into_response(),
+        Err(error) => ProxyError::Upstream { error, claim: None }.into_response(errors),
     }
 }

@@ -60,7 +60,7 @@ pub async fn run(
         Ok(resp) => resp,
         Err(e) => {
             trace.outcome.get_or_insert(outcome_of(&e));
-            e.into_response()
+            e.into_response(route.errors)
         }
     };
     trace.finish(app, route, tenant, started, resp.status().as_u16());
@@ -269,10 +269,7 @@ fn key_required(route: &Route, view: &Read<'_>, why: &str) -> ProxyError {
         view.path,
         route.identity.key_header
     );
-    ProxyError::Spend {
-        error: spending::SpendError::KeyRequired(what),
-        shape: route.errors,
-    }
+    ProxyError::Spend(spending::SpendError::KeyRequired(what))
 }
 
 /// Prices a capped request and binds it to its canonical form, before the claim (no store
@@ -300,10 +297,7 @@ fn plan(
     let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
     spending::plan(rules, view, tunnel, &identified.derived.account).map_err(|error| {
         trace.spend = Some(error.slug().to_string());
-        ProxyError::Spend {
-            error,
-            shape: route.errors,
-        }
+        ProxyError::Spend(error)
     })
 }
 
@@ -416,10 +410,7 @@ async fn gated(
             }
         };
         trace.spend = Some(refused.slug().to_string());
-        return Err(ProxyError::Spend {
-            error: refused,
-            shape: route.errors,
-        });
+        return Err(ProxyError::Spend(refused));
     }
 }
 

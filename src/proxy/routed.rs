@@ -36,7 +36,7 @@ pub async fn to_route(
 ) -> Response<Body> {
     let refuse = |e: ProxyError| {
         app.metrics.request(&route.name, RequestOutcome::Rejected);
-        e.into_response()
+        e.into_response(route.errors)
     };
     let (path, query) = match path_and_query.split_once('?') {
         Some((path, query)) => (path, Some(query)),

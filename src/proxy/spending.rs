@@ -1,12 +1,9 @@
 //! The HTTP side of spend control: reads a money-moving request's cost and run, asks the
-//! spend gate, and renders its refusals in the provider's own error shape, so an SDK raises
-//! an error that says what happened instead of a generic failure.
+//! spend gate, and says why it refused (`ProxyError::Spend`, rendered like every refusal in
+//! the route's provider's error shape by `proxy::error`).
 
-use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 
-use crate::http::body::{full, Body};
-use crate::http::problem::{Problem, ERROR_HEADER};
-use crate::providers::ErrorShape;
 use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::binding::{self, Bound};
@@ -81,30 +78,18 @@ impl SpendError {
             SpendError::Refused(Refusal::TooLargeToApprove { .. }) => "Nothing was forwarded or parked.",
             SpendError::Refused(Refusal::TooManyPending(_)) => "Nothing was forwarded or parked; retry once a person has decided.",
             SpendError::Refused(Refusal::OverCap { .. }) => "Nothing was forwarded. An operator can raise the cap in the route's [routes.spend].",
-            SpendError::Refused(Refusal::Pending { .. }) => "Nothing was forwarded yet: retry with the same idempotency key; once approved, the retry executes it (once).",
+            SpendError::Refused(Refusal::Pending { .. }) => "Nothing was sent. Ask again later with the same request: once a person approves it, it goes out, once.",
             SpendError::Refused(Refusal::Denied { .. }) => "Nothing was forwarded, and every retry gets this answer.",
             SpendError::Refused(Refusal::Mismatch { .. }) => "Nothing was forwarded: an approval covers exactly the request the person saw; send that one, or a different payment under a new key.",
             SpendError::Refused(Refusal::Store(_)) => "Nothing was forwarded; retry later.",
         }
     }
 
-    fn retry_after(&self) -> Option<std::time::Duration> {
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
             SpendError::Refused(Refusal::Pending { retry_after, .. }) => Some(*retry_after),
             _ => None,
         }
-    }
-
-    /// The refusal as the route's provider writes errors.
-    pub fn into_response(self, shape: ErrorShape) -> Response<Body> {
-        let problem = Problem::new(
-            self.status(),
-            self.slug(),
-            format!("{self}. {}", self.advice()),
-        )
-        .retry_after(self.retry_after());
-        let retry = matches!(self, SpendError::Refused(Refusal::Pending { .. }));
-        shaped(problem, shape, retry)
     }
 }
 
@@ -141,7 +126,7 @@ pub fn plan(
         amount: &amount,
         content_type: view
             .headers
-            .get(header::CONTENT_TYPE)
+            .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok()),
         body: view.body,
         descriptive: &spend.descriptive,
@@ -253,53 +238,6 @@ fn check_run(run: &str) -> Result<(), SpendError> {
         )));
     }
     Ok(())
-}
-
-/// A problem in the provider's error shape (problem+json for none). The slug stays in
-/// `X-Idemproxy-Error` and the provider's error code, so either can be matched on.
-fn shaped(problem: Problem, shape: ErrorShape, retry: bool) -> Response<Body> {
-    let code = format!("idemproxy_{}", problem.slug.replace('-', "_"));
-    let message = &problem.detail;
-    let status = problem.status;
-    let body = match shape {
-        ErrorShape::Problem => return problem.into_response(),
-        ErrorShape::Stripe => serde_json::json!({"error": {
-            "type": if status == StatusCode::CONFLICT { "api_error" } else { "invalid_request_error" },
-            "code": code, "message": message}}),
-        ErrorShape::Square => serde_json::json!({"errors": [{
-            "category": "INVALID_REQUEST_ERROR", "code": code.to_uppercase(), "detail": message}]}),
-        ErrorShape::Adyen => serde_json::json!({
-            "status": status.as_u16(), "errorCode": code, "message": message, "errorType": "validation"}),
-        ErrorShape::PayPal => serde_json::json!({
-            "name": code.to_uppercase(), "message": message, "debug_id": problem.slug}),
-        ErrorShape::Alpaca => {
-            serde_json::json!({"code": 40_000_000 + u64::from(status.as_u16()) * 10_000, "message": message})
-        }
-    };
-    let retry_after = problem.retry_after;
-    let mut resp = Response::new(full(body.to_string()));
-    *resp.status_mut() = status;
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(ERROR_HEADER, HeaderValue::from_static(problem.slug));
-    if let Some(after) = retry_after {
-        h.insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(after.as_millis().div_ceil(1000).max(1) as u64),
-        );
-    }
-    if shape == ErrorShape::Stripe {
-        // stripe-python and stripe-node obey this over their own rules: retry a pending
-        // approval (each retry waits again), never a refusal.
-        h.insert(
-            "stripe-should-retry",
-            HeaderValue::from_static(if retry { "true" } else { "false" }),
-        );
-    }
-    resp
 }
 
 impl crate::spend::gate::SpendEvents for crate::metrics::Metrics {

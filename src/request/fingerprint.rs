@@ -97,7 +97,7 @@ pub fn without(
 }
 
 /// `a=1&b=x%20y` → `[("a","1"), ("b","x y")]`; undecodable escapes are kept as written.
-fn form_pairs(raw: &[u8]) -> Vec<(String, String)> {
+pub(crate) fn form_pairs(raw: &[u8]) -> Vec<(String, String)> {
     form::raw_pairs(raw)
         .map(|(k, v)| (form::decode_lossy(k), form::decode_lossy(v)))
         .collect()

@@ -155,6 +155,12 @@ impl CertAuthority {
         &self.cert
     }
 
+    /// When the CA's certificate expires.
+    pub fn not_after(&self) -> Option<OffsetDateTime> {
+        let (_, parsed) = x509_parser::parse_x509_certificate(&self.cert).ok()?;
+        OffsetDateTime::from_unix_timestamp(parsed.validity().not_after.timestamp()).ok()
+    }
+
     /// A leaf for `host` (a DNS name or an IP address) with a fresh P-256 key.
     pub fn issue(&self, host: &str) -> Result<Leaf, rcgen::Error> {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;

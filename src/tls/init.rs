@@ -49,6 +49,8 @@ pub struct Written {
     pub key: PathBuf,
     pub bundle: Option<PathBuf>,
     pub not_after: time::OffsetDateTime,
+    /// False: the CA was there already and was kept (no `--force`).
+    pub created: bool,
 }
 
 pub fn init(opts: &InitOptions) -> Result<Written, InitError> {
@@ -62,6 +64,18 @@ pub fn init(opts: &InitOptions) -> Result<Written, InitError> {
     let key = dir.join(KEY_FILE);
     let bundle = dir.join(BUNDLE_FILE);
     if !opts.force {
+        // A whole, valid CA is kept and its settings printed again: the step after `ca init`
+        // needs them. Half of one, or a broken one, is an error.
+        if cert.exists() && key.exists() {
+            let ca = CertAuthority::load(&cert, &key)?;
+            return Ok(Written {
+                not_after: ca.not_after().unwrap_or_else(time::OffsetDateTime::now_utc),
+                bundle: bundle.exists().then_some(bundle),
+                cert,
+                key,
+                created: false,
+            });
+        }
         if let Some(existing) = [&cert, &key].into_iter().find(|p| p.exists()) {
             return Err(InitError::Exists(existing.clone()));
         }
@@ -105,6 +119,7 @@ pub fn init(opts: &InitOptions) -> Result<Written, InitError> {
         key,
         bundle,
         not_after: ca.not_after,
+        created: true,
     })
 }
 
@@ -150,7 +165,12 @@ pub fn instructions(written: &Written, opts: &InitOptions) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Created the idemproxy CA (ECDSA P-256, valid until {}):",
+        "{} the idemproxy CA (ECDSA P-256, valid until {}):",
+        if written.created {
+            "Created"
+        } else {
+            "Kept (it exists; --force replaces it)"
+        },
         written.not_after.date()
     );
     let _ = writeln!(

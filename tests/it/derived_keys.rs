@@ -12,15 +12,30 @@ use crate::common::Backend;
 
 const PAYMENT_KEY: &str = "key = \"payment:{body.metadata.invoice_id}:{body.customer}:{body.amount|decimal:2}:{body.currency|lower}\"";
 
+/// The proxy's own refusal: problem+json, or on a route with a provider profile the
+/// provider's error shape (Stripe's with the slug as its code, Alpaca's with a message).
 fn assert_problem(r: &Reply, status: u16, slug: &str) {
     assert_eq!(r.status, status, "body: {}", r.text());
-    assert_eq!(r.header("content-type"), Some("application/problem+json"));
-    assert_eq!(
-        r.json()["type"],
-        format!("urn:idemproxy:problem:{slug}"),
-        "{}",
-        r.text()
-    );
+    assert_eq!(r.header("x-idemproxy-error"), Some(slug), "{}", r.text());
+    match r.header("content-type") {
+        Some("application/problem+json") => assert_eq!(
+            r.json()["type"],
+            format!("urn:idemproxy:problem:{slug}"),
+            "{}",
+            r.text()
+        ),
+        _ => {
+            let body = r.json();
+            let message = body["error"]["message"]
+                .as_str()
+                .or(body["message"].as_str())
+                .unwrap_or_default();
+            assert!(!message.is_empty(), "{}", r.text());
+            if let Some(code) = body["error"]["code"].as_str() {
+                assert_eq!(code, format!("idemproxy_{}", slug.replace('-', "_")));
+            }
+        }
+    }
 }
 
 /// A POST without an Idempotency-Key, as a tool that knows nothing of the proxy sends it.

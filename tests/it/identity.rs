@@ -1056,9 +1056,9 @@ async fn a_duplicate_note_keeps_the_passed_down_key_out_of_the_store(backend: Ba
     let r = alpaca_order(&proxy, &ALPACA_A, KEY, ORDER).await;
     assert_eq!(r.status, 409, "{}", r.text());
     assert_eq!(r.header("x-idemproxy-error"), Some("outcome-unknown"));
-    // The client is told where to look...
+    // The client is told where to look (in Alpaca's error shape)...
     assert!(
-        r.json()["detail"]
+        r.json()["message"]
             .as_str()
             .is_some_and(|d| d.contains(&format!("client_order_id={KEY}"))),
         "{}",

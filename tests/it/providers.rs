@@ -250,10 +250,11 @@ async fn alpaca_duplicate_rejection_is_held_never_a_receipt(backend: Backend) {
     provider.then([Behavior::Answer(422, ALPACA_DUPLICATE)]);
     let r = post_keyed(&proxy, "/alpaca/v2/orders", "ord-1", order).await;
     assert_eq!(r.status, 409, "{}", r.text());
-    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    // In Alpaca's own error shape, so its SDK reads it; the slug in X-Idemproxy-Error.
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.header("x-idemproxy-error"), Some("outcome-unknown"));
     let p = r.json();
-    assert_eq!(p["type"], "urn:idemproxy:problem:outcome-unknown");
-    let detail = p["detail"].as_str().unwrap_or_default();
+    let detail = p["message"].as_str().unwrap_or_default();
     assert!(
         detail.contains("GET /v2/orders:by_client_order_id?client_order_id=ord-1"),
         "{detail}"
@@ -266,10 +267,7 @@ async fn alpaca_duplicate_rejection_is_held_never_a_receipt(backend: Backend) {
     // Held until an operator resolves it: the retry is not forwarded, and gets no receipt.
     let retry = post_keyed(&proxy, "/alpaca/v2/orders", "ord-1", order).await;
     assert_eq!(retry.status, 409);
-    assert_eq!(
-        retry.json()["type"],
-        "urn:idemproxy:problem:outcome-unknown"
-    );
+    assert_eq!(retry.header("x-idemproxy-error"), Some("outcome-unknown"));
     assert_eq!(retry.header("retry-after"), None, "hold = forever");
     assert_eq!(provider.received().len(), 1, "nothing re-sent");
     assert_eq!(provider.effects(), 0);
@@ -293,7 +291,7 @@ async fn alpaca_duplicate_rejection_is_held_never_a_receipt(backend: Backend) {
     let r = post_keyed(&proxy, "/alpaca/v2/orders", "ord-3", own).await;
     assert_eq!(r.status, 409);
     assert!(
-        r.json()["detail"]
+        r.json()["message"]
             .as_str()
             .is_some_and(|d| d.contains("client_order_id=tool-77")),
         "{}",
@@ -333,18 +331,16 @@ duplicate = { status = 409, code = "duplicate_request", lookup_hint = "GET /v1/r
     let down = expected_passed_down(key, 1, 20, true);
     assert_eq!(down.len(), 20);
     assert_eq!(r.status, 409, "{}", r.text());
+    // In the Stripe profile's error shape.
     assert!(
-        r.json()["detail"]
+        r.json()["error"]["message"]
             .as_str()
             .is_some_and(|d| d.contains(&format!("GET /v1/requests/{down}"))),
         "{}",
         r.text()
     );
     let again = post_keyed(&proxy, "/custom/v1/transfers", key, r#"{"a":2}"#).await;
-    assert_eq!(
-        again.json()["type"],
-        "urn:idemproxy:problem:outcome-unknown"
-    );
+    assert_eq!(again.header("x-idemproxy-error"), Some("outcome-unknown"));
     assert_eq!(provider.received().len(), 2, "held, not re-sent");
 }
 
@@ -365,8 +361,10 @@ fn check_config_in(path: &std::path::Path, dir: &std::path::Path) -> std::proces
         .args(["check-config", "--config"])
         .arg(path)
         .current_dir(dir)
-        // The secrets the examples name (payments-budget.toml's tenant).
+        // The secrets the examples name (payments-budget.toml's tenant and admin token: its
+        // approvals need someone to decide them).
         .env("IDEMPROXY_AGENTS_SECRET", "example-secret")
+        .env("IDEMPROXY_ADMIN_TOKEN", "example-admin-token")
         .output()
         .expect("run idemproxy check-config")
 }

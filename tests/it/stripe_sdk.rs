@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::common::client::send;
 use crate::common::fakes::stripe::{FakeStripe, Fault};
-use crate::common::pki::TestPki;
+use crate::common::pki::{ProxyCa, TestPki};
 use crate::common::provider::FakeProvider;
 use crate::common::proxy::{config, metric, route, Proxy, StoreFixture};
 use crate::common::Backend;
@@ -29,15 +29,16 @@ struct Stripe {
 /// The shipped example config, pointed at the fake (`connect_to`, its CA) and a test store;
 /// `edit` changes the stripe route further.
 async fn shipped_config(backend: Backend, edit: impl FnOnce(&mut toml::Table)) -> Stripe {
-    shipped_config_with(backend, edit, &[]).await
+    shipped_config_with(backend, edit, &[], None).await
 }
 
-/// As `shipped_config`, with environment for the proxy; an `IDEMPROXY_ADMIN_TOKEN` there
-/// turns the admin API on.
+/// As `shipped_config`, with environment for the proxy (an `IDEMPROXY_ADMIN_TOKEN` there
+/// turns the admin API on), and with `ca` HTTPS interception of api.stripe.com.
 async fn shipped_config_with(
     backend: Backend,
     edit: impl FnOnce(&mut toml::Table),
     env: &[(&str, &str)],
+    ca: Option<&ProxyCa>,
 ) -> Stripe {
     let pki = TestPki::new("stripe-test-ca");
     let fake = FakeStripe::start(&[SECRET], Some(pki.server_config(&["api.stripe.com"]))).await;
@@ -80,6 +81,12 @@ async fn shipped_config_with(
         admin.insert("token_env".into(), "IDEMPROXY_ADMIN_TOKEN".into());
         cfg.insert("admin".into(), toml::Value::Table(admin));
     }
+    if let Some(ca) = ca {
+        let mut tls = toml::Table::new();
+        tls.insert("ca_cert".into(), ca.cert.display().to_string().into());
+        tls.insert("ca_key".into(), ca.key.display().to_string().into());
+        cfg.insert("tls".into(), toml::Value::Table(tls));
+    }
     let proxy = Proxy::start_with_env(&toml::to_string(&cfg).expect("serialise config"), env);
     Stripe {
         fake,
@@ -114,13 +121,39 @@ async fn run_tool_with(args: &[&str], env: &[(&str, String)]) -> Value {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+    let mut printed: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "tool output {e}: {} {}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         )
-    })
+    });
+    // How long the SDK call took differs from run to run; `timed` reads it.
+    if let Some(o) = printed.as_object_mut() {
+        o.remove("seconds");
+    }
+    printed
+}
+
+/// One run of the tool, and how long its SDK call took (its own retries included), as the
+/// tool measured it around the call: what the agent waited.
+async fn timed(args: &[&str], env: &[(&str, String)]) -> (Value, std::time::Duration) {
+    let out = tokio::process::Command::new("python3")
+        .arg(tool_script())
+        .args(args)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("HTTP_PROXY")
+        .env("STRIPE_API_KEY", SECRET)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .await
+        .expect("python3");
+    let printed: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("tool output {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let seconds = printed["seconds"]
+        .as_f64()
+        .expect("the tool times its call");
+    (printed, std::time::Duration::from_secs_f64(seconds))
 }
 
 /// A charge made the way Stripe's API reference writes it: curl with the secret key as the
@@ -428,19 +461,27 @@ async fn square_body_keys_minted_per_call_are_replaced(backend: Backend) {
 
 const ADMIN_TOKEN: &str = "adm-stripe-spend";
 
-/// The shipped stripe route with approval above 500.00 USD.
+/// The shipped stripe route with approval above 500.00 USD; `wait`: its approval_wait (none:
+/// the default).
 async fn with_approvals(backend: Backend, wait: &str) -> Stripe {
-    let wait = wait.to_string();
+    with_approvals_via(backend, Some(wait), None).await
+}
+
+async fn with_approvals_via(backend: Backend, wait: Option<&str>, ca: Option<&ProxyCa>) -> Stripe {
+    let wait = wait.map(String::from);
     shipped_config_with(
         backend,
         move |route| {
             let mut spend = toml::Table::new();
             spend.insert("caps_currency".into(), "usd".into());
             spend.insert("approve_above".into(), "500.00".into());
-            spend.insert("approval_wait".into(), wait.into());
+            if let Some(wait) = wait {
+                spend.insert("approval_wait".into(), wait.into());
+            }
             route.insert("spend".into(), toml::Value::Table(spend));
         },
         &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)],
+        ca,
     )
     .await
 }
@@ -537,3 +578,416 @@ both_backends!(
     the_sdk_waits_for_an_approval_and_the_payment_goes_out_once,
     a_denied_payment_is_an_error_the_sdk_names,
 );
+
+// ---------------------------------------------------------------------------------------
+// An approval nobody has decided yet, as the SDKs at their defaults live it: they retry a 409
+// and honour `Stripe-Should-Retry` (stripe-python 16 and stripe-node 23: two retries, 0.5-1 s
+// apart, Retry-After ignored). Each attempt would be parked for `approval_wait` (default
+// 20 s): three of them held the call 82-86 s (25 s each then). The whole call must end within a tool's usual 30 s
+// (measured by the tool around the SDK call, its retries included), with an error the
+// agent's model can act on, and the re-run after the approval pays once.
+
+/// How long a tool may be held, all retries included: what agent frameworks commonly allow a
+/// tool call.
+const TOOL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `idemproxy approvals …` with the options after the subcommand, as `--help` shows them.
+fn approvals_cli(proxy: &Proxy, args: &[&str]) -> String {
+    let admin = format!("http://{}", proxy.admin.expect("admin listener"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .arg("approvals")
+        .args(args)
+        .args(["--admin", &admin])
+        .env("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("run idemproxy approvals");
+    assert!(
+        out.status.success(),
+        "idemproxy approvals {args:?} --admin URL: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Approves the one pending approval with the CLI.
+fn approve_with_the_cli(proxy: &Proxy) {
+    let listed: Value =
+        serde_json::from_str(&approvals_cli(proxy, &["list"])).expect("the list is JSON");
+    let id = listed["approvals"][0]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("one pending approval: {listed}"))
+        .to_string();
+    approvals_cli(proxy, &["approve", &id, "--by", "ana"]);
+}
+
+/// What an agent reads from an approval still pending: a typed Stripe error with the code,
+/// saying a person must approve and to ask again later, within the tool timeout.
+fn told_to_ask_again_later(out: &Value, held: std::time::Duration) {
+    assert!(
+        held < TOOL_TIMEOUT,
+        "the SDK call was held {held:?}, all its retries included: {out}"
+    );
+    assert_eq!(out["code"], "idemproxy_approval_pending", "{out}");
+    let message = out["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    assert!(
+        message.contains("a person must approve this payment")
+            && message.contains("ask again later"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecided_approval_holds_stripe_python_under_30_s_and_the_re_run_pays_once() {
+    let s = with_approvals_via(Backend::Sqlite, None, None).await;
+    let (out, held) = timed(
+        &["pay", "inv-9101", "60000"],
+        &[("STRIPE_API_BASE", s.proxy.url("/stripe"))],
+    )
+    .await;
+    told_to_ask_again_later(&out, held);
+    assert_eq!(
+        (&out["error"], &out["http_status"]),
+        (&Value::from("APIError"), &Value::from(409)),
+        "{out}"
+    );
+    assert!(s.fake.charges().is_empty());
+    approve_with_the_cli(&s.proxy);
+    let paid = run_tool(&s, &["pay", "inv-9101", "60000"]).await;
+    assert!(succeeded(&paid), "the re-run after the approval: {paid}");
+    let again = run_tool(&s, &["pay", "inv-9101", "60000"]).await;
+    assert_eq!(again["payment_intent"], paid["payment_intent"], "{again}");
+    assert_eq!(s.fake.charges().len(), 1, "approved once, paid once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecided_approval_holds_stripe_node_under_30_s_and_the_re_run_pays_once() {
+    let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node/tool.mjs");
+    assert!(
+        tool.with_file_name("node_modules/stripe").exists(),
+        "tests/node/node_modules is missing: scripts/test.sh installs it"
+    );
+    let ca = ProxyCa::init("http://127.0.0.1:8080");
+    let s = with_approvals_via(Backend::Sqlite, None, Some(&ca)).await;
+    // The worker setup `idemproxy env` prints for this proxy (stripe-node's own https.Agent
+    // needs its preload).
+    let printed = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["env", "--format", "env-file", "--proxy-url"])
+        .arg(format!("http://{}", s.proxy.addr))
+        .arg("--dir")
+        .arg(ca.cert.parent().expect("CA dir"))
+        .output()
+        .expect("idemproxy env");
+    let env: Vec<(String, String)> = String::from_utf8_lossy(&printed.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let node = |invoice: &'static str| {
+        let mut cmd = tokio::process::Command::new("node");
+        cmd.arg(&tool)
+            .args(["stripe", invoice, "60000"])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", std::env::var("HOME").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("STRIPE_API_KEY", SECRET)
+            .kill_on_drop(true);
+        async move {
+            let out = cmd.output().await.expect("node");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            serde_json::from_str::<Value>(stdout.lines().last().unwrap_or_default()).unwrap_or_else(
+                |e| {
+                    panic!(
+                        "no JSON line ({e}): {stdout} {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    )
+                },
+            )
+        }
+    };
+    let out = node("inv-9201").await;
+    let held = std::time::Duration::from_secs_f64(out["seconds"].as_f64().expect("timed"));
+    told_to_ask_again_later(&out, held);
+    assert_eq!(out["status"], 409, "{out}");
+    assert!(s.fake.charges().is_empty());
+    approve_with_the_cli(&s.proxy);
+    let paid = node("inv-9201").await;
+    assert!(
+        paid.get("error").is_none(),
+        "the re-run after the approval: {paid}"
+    );
+    let again = node("inv-9201").await;
+    assert_eq!(again["id"], paid["id"], "{again}");
+    assert_eq!(s.fake.charges().len(), 1, "approved once, paid once");
+}
+
+// ---------------------------------------------------------------------------------------
+// Every refusal the proxy makes on a Stripe route, as the official SDK raises it: a typed
+// error carrying the refusal's code, never "Invalid response object from API".
+
+/// The SDK raised `class` for an answer of `status` whose Stripe error code is `code`.
+fn refused_as(out: &Value, class: &str, status: u16, code: &str) {
+    assert_eq!(
+        (&out["error"], &out["http_status"], &out["code"]),
+        (
+            &Value::from(class),
+            &Value::from(status),
+            &Value::from(code)
+        ),
+        "{out}"
+    );
+    let message = out["message"].as_str().unwrap_or_default();
+    assert!(
+        !message.contains("Invalid response object") && message.len() > 20,
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_on_the_shipped_stripe_route_are_stripe_errors() {
+    // A charge that names no invoice: the operation cannot be told apart, so it is refused.
+    // The SDK did send an Idempotency-Key; the message must not say it did not.
+    let s = shipped_config(Backend::Sqlite, |_| {}).await;
+    let out = run_tool(&s, &["charge-no-invoice", "1500"]).await;
+    refused_as(
+        &out,
+        "InvalidRequestError",
+        400,
+        "idemproxy_missing_idempotency_key",
+    );
+    let message = out["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("metadata.invoice_id")
+            && !message
+                .to_ascii_lowercase()
+                .contains("no idempotency-key header"),
+        "{out}"
+    );
+    assert!(s.fake.charges().is_empty());
+
+    // A key of the tool's own, used again for another amount.
+    let s = shipped_config(Backend::Sqlite, |route| {
+        route.remove("operations");
+        route.insert("key_source".into(), "client".into());
+    })
+    .await;
+    let first = run_tool(&s, &["charge-keyed", "order-77", "1500"]).await;
+    assert!(succeeded(&first), "{first}");
+    let out = run_tool(&s, &["charge-keyed", "order-77", "1600"]).await;
+    refused_as(&out, "APIError", 422, "idemproxy_idempotency_key_reused");
+    assert_eq!(out["type"], "idempotency_error", "{out}");
+
+    // Over a cap (this one was in Stripe's shape already).
+    let s = shipped_config(Backend::Sqlite, |route| {
+        let mut spend = toml::Table::new();
+        spend.insert("caps_currency".into(), "usd".into());
+        spend.insert("per_request".into(), "10.00".into());
+        route.insert("spend".into(), toml::Value::Table(spend));
+    })
+    .await;
+    let out = run_tool(&s, &["charge", "inv-8001", "1500", "Pay 8001"]).await;
+    refused_as(&out, "PermissionError", 403, "idemproxy_spend_cap_exceeded");
+    assert!(s.fake.charges().is_empty());
+}
+
+/// A Stripe route to a provider that does what the test says (slow, a 500).
+async fn stripe_route_to(provider: &FakeProvider, store: &StoreFixture, options: &str) -> Proxy {
+    Proxy::start(&config(
+        &store.url(),
+        &route(
+            "stripe",
+            provider.port(),
+            &format!("provider = \"stripe\"\n{options}"),
+        ),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_unknown_and_store_down_are_stripe_errors() {
+    use crate::common::provider::Behavior;
+    let provider = FakeProvider::start().await;
+    let mut store = StoreFixture::new(Backend::Redis);
+    let proxy = stripe_route_to(&provider, &store, "").await;
+    let base = [("STRIPE_API_BASE", proxy.url("/stripe"))];
+
+    // The first run is still at the provider while the second asks: in flight, past the
+    // SDK's own retries.
+    provider.then([Behavior::Slow(std::time::Duration::from_secs(6))]);
+    let first = {
+        let base = base.clone();
+        tokio::spawn(async move {
+            run_tool_with(&["charge", "inv-8101", "1500", "Pay 8101"], &base).await
+        })
+    };
+    crate::common::eventually(
+        "the first run reached the provider",
+        std::time::Duration::from_secs(10),
+        || (!provider.received().is_empty()).then_some(()),
+    )
+    .await;
+    let out = run_tool_with(&["charge", "inv-8101", "1500", "Pay 8101"], &base).await;
+    refused_as(&out, "APIError", 409, "idemproxy_request_in_flight");
+    assert!(succeeded(&first.await.expect("first run")));
+    assert_eq!(provider.effects(), 1);
+
+    // The store is down: nothing is forwarded.
+    store.redis().kill();
+    let out = run_tool_with(&["charge", "inv-8102", "1500", "Pay 8102"], &base).await;
+    refused_as(&out, "APIError", 503, "idemproxy_store_unavailable");
+    assert_eq!(provider.effects(), 1);
+    store.redis().restart();
+
+    // A provider without keys answered 500 after the effect: the outcome is unknown, and the
+    // SDK's own retry is held.
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let proxy = stripe_route_to(&provider, &store, "honours_key = false").await;
+    provider.then([Behavior::EffectThenStatus(500)]);
+    let out = run_tool_with(
+        &["charge", "inv-8103", "1500", "Pay 8103"],
+        &[("STRIPE_API_BASE", proxy.url("/stripe"))],
+    )
+    .await;
+    refused_as(&out, "APIError", 409, "idemproxy_outcome_unknown");
+    assert_eq!(provider.effects(), 1, "held, not sent again");
+}
+
+// ---------------------------------------------------------------------------------------
+// Config a newcomer gets wrong, refused with what to write.
+
+/// The shipped Stripe config with `spend` lines on its route, written to a file.
+fn stripe_config_with_spend(dir: &Path, spend: &str) -> PathBuf {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples/stripe.toml"),
+    )
+    .expect("the example");
+    let text = text.replace("127.0.0.1:8080", "127.0.0.1:0");
+    let path = dir.join("idemproxy.toml");
+    std::fs::write(
+        &path,
+        format!("{text}\n[routes.spend]\ncaps_currency = \"usd\"\n{spend}\n"),
+    )
+    .expect("write config");
+    path
+}
+
+fn idemproxy(args: &[&str], path: &Path, env: &[(&str, &str)]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(args)
+        .arg(path)
+        .current_dir(path.parent().expect("dir"))
+        .env_remove("IDEMPROXY_ADMIN_TOKEN")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run idemproxy")
+}
+
+/// `serve` on `path`, which must refuse to start: its stderr.
+fn serve_refuses(path: &Path, env: &[(&str, &str)]) -> String {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["serve", "--config"])
+        .arg(path)
+        .current_dir(path.parent().expect("dir"))
+        .env_remove("IDEMPROXY_ADMIN_TOKEN")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run idemproxy serve");
+    let started = std::time::Instant::now();
+    while child.try_wait().ok().flatten().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve started on {}", path.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("serve's output");
+    assert_eq!(out.status.code(), Some(2));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn approvals_nobody_can_decide_are_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // No admin listener: nobody can reach the approvals.
+    let path = stripe_config_with_spend(dir.path(), "approve_above = \"500.00\"");
+    let env = [("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)];
+    for err in [
+        String::from_utf8_lossy(&idemproxy(&["check-config", "--config"], &path, &env).stderr)
+            .into_owned(),
+        serve_refuses(&path, &env),
+    ] {
+        assert!(
+            err.contains("idemproxy.toml")
+                && err.contains("approve_above")
+                && err.contains("server.admin_listen"),
+            "{err}"
+        );
+    }
+    // An admin listener, but no token: the approvals API is off.
+    let text = std::fs::read_to_string(&path).expect("config");
+    std::fs::write(
+        &path,
+        text.replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n"),
+    )
+    .expect("write");
+    for err in [
+        String::from_utf8_lossy(&idemproxy(&["check-config", "--config"], &path, &[]).stderr)
+            .into_owned(),
+        serve_refuses(&path, &[]),
+    ] {
+        assert!(
+            err.contains("idemproxy.toml")
+                && err.contains("approve_above")
+                && err.contains("IDEMPROXY_ADMIN_TOKEN")
+                && err.contains("admin.token_sha256"),
+            "{err}"
+        );
+    }
+    // Both: it checks.
+    let out = idemproxy(&["check-config", "--config"], &path, &env);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn an_amount_written_as_a_number_says_how_to_write_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = stripe_config_with_spend(dir.path(), "per_tenant = 100");
+    let out = idemproxy(&["check-config", "--config"], &path, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("idemproxy.toml") && err.contains("per_tenant = \"100.00\""),
+        "{err}"
+    );
+}
+
+/// The admin commands take their options after the subcommand too, as `--help` lists them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_commands_take_the_admin_url_after_the_subcommand() {
+    let s = with_approvals(Backend::Sqlite, "1s").await;
+    let listed: Value =
+        serde_json::from_str(&approvals_cli(&s.proxy, &["list", "--state", "all"])).expect("JSON");
+    assert!(listed["approvals"].is_array(), "{listed}");
+    let admin = format!("http://{}", s.proxy.admin.expect("admin"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["keys", "list", "--admin", &admin])
+        .env("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("idemproxy keys");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -5,7 +5,9 @@
 //
 //     node tool.mjs CLIENT INVOICE AMOUNT      CLIENT: stripe | fetch | axios
 //
-// Prints one JSON line: {"status", "id", "replayed"}, or {"error"} with what was thrown.
+// Prints one JSON line: {"status", "id", "replayed"}, or {"error"} with what was thrown (for
+// a Stripe error also its HTTP status, Stripe error type and code), and `seconds`, how long the
+// call took.
 import axios from 'axios';
 import Stripe from 'stripe';
 
@@ -43,10 +45,20 @@ const tools = {
 };
 
 let out;
+const started = performance.now();
 try {
   out = await tools[client]();
 } catch (e) {
   const cause = e.cause ? `: ${e.cause.code || e.cause.message}` : '';
-  out = { error: `${e.constructor.name}${e.code ? ` ${e.code}` : ''}`, message: `${e.message}${cause}`.slice(0, 300) };
+  out = {
+    error: `${e.constructor.name}${e.code ? ` ${e.code}` : ''}`,
+    message: `${e.message}${cause}`.slice(0, 600),
+    // What stripe-node read from Stripe's error shape (undefined for other errors).
+    status: e.statusCode,
+    type: e.type,
+    code: e.code,
+  };
 }
+// How long the call took, the SDK's own retries included.
+out.seconds = Math.round(performance.now() - started) / 1000;
 console.log(JSON.stringify(out));

@@ -6,12 +6,17 @@ invocation of this script is one run of the tool; a re-run is a new process.
     stripe_tool.py flow    EMAIL INVOICE AMOUNT
     stripe_tool.py pay     INVOICE AMOUNT          (one PaymentIntent, confirmed at creation)
     stripe_tool.py pay-client INVOICE AMOUNT       (the same with StripeClient, the newer style)
+    stripe_tool.py charge-no-invoice AMOUNT        (a charge that names no invoice)
+    stripe_tool.py charge-keyed KEY AMOUNT         (a charge under the tool's own idempotency key)
 
-Prints one JSON line: the objects' ids, or the error the SDK raised (what the agent would see).
+Prints one JSON line: the objects' ids, or the error the SDK raised (what the agent would see:
+its class, status, Stripe error type and code, and message), and `seconds`: how long the SDK
+call took, its own retries included.
 """
 import json
 import os
 import sys
+import time
 
 import stripe
 
@@ -21,11 +26,15 @@ if os.environ.get("STRIPE_API_BASE"):
 
 
 def error(e):
+    # stripe-python sets `code` on the exception for some classes only (InvalidRequestError,
+    # CardError); every StripeError parsed from Stripe's error shape carries it in `error`.
+    parsed = getattr(e, "error", None)
     return {
         "error": type(e).__name__,
         "http_status": getattr(e, "http_status", None),
-        "code": getattr(e, "code", None),
-        "message": str(e)[:300],
+        "type": getattr(parsed, "type", None),
+        "code": getattr(e, "code", None) or getattr(parsed, "code", None),
+        "message": getattr(e, "user_message", None) or str(e),
     }
 
 
@@ -37,7 +46,7 @@ def charge(invoice, amount, description, source="tok_visa"):
         description=description,
         metadata={"invoice_id": invoice},
     )
-    return {"charge": ch.id, "status": ch.status}
+    return {"charge": ch.id, "status": getattr(ch, "status", None)}
 
 
 def flow(email, invoice, amount):
@@ -83,8 +92,21 @@ def pay_client(invoice, amount):
     return {"payment_intent": pi.id, "status": pi.status}
 
 
+def charge_no_invoice(amount):
+    ch = stripe.Charge.create(amount=amount, currency="usd", source="tok_visa")
+    return {"charge": ch.id, "status": getattr(ch, "status", None)}
+
+
+def charge_keyed(key, amount):
+    ch = stripe.Charge.create(
+        amount=amount, currency="usd", source="tok_visa", idempotency_key=key
+    )
+    return {"charge": ch.id, "status": getattr(ch, "status", None)}
+
+
 def main(argv):
     command, args = argv[1], argv[2:]
+    started = time.monotonic()
     try:
         if command == "charge":
             out = charge(args[0], args[1], args[2], *args[3:4])
@@ -94,10 +116,15 @@ def main(argv):
             out = pay(args[0], args[1])
         elif command == "pay-client":
             out = pay_client(args[0], args[1])
+        elif command == "charge-no-invoice":
+            out = charge_no_invoice(args[0])
+        elif command == "charge-keyed":
+            out = charge_keyed(args[0], args[1])
         else:
             raise SystemExit(f"unknown command {command}")
     except stripe.StripeError as e:
         out = error(e)
+    out["seconds"] = round(time.monotonic() - started, 3)
     print(json.dumps(out))
 
 

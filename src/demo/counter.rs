@@ -1,9 +1,7 @@
-//! `idemproxy demo`: a stand-in provider on this machine that counts the side effects it
-//! performs, for trying the proxy in front of it without an account anywhere. Every POST
+//! The demo's generic stand-in provider: it counts the side effects it performs. Every POST
 //! "charges" once and answers with a new id; `GET /effects` says how many it performed.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -75,25 +73,4 @@ async fn answer(
         http::HeaderValue::from_static("application/json"),
     );
     Ok(resp)
-}
-
-/// What `idemproxy demo` prints once the proxy listens: the commands to run and what they
-/// show.
-pub fn instructions(proxy: SocketAddr, provider: SocketAddr, https_host: Option<&str>) -> String {
-    let mut out = format!(
-        "\nidemproxy demo: a stand-in provider on http://{provider} (it counts what it does), and idemproxy in front of it on http://{proxy}.\n\n\
-         In another terminal, charge twice with the same key, then ask the provider how often it charged:\n\n\
-         \x20 curl -si http://{proxy}/shop/v1/charges -H 'Idempotency-Key: order-1' -d amount=1500   # Idempotent-Replayed: false\n\
-         \x20 curl -si http://{proxy}/shop/v1/charges -H 'Idempotency-Key: order-1' -d amount=1500   # Idempotent-Replayed: true, same body\n\
-         \x20 curl -s http://{provider}/effects                                                      # {{\"effects\":1}}\n"
-    );
-    if let Some(host) = https_host {
-        out.push_str(&format!(
-            "\nThe same through HTTPS_PROXY (the proxy intercepts {host} with the CA in certs/):\n\n\
-             \x20 curl -si --proxy http://{proxy} --cacert certs/ca.pem https://{host}/v1/charges -H 'Idempotency-Key: order-2' -d amount=900\n\
-             \x20 (twice: the second says Idempotent-Replayed: true)\n"
-        ));
-    }
-    out.push_str("\nStop with Ctrl-C.\n");
-    out
 }
