@@ -487,18 +487,44 @@ pub struct SpendConfig {
     pub per_run: Option<String>,
     #[serde(default, deserialize_with = "amount::per_tenant")]
     pub per_tenant: Option<String>,
+    /// What every tenant together may spend on the route in `route_window`.
+    pub per_route: Option<String>,
+    /// Executions of the route's capped operations per run, tenant and route, each in its
+    /// window (emails, SMS, orders: what has no amount still has a count).
+    pub count_per_run: Option<u32>,
+    pub count_per_tenant: Option<u32>,
+    pub count_per_route: Option<u32>,
     /// The rolling window of `per_tenant`.
     #[serde(default = "default_tenant_window")]
     pub tenant_window: Dur,
     /// How long a run's spend counts (a run id reused later starts afresh).
     #[serde(default = "default_run_window")]
     pub run_window: Dur,
+    /// The rolling window of `per_route` and `count_per_route`.
+    #[serde(default = "default_run_window")]
+    pub route_window: Dur,
     /// A single request above this needs a person's approval.
     #[serde(default, deserialize_with = "amount::approve_above")]
     pub approve_above: Option<String>,
     /// A run whose spend (this request included) would pass this needs approval.
     #[serde(default, deserialize_with = "amount::approve_run_above")]
     pub approve_run_above: Option<String>,
+    /// A tenant whose spend on the route in `tenant_window` (this request included) would
+    /// pass this needs approval: what a worker naming a new run per payment cannot escape.
+    pub approve_tenant_above: Option<String>,
+    /// `false`: shadow mode. Every decision is logged and counted as it would be; nothing is
+    /// refused or parked (freezes still stop requests).
+    #[serde(default = "default_true")]
+    pub enforce: bool,
+    /// Capped operations whose requests without a key may take an identity derived from the
+    /// whole request, within the route's `dedup_window` (charges). Every other capped request
+    /// without a key is refused with 400 naming the key to add (money out, orders). Default:
+    /// the profile's list, else none.
+    pub derive_without_key: Option<Vec<String>>,
+    /// Body fields that do not change what a payment is (a description an LLM rewords):
+    /// left out of what an approval and a price are bound to. Dotted paths.
+    #[serde(default = "default_descriptive")]
+    pub descriptive: Vec<String>,
     /// How long a request waits, open, for a decision before it is told to retry.
     #[serde(default = "default_approval_wait")]
     pub approval_wait: Dur,
@@ -511,6 +537,12 @@ pub struct SpendConfig {
     pub run_from: Vec<String>,
 }
 
+fn default_true() -> bool {
+    true
+}
+fn default_descriptive() -> Vec<String> {
+    vec!["description".into()]
+}
 /// Amounts in `[routes.spend]` are text ("500.00"): a TOML float would round them. A bare
 /// number is refused with the line to write instead.
 mod amount {

@@ -68,6 +68,7 @@ pub struct Metrics {
     unknown_resolved: Family<Labels, Counter>,
     spend: Family<Labels, Counter<f64, std::sync::atomic::AtomicU64>>,
     spend_refused: Family<Labels, Counter>,
+    spend_shadow: Family<Labels, Counter>,
     approvals: Family<Labels, Counter>,
     approval_notices: Family<Labels, Counter>,
     /// Set at scrape time from the store: approvals waiting for a person.
@@ -111,6 +112,7 @@ impl Metrics {
             unknown_resolved: Family::default(),
             spend: Family::default(),
             spend_refused: Family::default(),
+            spend_shadow: Family::default(),
             approvals: Family::default(),
             approval_notices: Family::default(),
             approvals_pending: Gauge::default(),
@@ -188,6 +190,11 @@ impl Metrics {
             "spend_refused",
             "Payments refused by a spend cap, by route and cap (per_request, per_run, per_tenant)",
             self.spend_refused.clone(),
+        );
+        r.register(
+            "spend_shadow",
+            "Shadow mode (enforce = false): requests spend control would have refused or parked, which went out, by route and cap",
+            self.spend_shadow.clone(),
         );
         r.register(
             "approvals",
@@ -303,6 +310,15 @@ impl Metrics {
 
     pub fn spend_refused(&self, route: &str, cap: &'static str) {
         self.spend_refused
+            .get_or_create(&vec![
+                ("route".into(), route.into()),
+                ("cap".into(), cap.into()),
+            ])
+            .inc();
+    }
+
+    pub fn spend_shadow(&self, route: &str, cap: &'static str) {
+        self.spend_shadow
             .get_or_create(&vec![
                 ("route".into(), route.into()),
                 ("cap".into(), cap.into()),

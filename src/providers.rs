@@ -201,6 +201,9 @@ pub struct Profile {
 #[derive(Debug, Clone, Copy)]
 pub struct SpendDefaults {
     pub operations: &'static [&'static str],
+    /// Of those, the ones whose requests without a key may derive an identity from the whole
+    /// request (charges); the others (money out, orders) are refused without one.
+    pub derive_without_key: &'static [&'static str],
     pub amount: &'static [&'static str],
     pub currency: &'static str,
     pub unit: &'static str,
@@ -372,6 +375,7 @@ const SPECS: &[Spec] = &[
                 "POST /v1/payouts",
                 "POST /v1/transfers",
             ],
+            derive_without_key: &["POST /v1/payment_intents", "POST /v1/charges"],
             amount: &["{body.amount}"],
             currency: "{body.currency}",
             unit: "minor",
@@ -387,6 +391,7 @@ const SPECS: &[Spec] = &[
         // `/vNN/payments`, `amount.value` in minor units [ADY-AMOUNT].
         spend: Some(SpendDefaults {
             operations: &["POST /*/payments"],
+            derive_without_key: &["POST /*/payments"],
             amount: &["{body.amount.value}"],
             currency: "{body.amount.currency}",
             unit: "minor",
@@ -404,6 +409,7 @@ const SPECS: &[Spec] = &[
         // all of them count, and all must be in one currency.
         spend: Some(SpendDefaults {
             operations: &["POST /v2/checkout/orders"],
+            derive_without_key: &["POST /v2/checkout/orders"],
             amount: &["{body.purchase_units.*.amount.value}"],
             currency: "{body.purchase_units.*.amount.currency_code}",
             unit: "major",
@@ -420,6 +426,7 @@ const SPECS: &[Spec] = &[
         // `amount` in the minor unit [CKO-PAY].
         spend: Some(SpendDefaults {
             operations: &["POST /payments"],
+            derive_without_key: &["POST /payments"],
             amount: &["{body.amount}"],
             currency: "{body.currency}",
             unit: "minor",
@@ -454,6 +461,7 @@ const SPECS: &[Spec] = &[
         // `amount` in paise [RZP].
         spend: Some(SpendDefaults {
             operations: &["POST /v1/payouts"],
+            derive_without_key: &[],
             amount: &["{body.amount}"],
             currency: "{body.currency}",
             unit: "minor",
@@ -469,6 +477,7 @@ const SPECS: &[Spec] = &[
         // `amount_money` {amount in the smallest denomination, currency} [SQ-MONEY].
         spend: Some(SpendDefaults {
             operations: &["POST /v2/payments"],
+            derive_without_key: &["POST /v2/payments"],
             amount: &["{body.amount_money.amount}"],
             currency: "{body.amount_money.currency}",
             unit: "minor",
@@ -524,6 +533,7 @@ const SPECS: &[Spec] = &[
         // capped route.
         spend: Some(SpendDefaults {
             operations: &["POST /v2/orders"],
+            derive_without_key: &[],
             amount: &["{body.notional}", "{body.qty} * {body.limit_price}"],
             currency: "usd",
             unit: "major",

@@ -309,6 +309,9 @@ pub(super) async fn resolve_held(
     {
         Ok(Resolved::Done { route }) => {
             admin.held.clear();
+            if action == "released" {
+                release_spend(admin, token).await;
+            }
             admin.app.metrics.unknown_resolved(&route, "operator");
             tracing::info!(scope, action, by, "operator resolved an UNKNOWN claim");
             let fingerprint = record.map(|r| r.body.fingerprint).unwrap_or_default();
@@ -508,6 +511,9 @@ async fn apply(
     {
         Ok(Resolved::Done { .. }) => {
             admin.held.clear();
+            if said == "not found" {
+                release_spend(admin, token).await;
+            }
             admin.app.metrics.unknown_resolved(&route.name, "lookup");
             json(
                 StatusCode::OK,
@@ -517,6 +523,14 @@ async fn apply(
         Ok(Resolved::Changed(now)) => changed(scope, &now),
         Ok(Resolved::Gone) => not_found(scope),
         Err(e) => store_error(e),
+    }
+}
+
+/// The held attempt (`token`, the claim's) did not happen: its spend reservation goes back
+/// with it. A store error leaves it counted (it ages out of its window), never the reverse.
+async fn release_spend(admin: &Admin, token: &str) {
+    if let Err(e) = admin.app.spend.store().release(token).await {
+        tracing::warn!(error = %e, "could not give back the released operation's spend reservation");
     }
 }
 

@@ -37,6 +37,9 @@ pub struct ClaimRequest<'a> {
     pub strict: bool,
     /// Route name, for operators.
     pub route: &'a str,
+    /// On a capped operation: the canonical fingerprint of what it would execute (see
+    /// `RecordBody::priced`).
+    pub priced: Option<&'a str>,
     /// How `scope` and `fingerprint` were derived (kept in the record).
     pub derivation: u8,
     /// The same operation as the other derivation scopes it, during an upgrade's window.
@@ -69,6 +72,7 @@ impl<'a> ClaimRequest<'a> {
         Ask {
             fingerprint,
             strict: self.strict,
+            priced: self.priced,
         }
     }
 
@@ -152,7 +156,9 @@ pub enum Reconciled {
     /// Committed as the receipt (marked reconciled): answer with it.
     Replay(Receipt),
     /// Released and claimed for this request: forward it (as the same attempt).
-    Execute(Claim),
+    Execute(Box<Claim>),
+    /// The retry is not what the held operation priced: a client error (422), nothing asked.
+    Mismatch,
     /// Still held: the verdict was unclear, or the claim changed meanwhile.
     Held { retry_after: Option<Duration> },
 }
@@ -168,6 +174,10 @@ pub struct Claim {
     restore: Option<Box<Record>>,
     /// It took over an operation held as unknown whose hold ended.
     after_hold: bool,
+    /// The attempt whose effect this one stands in for at the provider (a takeover the
+    /// provider deduplicates on the same key, a lookup's "not found"): its spend reservation
+    /// is this one's to take over.
+    replaces: Option<Token>,
 }
 
 impl Claim {
@@ -191,9 +201,11 @@ impl Claim {
                 derivation: req.derivation,
                 settled_ms: 0,
                 resolved: None,
+                priced: req.priced.map(str::to_string),
             },
             restore: None,
             after_hold: false,
+            replaces: None,
         }
     }
 
@@ -214,6 +226,11 @@ impl Claim {
     /// without keys): the held outcome was resolved by expiry.
     pub fn after_hold(&self) -> bool {
         self.after_hold
+    }
+
+    /// The earlier attempt this one stands in for at the provider (see `Claim::replaces`).
+    pub fn replaces(&self) -> Option<&str> {
+        self.replaces.as_ref().map(Token::as_str)
     }
 }
 
@@ -237,7 +254,7 @@ pub enum Resolved {
         route: String,
     },
     /// The claim is no longer the UNKNOWN one that was looked at; nothing was changed.
-    Changed(Record),
+    Changed(Box<Record>),
     Gone,
 }
 
@@ -556,6 +573,9 @@ impl Claims {
                     ours.body.attempt = attempt;
                     ours.restore = restore.then(|| Box::new(found.clone()));
                     ours.after_hold = !restore && !policy.honours_key;
+                    // The provider gets the same key as the attempt taken over and keeps one
+                    // effect for both: one reservation stands for both.
+                    ours.replaces = (!restore && policy.honours_key).then(|| found.token.clone());
                     let pending = ours.record(State::Pending, ours.body.clone());
                     match self
                         .store
@@ -750,6 +770,10 @@ impl Claims {
                 )
             }
             Verdict::NotFound => {
+                let priced = held.record.body.priced.as_deref();
+                if priced.is_some() && priced != req.priced {
+                    return Ok(Reconciled::Mismatch);
+                }
                 // The held claim may be under the other derivation's scope: this request
                 // executes it there, as that derivation's request.
                 let theirs = req
@@ -758,6 +782,8 @@ impl Claims {
                 let mut claim =
                     Claim::new(theirs.as_ref().unwrap_or(req), policy, Token::random(), now);
                 claim.body.attempt = held.record.body.attempt;
+                // It did not happen: its reservation is this attempt's.
+                claim.replaces = Some(held.record.token.clone());
                 let pending = claim.record(State::Pending, claim.body.clone());
                 Ok(
                     if self
@@ -765,7 +791,7 @@ impl Claims {
                         .replace(&held.scope, &fence, &pending, pending_expiry(policy))
                         .await?
                     {
-                        Reconciled::Execute(claim)
+                        Reconciled::Execute(Box::new(claim))
                     } else {
                         still_held()
                     },
@@ -930,6 +956,14 @@ impl Claims {
         }
     }
 
+    /// Gives a claim up before anything was sent (a spend refusal, a payment parked for a
+    /// person): released as a failure before sending would be, fenced on its token, retried
+    /// in the background when the store does not answer.
+    pub async fn give_up(self: &Arc<Self>, claim: Claim, policy: Arc<Policy>) -> Recorded {
+        self.settle_or_retry(claim, Outcome::Released, None, policy)
+            .await
+    }
+
     /// Resolves the UNKNOWN claim under `scope` that `by` looked at (fenced on the token it
     /// saw), and wakes whoever waits on it. `retention(route)`: how long a committed receipt
     /// of that route is kept.
@@ -945,7 +979,7 @@ impl Claims {
             return Ok(Resolved::Gone);
         };
         if found.token.as_str() != seen_token || found.state != State::Unknown {
-            return Ok(Resolved::Changed(found));
+            return Ok(Resolved::Changed(Box::new(found)));
         }
         // The fence is the record as it was seen: same token, still UNKNOWN.
         let fence = found.fence();
@@ -970,7 +1004,7 @@ impl Claims {
         };
         if !done {
             return Ok(match self.store.get(scope).await? {
-                Some(now) => Resolved::Changed(now),
+                Some(now) => Resolved::Changed(Box::new(now)),
                 None => Resolved::Gone,
             });
         }

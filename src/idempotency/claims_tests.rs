@@ -66,6 +66,7 @@ fn request<'a>(scope: &'a str, fingerprint: &'a str, strict: bool) -> ClaimReque
         fingerprint,
         strict,
         route: "r",
+        priced: None,
         derivation: 2,
         other: None,
     }
@@ -389,6 +390,7 @@ async fn two_retries_that_both_found_nothing_execute_once() {
             }
             Reconciled::Held { .. } => {}
             Reconciled::Replay(_) => panic!("nothing was found"),
+            Reconciled::Mismatch => panic!("the same request"),
         }
     }
     assert_eq!(executing, 1);

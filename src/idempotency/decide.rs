@@ -30,6 +30,9 @@ pub struct Ask<'a> {
     /// A different request under this scope is a client error (client keys). Otherwise the
     /// scope names the operation (a derived key) and the details may differ.
     pub strict: bool,
+    /// On a capped operation, the canonical fingerprint of what this request would execute:
+    /// a takeover must execute what the first attempt priced, or it is a client error.
+    pub priced: Option<&'a str>,
 }
 
 pub fn decide(found: &Record, ask: Ask<'_>, now_ms: u64, policy: &Policy) -> Decision {
@@ -63,6 +66,11 @@ pub fn decide(found: &Record, ask: Ask<'_>, now_ms: u64, policy: &Policy) -> Dec
         State::Pending => abandoned_since(found, policy),
         State::Unknown => found.body.unknown_since_ms,
     };
+    // What executes on a takeover is what was first priced (and approved): a retry with
+    // another body under a held capped operation is a client error, never priced anew.
+    if found.body.priced.is_some() && found.body.priced.as_deref() != ask.priced {
+        return Decision::Mismatch;
+    }
     // Same attempt: the provider gets the same key as the claim it replaces.
     let take_over = Decision::TakeOver {
         attempt: found.body.attempt,
@@ -139,6 +147,7 @@ mod tests {
         Ask {
             fingerprint: fp,
             strict: true,
+            priced: None,
         }
     }
 
@@ -146,6 +155,7 @@ mod tests {
         Ask {
             fingerprint: fp,
             strict: false,
+            priced: None,
         }
     }
 

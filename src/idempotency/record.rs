@@ -179,6 +179,11 @@ pub struct RecordBody {
     /// Who resolved a held outcome, when, how and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved: Option<Box<ResolvedBy>>,
+    /// On a capped operation: the canonical fingerprint of what was priced (and approved)
+    /// for the first attempt. A takeover or a lookup's "not found" executes a retry only if
+    /// its own is the same: what executes is what was priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priced: Option<String>,
     /// How the scope and fingerprint were derived from the request (`identity::derivation`);
     /// records written before versions were kept are version 1.
     #[serde(default = "first_derivation")]
@@ -311,6 +316,7 @@ impl Record {
                 derivation: 2,
                 settled_ms: 0,
                 resolved: None,
+                priced: None,
             },
         }
     }
@@ -372,6 +378,7 @@ mod tests {
                     why: Some("seen in the dashboard".into()),
                     object: Some("ch_1".into()),
                 })),
+                priced: Some("p".into()),
             },
         };
         let enc = r.encode();

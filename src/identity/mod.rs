@@ -293,6 +293,33 @@ impl RouteIdentity {
                 client_key: keys.client,
             });
         };
+        self.identified(route, req, identity, keys, &rules)
+            .map(|i| Identification::Protected(Box::new(i)))
+    }
+
+    /// A request the route could not key, identified by the whole request (its fingerprint,
+    /// within the dedup window) instead: a capped operation that may derive (a charge) is
+    /// priced and gated rather than forwarded unprotected.
+    pub fn identify_whole(
+        &self,
+        route: &str,
+        req: &Request<'_>,
+    ) -> Result<Identified, IdentityError> {
+        let keys = self.client_keys(req)?;
+        let rules = self.rules_for(req);
+        self.identified(route, req, Identity::Request, keys, &rules)
+    }
+
+    /// The request under `identity`: its account and fingerprint by each derivation, and
+    /// what the operation is.
+    fn identified(
+        &self,
+        route: &str,
+        req: &Request<'_>,
+        identity: Identity,
+        keys: ClientKeys,
+        rules: &KeyRules<'_>,
+    ) -> Result<Identified, IdentityError> {
         let primary = self.derivations.primary;
         let fingerprint = self.fingerprint(req, primary);
         // What the operation is whatever key the client sent: its template key where the
@@ -311,17 +338,17 @@ impl RouteIdentity {
             fingerprint,
         };
         let other = match self.derivations.other() {
-            Some(other) => self.as_derived_by(other, &derived, req, &rules)?,
+            Some(other) => self.as_derived_by(other, &derived, req, rules)?,
             None => None,
         };
-        Ok(Identification::Protected(Box::new(Identified {
+        Ok(Identified {
             derived,
             other,
             client_key: keys.client,
             provider_set: keys.provider_set,
             same_operation,
             operation: rules.operation.map(|o| o.name.clone()),
-        })))
+        })
     }
 
     /// The operation's identity: the client's key, the template's, the request itself, or

@@ -40,8 +40,8 @@ use crate::proxy::App;
 use crate::request::ambiguity;
 use crate::request::body::BodyError;
 use crate::request::{AsSent, Request as Read};
-use crate::routes::Route;
-use crate::spend::gate::Ticket;
+use crate::routes::{Route, RouteSpend};
+use crate::spend::gate::{Admission, Ticket};
 
 /// Says on a response that the proxy forwarded it without protection, and why.
 pub const WARNING: http::HeaderName = http::HeaderName::from_static("x-idemproxy-warning");
@@ -81,16 +81,22 @@ async fn protect(
     let req = read(app, req, target, tenant).await?;
     let view = req.view(route);
     refuse_ambiguous(route, &view)?;
+    let capped = spending::applies(route, view.method, view.path);
     let identified = match route.identity.identify(&route.name, &view)? {
         Identification::Protected(identified) => identified,
-        Identification::Unprotected { why, client_key } => {
-            return unprotected(route, &req, &why, client_key.as_deref(), trace).await;
-        }
+        Identification::Unprotected { why, client_key } => match capped {
+            None => return unprotected(route, &req, &why, client_key.as_deref(), trace).await,
+            // Never forwarded unpriced: derived from the whole request, or refused.
+            Some(rules) => keyless(route, rules, &view, &why)?,
+        },
     };
     trace.identified(&identified);
-    let op = scope(app, route, tenant, identified);
+    let plan = match capped {
+        Some(rules) => Some((rules, plan(route, rules, &req, &view, &identified, trace)?)),
+        None => None,
+    };
+    let op = scope(app, route, tenant, identified, plan.as_ref());
     trace.scope = Some(op.scope.clone());
-    let mut ticket = spend(app, route, &req, &view, &op.scope, trace).await?;
     let outgoing = Outgoing::prepare(
         route,
         &req.parts,
@@ -99,9 +105,9 @@ async fn protect(
         tenant,
         op.identified.provider_set.as_deref(),
     )?;
-    let claim = match claim(app, route, &view, &op, &outgoing, trace).await? {
-        Claimed::Forward(claim) => claim,
-        Claimed::Answered(resp) => return Ok(resp),
+    let (claim, mut ticket) = match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
+        Gated::Forward(claim, ticket) => (*claim, ticket),
+        Gated::Answered(resp) => return Ok(resp),
     };
     // Only a request about to execute can be a re-run under a new key: a replay or a
     // conflict came under a key already seen.
@@ -157,6 +163,9 @@ struct Operation {
     scope: String,
     other_scope: Option<String>,
     policy: Arc<Policy>,
+    /// On a capped operation, its canonical fingerprint (`spending::Plan::binding`): what a
+    /// takeover of its claim must execute.
+    priced: Option<String>,
 }
 
 impl Operation {
@@ -212,7 +221,13 @@ async fn unprotected(
 }
 
 /// The scope the operation claims: within the namespace, tenant, route, upstream and account.
-fn scope(app: &App, route: &Route, tenant: &str, identified: Box<Identified>) -> Operation {
+fn scope(
+    app: &App,
+    route: &Route,
+    tenant: &str,
+    identified: Box<Identified>,
+    plan: Option<&(&RouteSpend, spending::Plan)>,
+) -> Operation {
     let place = Place {
         namespace: &app.namespace,
         tenant,
@@ -228,33 +243,196 @@ fn scope(app: &App, route: &Route, tenant: &str, identified: Box<Identified>) ->
         scope,
         other_scope,
         policy,
+        priced: plan.map(|(_, p)| p.binding.clone()),
     }
 }
 
-/// Caps and approvals for a request that moves money, before anything is claimed: a
-/// request over a cap, denied, or still waiting for a person never reaches the claim.
-async fn spend(
-    app: &App,
+/// A capped request the route could not key (`why`): an operation that may derive (a
+/// charge) takes its identity from the whole request; any other (money out, an order) is
+/// refused with what to add. A capped request is never forwarded unpriced.
+fn keyless(
     route: &Route,
+    rules: &RouteSpend,
+    view: &Read<'_>,
+    why: &str,
+) -> Result<Box<Identified>, ProxyError> {
+    if !rules.derives_without_key(view.method, view.path) {
+        return Err(key_required(route, view, why));
+    }
+    Ok(Box::new(route.identity.identify_whole(&route.name, view)?))
+}
+
+fn key_required(route: &Route, view: &Read<'_>, why: &str) -> ProxyError {
+    let what = format!(
+        "{why}. {} {} moves money or places an order, so it needs a business key: one per payment, the same on every retry — an Idempotency-Key header (`{}`) with key_source = \"client\", or a field the route's key template names",
+        view.method,
+        view.path,
+        route.identity.key_header
+    );
+    ProxyError::Spend(spending::SpendError::KeyRequired(what))
+}
+
+/// Prices a capped request and binds it to its canonical form, before the claim (no store
+/// read). A request identified by its whole body on an operation that may not derive (a
+/// payout on a route that keys every request by its body) is refused: two deliberate
+/// identical payouts must not silently become one.
+fn plan(
+    route: &Route,
+    rules: &RouteSpend,
     req: &ReadRequest<'_>,
     view: &Read<'_>,
-    scope: &str,
+    identified: &Identified,
     trace: &mut Trace,
-) -> Result<Option<Ticket>, ProxyError> {
-    let Some(rules) = spending::applies(route, view.method, view.path) else {
-        return Ok(None);
-    };
+) -> Result<spending::Plan, ProxyError> {
+    if matches!(identified.derived.identity, Identity::Request)
+        && !rules.derives_without_key(view.method, view.path)
+    {
+        trace.spend = Some("idempotency-key-required".into());
+        return Err(key_required(
+            route,
+            view,
+            "the route identifies this request by its whole body",
+        ));
+    }
     let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
-    match spending::admit(&app.spend, route, rules, view, tunnel, scope).await {
-        Ok(ticket) => {
-            trace.spend = Some(ticket.describe());
-            Ok(Some(ticket))
-        }
-        Err(error) => {
-            trace.spend = Some(error.slug().to_string());
-            Err(ProxyError::Spend(error))
+    spending::plan(rules, view, tunnel, &identified.derived.account).map_err(|error| {
+        trace.spend = Some(error.slug().to_string());
+        ProxyError::Spend(error)
+    })
+}
+
+/// Where the claim and the gate leave a request.
+enum Gated {
+    /// It executes, under this claim, with this reservation (on a capped operation).
+    Forward(Box<Claim>, Option<Ticket>),
+    /// Answered without executing: a replay, a refusal from the claim, a fail-open forward.
+    Answered(Response<Body>),
+}
+
+/// A claim taken but not yet forwarded: withdrawn if the request goes away before it is (a
+/// client that hangs up while the gate checks its budget must not leave a claim to lapse
+/// into a held outcome).
+struct Unsent {
+    claims: Arc<crate::idempotency::claims::Claims>,
+    policy: Arc<Policy>,
+    claim: Option<Claim>,
+}
+
+impl Unsent {
+    fn claim(&self) -> Option<&Claim> {
+        self.claim.as_ref()
+    }
+
+    fn forward(mut self) -> Option<Claim> {
+        self.claim.take()
+    }
+
+    async fn withdraw(mut self) {
+        if let Some(claim) = self.claim.take() {
+            self.claims.give_up(claim, self.policy.clone()).await;
         }
     }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let (Some(claim), Ok(rt)) = (self.claim.take(), tokio::runtime::Handle::try_current()) {
+            let (claims, policy) = (self.claims.clone(), self.policy.clone());
+            rt.spawn(async move {
+                claims.give_up(claim, policy).await;
+            });
+        }
+    }
+}
+
+/// Claims the operation, then — on a capped operation, for every way it executes (a new
+/// claim, a takeover, a lookup's "not found") — passes the spend gate with the claim's token:
+/// a replay, a 409 or a 422 never reaches the gate. A refusal withdraws the claim; a payment
+/// parked for a person lets its claim go while it waits, and claims again once approved.
+async fn gated(
+    app: &App,
+    route: &Route,
+    req: &Read<'_>,
+    op: &Operation,
+    outgoing: &Outgoing<'_>,
+    plan: Option<(&RouteSpend, spending::Plan)>,
+    trace: &mut Trace,
+) -> Result<Gated, ProxyError> {
+    let mut approved = false;
+    loop {
+        let claim = match claim(app, route, req, op, outgoing, trace).await? {
+            Claimed::Forward(claim) => claim,
+            Claimed::Answered(resp) => return Ok(Gated::Answered(said_if_merged(resp, op, &plan))),
+        };
+        let Some((rules, plan)) = &plan else {
+            return Ok(Gated::Forward(Box::new(claim), None));
+        };
+        let unsent = Unsent {
+            claims: app.claims.clone(),
+            policy: op.policy.clone(),
+            claim: Some(claim),
+        };
+        let Some(held) = unsent.claim() else {
+            return Err(ProxyError::BadRequest(
+                "internal: a claim went missing".into(),
+            ));
+        };
+        let at = spending::Attempting {
+            scope: &op.scope,
+            token: held.token.as_str(),
+            replaces: held.replaces(),
+            approved,
+        };
+        let admitted = spending::admit(&app.spend, route, rules, plan, req, &at).await;
+        let refused = match admitted {
+            Ok(Admission::Admitted(ticket)) => {
+                trace.spend = Some(ticket.describe());
+                let Some(claim) = unsent.forward() else {
+                    return Err(ProxyError::BadRequest(
+                        "internal: a claim went missing".into(),
+                    ));
+                };
+                return Ok(Gated::Forward(Box::new(claim), Some(ticket)));
+            }
+            Ok(Admission::Parked(approval)) => {
+                unsent.withdraw().await;
+                match app.spend.wait(&rules.budget, &approval).await {
+                    Ok(()) => {
+                        approved = true;
+                        continue;
+                    }
+                    Err(refusal) => spending::SpendError::Refused(refusal),
+                }
+            }
+            Err(error) => {
+                unsent.withdraw().await;
+                error
+            }
+        };
+        trace.spend = Some(refused.slug().to_string());
+        return Err(ProxyError::Spend(refused));
+    }
+}
+
+/// A replay of a capped operation identified by its whole request says so: two identical
+/// charges within the window are one, and the client learns it rather than a silent merge.
+fn said_if_merged(
+    mut resp: Response<Body>,
+    op: &Operation,
+    plan: &Option<(&RouteSpend, spending::Plan)>,
+) -> Response<Body> {
+    let replayed = resp
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v.as_bytes() == b"true");
+    if plan.is_some() && replayed && matches!(op.identified.derived.identity, Identity::Request) {
+        let window = humantime::format_duration(op.policy.retention);
+        let note = format!("replayed: an identical request within the {window} window is the same payment; to pay twice, send each with its own Idempotency-Key (key_source = \"client\") or a field that differs");
+        if let Ok(v) = HeaderValue::from_str(&note) {
+            resp.headers_mut().insert(WARNING, v);
+        }
+    }
+    resp
 }
 
 /// Takes the reservation back when the outcome says the payment did not happen; counts the
@@ -270,7 +448,7 @@ async fn settle_spend(
         return;
     };
     match outcome {
-        Outcome::Released | Outcome::Declined => ticket.refund().await,
+        Outcome::Released | Outcome::Declined => ticket.release().await,
         Outcome::Committed | Outcome::Unknown(_) | Outcome::Duplicate(_) => {
             if let (true, Some(asked)) = (ticket.added, ticket.asked) {
                 let (currency, major) = asked.major();
@@ -385,13 +563,14 @@ async fn claim(
             reconcilable: Some(held),
             ..
         }) => match reconcile(app, route, held, req, op, trace).await? {
-            Reconciled::Execute(claim) => claim,
+            Reconciled::Execute(claim) => *claim,
             Reconciled::Replay(receipt) => {
                 return Ok(Claimed::Answered(receipt::respond(&receipt, true)))
             }
             Reconciled::Held { retry_after } => {
                 return Err(ProxyError::OutcomeUnknown { retry_after })
             }
+            Reconciled::Mismatch => return Err(ProxyError::KeyReused),
         },
         Ok(answered) => return answer(app, route, answered, trace).map(Claimed::Answered),
         Err(e) if op.policy.fail_open && e.is_unreachable() => {
@@ -428,6 +607,7 @@ fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
         route: &route.name,
         derivation: derived.derivation.number(),
         other,
+        priced: op.priced.as_deref(),
     }
 }
 
@@ -503,7 +683,7 @@ async fn reconcile(
             app.metrics.unknown_resolved(&route.name, "lookup");
             tracing::info!(route = %route.name, scope = %op.scope, "a lookup found no trace of the held operation: this retry executes it");
         }
-        Reconciled::Held { .. } => {}
+        Reconciled::Held { .. } | Reconciled::Mismatch => {}
     }
     Ok(reconciled)
 }

@@ -6,8 +6,9 @@ use http::{HeaderMap, Method, StatusCode};
 
 use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
-use crate::spend::budget::{PriceError, Spender};
-use crate::spend::gate::{Ask, Gate, Refusal, Ticket};
+use crate::spend::binding::{self, Bound};
+use crate::spend::budget::{Cost, PriceError, Spender};
+use crate::spend::gate::{Admission, Ask, Gate, Refusal};
 
 /// The run the proxy user named on the CONNECT that opened an intercepted tunnel: requests
 /// inside it carry no `Proxy-Authorization` of their own.
@@ -24,6 +25,8 @@ pub enum SpendError {
     Price(#[from] PriceError),
     #[error("the run id {0}")]
     Run(String),
+    #[error("this request moves money and carries no key: {0}")]
+    KeyRequired(String),
     #[error(transparent)]
     Refused(#[from] Refusal),
 }
@@ -31,13 +34,19 @@ pub enum SpendError {
 impl SpendError {
     pub fn status(&self) -> StatusCode {
         match self {
-            SpendError::Price(_) | SpendError::Run(_) => StatusCode::BAD_REQUEST,
-            SpendError::Refused(Refusal::OverCap { .. } | Refusal::Denied { .. }) => {
-                StatusCode::FORBIDDEN
+            SpendError::Price(_) | SpendError::Run(_) | SpendError::KeyRequired(_) => {
+                StatusCode::BAD_REQUEST
             }
+            SpendError::Refused(
+                Refusal::OverCap { .. }
+                | Refusal::Denied { .. }
+                | Refusal::Unpriced(_)
+                | Refusal::TooLargeToApprove { .. },
+            ) => StatusCode::FORBIDDEN,
             SpendError::Refused(Refusal::Pending { .. } | Refusal::Mismatch { .. }) => {
                 StatusCode::CONFLICT
             }
+            SpendError::Refused(Refusal::TooManyPending(_)) => StatusCode::TOO_MANY_REQUESTS,
             SpendError::Refused(Refusal::Store(_)) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -47,6 +56,10 @@ impl SpendError {
             SpendError::Price(PriceError::Ambiguous(_)) => "ambiguous-request",
             SpendError::Price(_) => "amount-invalid",
             SpendError::Run(_) => "run-invalid",
+            SpendError::KeyRequired(_) => "idempotency-key-required",
+            SpendError::Refused(Refusal::Unpriced(_)) => "unpriced-operation",
+            SpendError::Refused(Refusal::TooLargeToApprove { .. }) => "approval-too-large",
+            SpendError::Refused(Refusal::TooManyPending(_)) => "approvals-pending-limit",
             SpendError::Refused(Refusal::OverCap { .. }) => "spend-cap-exceeded",
             SpendError::Refused(Refusal::Pending { .. }) => "approval-pending",
             SpendError::Refused(Refusal::Denied { .. }) => "approval-denied",
@@ -59,11 +72,15 @@ impl SpendError {
         match self {
             SpendError::Price(PriceError::Ambiguous(_)) => "Nothing was forwarded: the proxy and the provider could read two amounts from this request, so it does not go out. Send each field once, in the body.",
             SpendError::Price(_) => "Nothing was forwarded: a capped route counts every payment, so one whose amount cannot be read does not go out.",
-            SpendError::Run(_) => "Nothing was forwarded. Run ids are 1-64 letters, digits, '.', '_', ':' or '-'.",
+            SpendError::Run(_) => "Nothing was forwarded. Run ids are 1-64 letters, digits, '.', '_', ':' or '-'; inside a tunnel the run is the one its CONNECT named.",
+            SpendError::KeyRequired(_) => "Nothing was forwarded: two identical payments without a key cannot be told from a retry, so money out and orders need a business key (one per payment, the same on every retry).",
+            SpendError::Refused(Refusal::Unpriced(_)) => "Nothing was forwarded: a capped route counts every payment, so one it cannot price does not go out.",
+            SpendError::Refused(Refusal::TooLargeToApprove { .. }) => "Nothing was forwarded or parked.",
+            SpendError::Refused(Refusal::TooManyPending(_)) => "Nothing was forwarded or parked; retry once a person has decided.",
             SpendError::Refused(Refusal::OverCap { .. }) => "Nothing was forwarded. An operator can raise the cap in the route's [routes.spend].",
             SpendError::Refused(Refusal::Pending { .. }) => "Nothing was sent. Ask again later with the same request: once a person approves it, it goes out, once.",
             SpendError::Refused(Refusal::Denied { .. }) => "Nothing was forwarded, and every retry gets this answer.",
-            SpendError::Refused(Refusal::Mismatch { .. }) => "Nothing was forwarded: use a new idempotency key for a different payment.",
+            SpendError::Refused(Refusal::Mismatch { .. }) => "Nothing was forwarded: an approval covers exactly the request the person saw; send that one, or a different payment under a new key.",
             SpendError::Refused(Refusal::Store(_)) => "Nothing was forwarded; retry later.",
         }
     }
@@ -81,44 +98,112 @@ pub fn applies<'r>(route: &'r Route, method: &Method, path: &str) -> Option<&'r 
     route.spend.as_ref().filter(|s| s.covers(method, path))
 }
 
-/// Admits a money-moving request through the spend gate (caps, approvals, reservation).
+/// What spend control knows of a capped request before its claim: what it costs, whose
+/// budgets it counts against, and the canonical fingerprint it is priced (and approved) as.
+pub struct Plan {
+    pub cost: Cost,
+    pub run: String,
+    pub binding: String,
+}
+
+/// Prices a capped request and binds it to its canonical form; reads no store.
+pub fn plan(
+    spend: &RouteSpend,
+    view: &Request<'_>,
+    tunnel: Option<&TunnelRun>,
+    account: &str,
+) -> Result<Plan, SpendError> {
+    let cost = spend.budget.cost(view)?;
+    let run = run_of(spend, view.headers, tunnel)?.unwrap_or_else(|| view.tenant.to_string());
+    let amount = match &cost {
+        Cost::Priced(p) => p.asked.to_string(),
+        Cost::Free | Cost::Unpriced(_) => String::new(),
+    };
+    let binding = binding::fingerprint(&Bound {
+        method: view.method.as_str(),
+        path: view.path,
+        account,
+        amount: &amount,
+        content_type: view
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        body: view.body,
+        descriptive: &spend.descriptive,
+    });
+    Ok(Plan { cost, run, binding })
+}
+
+/// One executing attempt, through the gate: admitted with a reservation its token owns, or
+/// parked for a person, or refused.
+pub struct Attempting<'a> {
+    pub scope: &'a str,
+    pub token: &'a str,
+    pub replaces: Option<&'a str>,
+    pub approved: bool,
+}
+
 pub async fn admit(
     gate: &Gate,
     route: &Route,
     spend: &RouteSpend,
+    plan: &Plan,
     view: &Request<'_>,
-    tunnel: Option<&TunnelRun>,
-    scope: &str,
-) -> Result<Ticket, SpendError> {
-    let price = spend.budget.price(view)?;
-    let run = run_of(spend, view.headers, tunnel)?.unwrap_or_else(|| view.tenant.to_string());
+    at: &Attempting<'_>,
+) -> Result<Admission, SpendError> {
     let ask = Ask {
-        scope,
+        scope: at.scope,
         who: Spender {
             route: &route.name,
             tenant: view.tenant,
-            run: &run,
+            run: &plan.run,
         },
-        price,
+        cost: plan.cost.clone(),
+        binding: &plan.binding,
         method: view.method.as_str(),
         path: view.path,
         body: view.body,
-        retention: route.policy.retention,
+        enforce: spend.enforce,
+        token: at.token,
+        replaces: at.replaces,
     };
-    Ok(gate.admit(&spend.budget, &ask).await?)
+    Ok(gate.admit(&spend.budget, &ask, at.approved).await?)
 }
 
-/// The request's run, from the first source that has one.
+/// The request's run, from the first source that has one. Inside an intercepted tunnel the
+/// proxy user is the CONNECT's: a `Proxy-Authorization` inside the tunnel is never read, and
+/// a header naming another run than the CONNECT did is refused.
 fn run_of(
     spend: &RouteSpend,
     headers: &HeaderMap,
     tunnel: Option<&TunnelRun>,
 ) -> Result<Option<String>, SpendError> {
+    if let Some(t) = tunnel {
+        let named = spend.run_from.iter().find_map(|s| match s {
+            RunSource::Header(name) => headers.get(name).map(|v| (name, v)),
+            RunSource::ProxyUser => None,
+        });
+        if let Some((name, v)) = named {
+            let v = v
+                .to_str()
+                .map_err(|_| SpendError::Run(format!("in {name} is not text")))?;
+            if v.trim() != &*t.0 {
+                return Err(SpendError::Run(format!(
+                    "`{}` in {name} is not the run `{}` the tunnel's CONNECT named",
+                    v.trim(),
+                    t.0
+                )));
+            }
+        }
+        if spend.run_from.contains(&RunSource::ProxyUser) {
+            check_run(&t.0)?;
+            return Ok(Some(t.0.to_string()));
+        }
+    }
     for source in &spend.run_from {
         let found = match source {
-            RunSource::ProxyUser => {
-                crate::auth::run_of_proxy_user(headers).or_else(|| tunnel.map(|t| t.0.to_string()))
-            }
+            RunSource::ProxyUser if tunnel.is_some() => None,
+            RunSource::ProxyUser => crate::auth::run_of_proxy_user(headers),
             RunSource::Header(name) => match headers.get(name) {
                 Some(v) => Some(
                     v.to_str()
@@ -162,5 +247,9 @@ impl crate::spend::gate::SpendEvents for crate::metrics::Metrics {
 
     fn approval(&self, route: &str, event: &'static str) {
         crate::metrics::Metrics::approval(self, route, event);
+    }
+
+    fn shadow(&self, route: &str, cap: crate::spend::port::CapName) {
+        self.spend_shadow(route, cap.as_str());
     }
 }

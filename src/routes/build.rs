@@ -399,20 +399,24 @@ impl<'a> Builder<'a> {
                 Pattern::parse(o).map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // A section with only count caps counts executions: it needs no amount.
         let amount: Vec<String> = match (&c.amount, defaults) {
             (Some(a), _) => a.clone(),
             (None, Some(d)) => d.amount.iter().map(|s| s.to_string()).collect(),
-            (None, None) => return Err(missing("amount")),
+            (None, None) => Vec::new(),
         };
+        let priced = !amount.is_empty();
         let currency = c
             .currency
             .clone()
             .or_else(|| defaults.map(|d| d.currency.to_string()))
+            .or_else(|| (!priced).then(|| c.caps_currency.clone()))
             .ok_or_else(|| missing("currency"))?;
         let unit = c
             .unit
             .clone()
             .or_else(|| defaults.map(|d| d.unit.to_string()))
+            .or_else(|| (!priced).then(|| "minor".to_string()))
             .ok_or_else(|| missing("unit"))?;
         let budget = Budget::parse(&BudgetText {
             amount: &amount,
@@ -423,10 +427,16 @@ impl<'a> Builder<'a> {
             per_request: c.per_request.as_deref(),
             per_run: c.per_run.as_deref(),
             per_tenant: c.per_tenant.as_deref(),
+            per_route: c.per_route.as_deref(),
+            count_per_run: c.count_per_run,
+            count_per_tenant: c.count_per_tenant,
+            count_per_route: c.count_per_route,
             tenant_window: c.tenant_window.0,
             run_window: c.run_window.0,
+            route_window: c.route_window.0,
             approve_above: c.approve_above.as_deref(),
             approve_run_above: c.approve_run_above.as_deref(),
+            approve_tenant_above: c.approve_tenant_above.as_deref(),
             approval_wait: c.approval_wait.0,
             approval_expires: c.approval_expires.0,
         })
@@ -439,10 +449,26 @@ impl<'a> Builder<'a> {
                 run_source(s).map_err(|m| self.invalid(&format!("spend.run_from[{j}]"), m))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let derive: Vec<String> = match (&c.derive_without_key, defaults) {
+            (Some(d), _) => d.clone(),
+            (None, Some(d)) => d.derive_without_key.iter().map(|s| s.to_string()).collect(),
+            (None, None) => Vec::new(),
+        };
+        let derive_without_key = derive
+            .iter()
+            .enumerate()
+            .map(|(j, o)| {
+                Pattern::parse(o)
+                    .map_err(|m| self.invalid(&format!("spend.derive_without_key[{j}]"), m))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(RouteSpend {
             on,
             budget,
             run_from,
+            enforce: c.enforce,
+            derive_without_key,
+            descriptive: c.descriptive.clone(),
         }))
     }
 

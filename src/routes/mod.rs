@@ -78,6 +78,12 @@ pub struct RouteSpend {
     pub budget: Budget,
     /// Where a request's run comes from, first match wins; none: the tenant is one run.
     pub run_from: Vec<RunSource>,
+    /// `false`: shadow mode (decisions logged and counted, nothing refused).
+    pub enforce: bool,
+    /// Capped operations whose keyless requests may derive an identity from the request.
+    pub derive_without_key: Vec<Pattern>,
+    /// Body fields left out of what a price and an approval are bound to.
+    pub descriptive: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +96,14 @@ pub enum RunSource {
 impl RouteSpend {
     pub fn covers(&self, method: &Method, path: &str) -> bool {
         self.on.iter().any(|p| p.matches(method, path))
+    }
+
+    /// Whether a keyless request to this capped operation may derive its identity from the
+    /// whole request (a charge), rather than be refused (money out, orders).
+    pub fn derives_without_key(&self, method: &Method, path: &str) -> bool {
+        self.derive_without_key
+            .iter()
+            .any(|p| p.matches(method, path))
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rust_decimal::Decimal;
 
+pub use super::cost::Cost;
 use super::money::{Currency, Money, MoneyError, Unit};
 use super::port::{CapName, Counter, Reservation};
 use crate::request::body::{BodyError, Field as BodyField, Parsed};
@@ -65,10 +66,16 @@ pub struct Budget {
     pub per_request: Option<Money>,
     pub per_run: Option<Money>,
     pub per_tenant: Option<Money>,
+    pub per_route: Option<Money>,
+    pub count_per_run: Option<i64>,
+    pub count_per_tenant: Option<i64>,
+    pub count_per_route: Option<i64>,
     pub tenant_window: Duration,
     pub run_window: Duration,
+    pub route_window: Duration,
     pub approve_above: Option<Money>,
     pub approve_run_above: Option<Money>,
+    pub approve_tenant_above: Option<Money>,
     pub approval_wait: Duration,
     pub approval_expires: Duration,
 }
@@ -83,10 +90,16 @@ pub struct BudgetText<'a> {
     pub per_request: Option<&'a str>,
     pub per_run: Option<&'a str>,
     pub per_tenant: Option<&'a str>,
+    pub per_route: Option<&'a str>,
+    pub count_per_run: Option<u32>,
+    pub count_per_tenant: Option<u32>,
+    pub count_per_route: Option<u32>,
     pub tenant_window: Duration,
     pub run_window: Duration,
+    pub route_window: Duration,
     pub approve_above: Option<&'a str>,
     pub approve_run_above: Option<&'a str>,
+    pub approve_tenant_above: Option<&'a str>,
     pub approval_wait: Duration,
     pub approval_expires: Duration,
 }
@@ -101,12 +114,6 @@ pub struct Price {
 impl Budget {
     /// Checks every piece; the error names the field (`amount`, `rates.eur`, …) and why.
     pub fn parse(t: &BudgetText<'_>) -> Result<Budget, (String, String)> {
-        if t.amount.is_empty() {
-            return Err(field_error(
-                "amount",
-                "name where the amount is, e.g. \"{body.amount}\"".into(),
-            ));
-        }
         let amount = t
             .amount
             .iter()
@@ -139,10 +146,16 @@ impl Budget {
             per_request: money("per_request", t.per_request)?,
             per_run: money("per_run", t.per_run)?,
             per_tenant: money("per_tenant", t.per_tenant)?,
+            per_route: money("per_route", t.per_route)?,
+            count_per_run: t.count_per_run.map(i64::from),
+            count_per_tenant: t.count_per_tenant.map(i64::from),
+            count_per_route: t.count_per_route.map(i64::from),
             tenant_window: t.tenant_window,
             run_window: t.run_window,
+            route_window: t.route_window,
             approve_above: money("approve_above", t.approve_above)?,
             approve_run_above: money("approve_run_above", t.approve_run_above)?,
+            approve_tenant_above: money("approve_tenant_above", t.approve_tenant_above)?,
             approval_wait: t.approval_wait,
             approval_expires: t.approval_expires,
         };
@@ -150,21 +163,19 @@ impl Budget {
         Ok(b)
     }
 
-    /// A spend section limits something, and an approval outlives the wait for it.
+    /// A spend section limits something, a money limit has an amount to count, and an
+    /// approval outlives the wait for it.
     fn check_limits(&self) -> Result<(), (String, String)> {
-        if [
-            self.per_request,
-            self.per_run,
-            self.per_tenant,
-            self.approve_above,
-            self.approve_run_above,
-        ]
-        .iter()
-        .all(Option::is_none)
-        {
+        if !self.limits_money() && !self.limits_count() {
             return Err(field_error(
                 "per_request",
-                "a spend section needs a cap (per_request, per_run, per_tenant) or an approval threshold (approve_above, approve_run_above)".into(),
+                "a spend section needs a cap (per_request, per_run, per_tenant, per_route, count_per_run, count_per_tenant, count_per_route) or an approval threshold (approve_above, approve_run_above, approve_tenant_above)".into(),
+            ));
+        }
+        if self.limits_money() && self.amount.is_empty() {
+            return Err(field_error(
+                "amount",
+                "name where the amount is, e.g. \"{body.amount}\" (a section with only count caps needs none)".into(),
             ));
         }
         if self.approval_expires <= self.approval_wait {
@@ -176,9 +187,42 @@ impl Budget {
         Ok(())
     }
 
-    /// What the request costs. A request whose amount or currency cannot be read is refused,
-    /// never waved through.
-    pub fn price(&self, req: &Request<'_>) -> Result<Price, PriceError> {
+    /// Money caps or thresholds: every request needs a price.
+    pub fn limits_money(&self) -> bool {
+        [
+            self.per_request,
+            self.per_run,
+            self.per_tenant,
+            self.per_route,
+            self.approve_above,
+            self.approve_run_above,
+            self.approve_tenant_above,
+        ]
+        .iter()
+        .any(Option::is_some)
+    }
+
+    fn limits_count(&self) -> bool {
+        [
+            self.count_per_run,
+            self.count_per_tenant,
+            self.count_per_route,
+        ]
+        .iter()
+        .any(Option::is_some)
+    }
+
+    /// What the request costs: its price, or `Free` on a section that counts executions
+    /// only. A request whose amount or currency cannot be read is refused, never waved
+    /// through.
+    pub fn cost(&self, req: &Request<'_>) -> Result<Cost, PriceError> {
+        if self.amount.is_empty() {
+            return Ok(Cost::Free);
+        }
+        self.price(req).map(Cost::Priced)
+    }
+
+    fn price(&self, req: &Request<'_>) -> Result<Price, PriceError> {
         let currency = match &self.currency {
             CurrencySource::Fixed(c) => *c,
             CurrencySource::Field(text, f) => {
@@ -237,43 +281,136 @@ impl Budget {
         )))
     }
 
-    /// The reservation for `id`: the run's budget and the tenant's window, on this route.
-    pub fn reservation(
-        &self,
-        id: &str,
-        who: &Spender<'_>,
-        price: Price,
-        approved: bool,
-        now_ms: u64,
-        keep: Duration,
-    ) -> Reservation {
+    /// The reservation of attempt `token`: on the run's, the tenant's and the route's
+    /// budgets of money (when priced) and of executions (when capped), each in its window.
+    pub fn reservation(&self, at: &Attempt<'_>, approved: bool, now_ms: u64) -> Reservation {
         let ms = |d: Duration| d.as_millis() as u64;
-        let counters = vec![
-            Counter {
-                key: who.run_counter(),
-                cap: self.per_run.map(|m| m.minor),
-                window_ms: ms(self.run_window),
-                name: CapName::PerRun,
-            },
-            Counter {
-                key: who.tenant_counter(),
-                cap: self.per_tenant.map(|m| m.minor),
-                window_ms: ms(self.tenant_window),
-                name: CapName::PerTenant,
-            },
+        let since = |d: Duration| now_ms.saturating_sub(ms(d));
+        let who = at.who;
+        let amount = match at.cost {
+            Cost::Priced(p) => Some(p.counted.minor),
+            Cost::Free | Cost::Unpriced(_) => None,
+        };
+        let mut counters = Vec::new();
+        let mut approvals = Vec::new();
+        if let Some(amount) = amount {
+            let money = [
+                (
+                    who.run_counter(),
+                    self.per_run,
+                    self.run_window,
+                    CapName::PerRun,
+                    self.approve_run_above,
+                ),
+                (
+                    who.tenant_counter(),
+                    self.per_tenant,
+                    self.tenant_window,
+                    CapName::PerTenant,
+                    self.approve_tenant_above,
+                ),
+            ];
+            for (key, cap, window, name, above) in money {
+                if let Some(above) = above.filter(|_| !approved) {
+                    approvals.push((counters.len(), above.minor));
+                }
+                counters.push(Counter {
+                    key,
+                    cap: cap.map(|m| m.minor),
+                    since_ms: since(window),
+                    add: amount,
+                    name,
+                });
+            }
+            if let Some(cap) = self.per_route {
+                counters.push(Counter {
+                    key: who.route_counter(),
+                    cap: Some(cap.minor),
+                    since_ms: since(self.route_window),
+                    add: amount,
+                    name: CapName::PerRoute,
+                });
+            }
+        }
+        let counts = [
+            (
+                self.count_per_run,
+                who.run_counter(),
+                self.run_window,
+                CapName::CountPerRun,
+            ),
+            (
+                self.count_per_tenant,
+                who.tenant_counter(),
+                self.tenant_window,
+                CapName::CountPerTenant,
+            ),
+            (
+                self.count_per_route,
+                who.route_counter(),
+                self.route_window,
+                CapName::CountPerRoute,
+            ),
         ];
+        for (cap, key, window, name) in counts {
+            if let Some(cap) = cap {
+                counters.push(Counter {
+                    key: format!("{key}/executions"),
+                    cap: Some(cap),
+                    since_ms: since(window),
+                    add: 1,
+                    name,
+                });
+            }
+        }
         Reservation {
-            id: id.to_string(),
-            amount: price.counted.minor,
+            token: at.token.to_string(),
             counters,
-            approval: (!approved)
-                .then_some(self.approve_run_above)
-                .flatten()
-                .map(|m| (0, m.minor)),
+            approvals,
+            replaces: at.replaces.map(str::to_string),
+            enforce: at.enforce,
             now_ms,
-            keep_ms: ms(keep.max(self.run_window).max(self.tenant_window)),
+            keep_ms: ms(self
+                .run_window
+                .max(self.tenant_window)
+                .max(self.route_window)),
         }
     }
+
+    /// The cap a counter of [`Budget::reservation`] has, as money (for refusals).
+    pub fn limit_of(&self, name: CapName) -> Option<Money> {
+        match name {
+            CapName::PerRequest => self.per_request,
+            CapName::PerRun => self.per_run,
+            CapName::PerTenant => self.per_tenant,
+            CapName::PerRoute => self.per_route,
+            CapName::ApproveRunAbove => self.approve_run_above,
+            CapName::ApproveTenantAbove => self.approve_tenant_above,
+            CapName::CountPerRun | CapName::CountPerTenant | CapName::CountPerRoute => None,
+        }
+    }
+
+    /// A count cap's limit (for refusals).
+    pub fn count_limit_of(&self, name: CapName) -> Option<i64> {
+        match name {
+            CapName::CountPerRun => self.count_per_run,
+            CapName::CountPerTenant => self.count_per_tenant,
+            CapName::CountPerRoute => self.count_per_route,
+            _ => None,
+        }
+    }
+}
+
+/// One attempt at an operation, as the gate reserves for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt<'a> {
+    /// Its claim's token: the reservation belongs to it.
+    pub token: &'a str,
+    pub who: &'a Spender<'a>,
+    pub cost: &'a Cost,
+    /// An earlier attempt whose reservation this one takes over (see `Reservation`).
+    pub replaces: Option<&'a str>,
+    pub enforce: bool,
 }
 
 /// Whose budgets a request counts against.
@@ -293,6 +430,11 @@ impl Spender<'_> {
 
     pub fn tenant_counter(&self) -> String {
         format!("{{{}/{}}}/tenant", self.route, self.tenant)
+    }
+
+    /// Every tenant's spend on the route.
+    pub fn route_counter(&self) -> String {
+        format!("{{{}}}/route", self.route)
     }
 }
 

@@ -1,23 +1,22 @@
-//! The spend gate in front of the claim: checks a request's cost against its caps, parks it
-//! for a person's approval above a threshold, and reserves the spend — before anything is
-//! claimed or sent.
+//! The spend gate between the claim and the call: checks an executing attempt's cost against
+//! its caps, parks it for a person's approval above a threshold, and reserves the spend for
+//! that attempt — after the claim said this request executes, before anything is sent.
 //!
-//! Ordered, not one transaction: the reservation (atomic over every budget, idempotent per
-//! operation) comes first, the claim second. Every point a process can die at leaves spend
-//! counted that may not have happened (it ages out of the window), never spend that happened
-//! uncounted. A reservation is taken back when the claim shows the operation will not run
-//! here (a replay, a duplicate in flight) or did not happen (released, declined).
+//! Ordered, not one transaction: claim, then reservation (one store round trip, atomic over
+//! every budget, owned by the attempt's claim token), then the call. A replay, a 409 or a
+//! 422 never reaches the gate, so it reads no spend key and touches no budget. Every point a
+//! process can die at leaves spend counted that may not have happened (it ages out of its
+//! window), never spend that happened uncounted (docs/spend.md has each kill point).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::budget::{Budget, Price, Spender};
+use super::budget::{Attempt, Budget, Cost, Price, Spender};
 use super::money::Money;
 use super::port::{Approval, ApprovalState, CapName, Opened, Reserved, SpendStore};
 use crate::idempotency::claims::Claims;
-use crate::idempotency::record::State;
 use crate::idempotency::store::StoreError;
 
 /// Why a request that costs money does not go out (yet).
@@ -26,9 +25,9 @@ pub enum Refusal {
     #[error("this request would pass the route's {} cap of {limit}: {spent} spent, {asked} asked", cap.as_str())]
     OverCap {
         cap: CapName,
-        limit: Money,
-        spent: Money,
-        asked: Money,
+        limit: String,
+        spent: String,
+        asked: String,
     },
     #[error("approval {id} is pending: a person must approve this payment ({why})")]
     Pending {
@@ -42,34 +41,44 @@ pub enum Refusal {
         by: String,
         reason: Option<String>,
     },
-    #[error("approval {id} was given for {approved}; this request asks {asked}")]
-    Mismatch {
-        id: String,
-        approved: String,
-        asked: String,
-    },
+    #[error("approval {id} covers another request under this key ({approved}); this one differs in what it pays, to whom or how")]
+    Mismatch { id: String, approved: String },
+    #[error("this request moves money the proxy cannot price ({0}), on a route with money limits")]
+    Unpriced(String),
+    #[error("the request body is {size} bytes; a person approves only what they can read whole, up to {limit} bytes")]
+    TooLargeToApprove { size: usize, limit: usize },
+    #[error("{0}")]
+    TooManyPending(String),
     #[error("the spend store is unavailable: {0}")]
     Store(#[from] StoreError),
 }
 
-/// What the gate needs to know about one request.
+/// What the gate needs to know about one executing attempt.
 pub struct Ask<'a> {
-    /// The operation's claim scope: reservations and approvals are per operation.
+    /// The operation's claim scope: one approval per operation.
     pub scope: &'a str,
     pub who: Spender<'a>,
-    pub price: Price,
+    pub cost: Cost,
+    /// The canonical fingerprint of what executes (`binding`): an approval covers this only.
+    pub binding: &'a str,
     pub method: &'a str,
     pub path: &'a str,
+    /// What the approver reads: the body with card data redacted.
     pub body: &'a [u8],
-    /// How long the route keeps receipts: a reservation lives at least as long, so a replay
-    /// finds it and costs nothing.
-    pub retention: Duration,
+    /// `false`: shadow mode — every decision logged and counted, nothing refused.
+    pub enforce: bool,
+    /// The attempt's claim token: its reservation belongs to it.
+    pub token: &'a str,
+    /// The earlier attempt whose reservation this one takes over.
+    pub replaces: Option<&'a str>,
 }
 
 /// Spend events the gate reports (metrics and the request's log line).
 pub trait SpendEvents: Send + Sync {
     fn refused(&self, route: &str, cap: CapName);
     fn approval(&self, route: &str, event: &'static str);
+    /// Shadow mode: what would have been refused (or parked) went out.
+    fn shadow(&self, route: &str, cap: CapName);
 }
 
 /// Tells people a new approval waits (the `[approvals] webhook`). Must not block: the
@@ -78,6 +87,14 @@ pub trait Announcer: Send + Sync {
     fn announce(&self, approval: &Approval);
 }
 
+/// Most bytes of a body a person is asked to approve: above it the payment is refused rather
+/// than parked, since a person never approves what they could not read.
+pub const MAX_APPROVAL_BODY: usize = 16 * 1024;
+/// Most approvals pending at once per tenant on a route, and per run: a worker cannot bury the
+/// approver in requests.
+pub const MAX_PENDING_PER_TENANT: usize = 50;
+pub const MAX_PENDING_PER_RUN: usize = 10;
+
 pub struct Gate {
     store: Arc<dyn SpendStore>,
     claims: Arc<Claims>,
@@ -85,54 +102,55 @@ pub struct Gate {
     events: Arc<dyn SpendEvents>,
 }
 
-/// The reservation a request holds while it goes on to the claim. Dropped without
-/// [`Ticket::keep`] it is taken back (in the background) if this request made it.
+/// Where the gate leaves an attempt.
+#[derive(Debug)]
+pub enum Admission {
+    /// Reserved: it may execute.
+    Admitted(Ticket),
+    /// A person must decide first: the caller lets its claim go, then waits ([`Gate::wait`]).
+    Parked(Box<Approval>),
+}
+
+/// The reservation an executing attempt holds. Dropped without [`Ticket::keep`] it is given
+/// back (in the background): the attempt never went out.
 pub struct Ticket {
     store: Option<Arc<dyn SpendStore>>,
-    id: String,
-    counters: Vec<String>,
-    /// Made by this request (not found from an earlier attempt).
+    token: String,
+    /// Counted by this call (not found from an earlier call of the same attempt).
     pub added: bool,
     kept: bool,
-    /// What the request asked (as sent).
+    /// What the request asked (as sent), when priced.
     pub asked: Option<Money>,
+    /// What shadow mode let through, for the log line.
+    shadowed: Option<CapName>,
 }
 
 impl Ticket {
-    fn none() -> Ticket {
-        Ticket {
-            store: None,
-            id: String::new(),
-            counters: Vec::new(),
-            added: false,
-            kept: true,
-            asked: None,
-        }
-    }
-
     /// For the request's log line.
     pub fn describe(&self) -> String {
-        match (self.asked, self.added) {
-            (None, _) => "already claimed".into(),
-            (Some(a), true) => format!("reserved {a}"),
-            (Some(a), false) => format!("reserved earlier {a}"),
+        let what = match self.asked {
+            Some(a) => format!("reserved {a}"),
+            None => "reserved one execution".into(),
+        };
+        match self.shadowed {
+            Some(cap) => format!("{what} (shadow: would pass {})", cap.as_str()),
+            None => what,
         }
     }
 
-    /// The operation is going out: whatever happens next settles the reservation.
+    /// The attempt is going out: whatever happens next settles the reservation.
     pub fn keep(&mut self) {
         self.kept = true;
     }
 
-    /// The operation did not happen (released, declined): take the reservation back, even
-    /// one an earlier attempt made — before the client gets its answer, so a retry sent at
-    /// once finds its budget back.
-    pub async fn refund(mut self) {
+    /// The attempt did not happen (released, declined): give its reservation back — before
+    /// the client gets its answer, so a retry sent at once finds its budget back.
+    pub async fn release(mut self) {
         self.kept = true;
         if let Some(store) = self.store.take() {
-            if let Err(e) = store.refund(&self.id, &self.counters).await {
+            if let Err(e) = store.release(&self.token).await {
                 // Counted but not spent: the window ages it out; never the other way round.
-                tracing::warn!(error = %e, "could not take back a spend reservation");
+                tracing::warn!(error = %e, "could not give back a spend reservation");
             }
         }
     }
@@ -141,7 +159,6 @@ impl Ticket {
 impl std::fmt::Debug for Ticket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ticket")
-            .field("id", &self.id)
             .field("added", &self.added)
             .field("kept", &self.kept)
             .field("asked", &self.asked)
@@ -155,18 +172,21 @@ impl Drop for Ticket {
             return;
         }
         if let (Some(store), Ok(rt)) = (self.store.take(), tokio::runtime::Handle::try_current()) {
-            let (id, counters) = (
-                std::mem::take(&mut self.id),
-                std::mem::take(&mut self.counters),
-            );
+            let token = std::mem::take(&mut self.token);
             rt.spawn(async move {
-                if let Err(e) = store.refund(&id, &counters).await {
+                if let Err(e) = store.release(&token).await {
                     // Counted but not spent: the window ages it out; never the other way round.
-                    tracing::warn!(error = %e, "could not take back a spend reservation");
+                    tracing::warn!(error = %e, "could not give back a spend reservation");
                 }
             });
         }
     }
+}
+
+/// What an approval lookup found for an attempt.
+enum Decided {
+    Approved,
+    Parked(Box<Approval>),
 }
 
 impl Gate {
@@ -188,113 +208,224 @@ impl Gate {
         &self.store
     }
 
-    /// Admits a request that costs money, or says why not. Waits up to the route's
-    /// `approval_wait` for a person when one must decide.
-    pub async fn admit(&self, budget: &Budget, ask: &Ask<'_>) -> Result<Ticket, Refusal> {
-        let asked = ask.price.counted;
-        if let Some(limit) = budget.per_request.filter(|l| asked.minor > l.minor) {
-            if self.already_claimed(ask).await? {
-                return Ok(Ticket::none());
+    /// Admits an executing attempt, parks it for a person, or says why not. `approved`: a
+    /// person approved this very request (its binding) while it waited.
+    pub async fn admit(
+        &self,
+        budget: &Budget,
+        ask: &Ask<'_>,
+        mut approved: bool,
+    ) -> Result<Admission, Refusal> {
+        let price = match &ask.cost {
+            Cost::Priced(p) => Some(*p),
+            Cost::Free => None,
+            Cost::Unpriced(why) if budget.limits_money() => {
+                return Err(Refusal::Unpriced(why.clone()))
             }
-            return Err(self.over(ask, CapName::PerRequest, limit, 0, budget));
+            Cost::Unpriced(_) => None,
+        };
+        let mut shadowed = None;
+        if let (Some(p), Some(limit)) = (price, budget.per_request) {
+            if p.counted.minor > limit.minor {
+                let refusal = self.over(
+                    ask,
+                    CapName::PerRequest,
+                    limit.to_string(),
+                    Money::new(0, budget.caps_currency).to_string(),
+                    p.counted.to_string(),
+                );
+                shadowed = self.refuse_unless_shadow(ask, CapName::PerRequest, refusal)?;
+            }
         }
-        let mut approved = false;
-        if let Some(above) = budget.approve_above.filter(|t| asked.minor > t.minor) {
-            if self.already_claimed(ask).await? {
-                return Ok(Ticket::none());
+        if let (Some(p), Some(above), false) = (price, budget.approve_above, approved) {
+            if p.counted.minor > above.minor {
+                let why = format!("{} is above approve_above {above}", p.asked);
+                match self.approval(budget, ask, p, why).await? {
+                    Decided::Approved => approved = true,
+                    Decided::Parked(a) => return Ok(Admission::Parked(a)),
+                }
             }
-            let why = format!("{} is above approve_above {above}", ask.price.asked);
-            self.approval(budget, ask, why).await?;
-            approved = true;
         }
         loop {
             let now = self.claims.clock().now_ms();
-            let r =
-                budget.reservation(ask.scope, &ask.who, ask.price, approved, now, ask.retention);
-            match self.store.reserve(&r).await? {
-                Reserved::Added => return Ok(self.ticket(&r, true, ask.price.asked)),
-                Reserved::Existing => return Ok(self.ticket(&r, false, ask.price.asked)),
-                Reserved::OverCap { index, spent } => {
-                    if self.already_claimed(ask).await? {
-                        return Ok(Ticket::none());
-                    }
-                    let (cap, limit) = match r.counters.get(index).map(|c| c.name) {
-                        Some(CapName::PerTenant) => (CapName::PerTenant, budget.per_tenant),
-                        _ => (CapName::PerRun, budget.per_run),
-                    };
-                    let limit = limit.unwrap_or(Money::new(0, budget.caps_currency));
-                    return Err(self.over(ask, cap, limit, spent, budget));
+            let attempt = Attempt {
+                token: ask.token,
+                who: &ask.who,
+                cost: &ask.cost,
+                replaces: ask.replaces,
+                enforce: ask.enforce,
+            };
+            let r = budget.reservation(&attempt, approved, now);
+            let verdict = self.store.reserve(&r).await?;
+            let cap = |index: usize| r.counters.get(index).map(|c| c.name);
+            match verdict {
+                Reserved::Added | Reserved::Existing => {
+                    return Ok(self.admitted(ask, verdict == Reserved::Added, price, shadowed))
                 }
-                Reserved::NeedsApproval { spent } if !approved => {
-                    if self.already_claimed(ask).await? {
-                        return Ok(Ticket::none());
+                Reserved::OverCap { index, spent } => {
+                    let name = cap(index).unwrap_or(CapName::PerTenant);
+                    let refusal = self.over_counter(budget, ask, name, spent, price);
+                    shadowed = self.refuse_unless_shadow(ask, name, refusal)?;
+                    return Ok(self.admitted(ask, true, price, shadowed));
+                }
+                Reserved::NeedsApproval { index, spent } => {
+                    let name = match cap(index) {
+                        Some(CapName::PerTenant) => CapName::ApproveTenantAbove,
+                        _ => CapName::ApproveRunAbove,
+                    };
+                    if !ask.enforce {
+                        self.shadow(ask, name);
+                        return Ok(self.admitted(ask, true, price, Some(name)));
                     }
+                    let (Some(p), false) = (price, approved) else {
+                        return Err(Refusal::Store(StoreError::Unavailable(
+                            "the store asked for an approval the reservation did not require"
+                                .into(),
+                        )));
+                    };
                     let threshold = budget
-                        .approve_run_above
+                        .limit_of(name)
                         .map(|m| m.to_string())
                         .unwrap_or_default();
+                    let whose = match name {
+                        CapName::ApproveTenantAbove => format!("the tenant {}", ask.who.tenant),
+                        _ => format!("the run {}", ask.who.run),
+                    };
                     let why = format!(
-                        "the run {} has spent {} here; with {} it would pass approve_run_above {threshold}",
-                        ask.who.run,
+                        "{whose} has spent {} here; with {} it would pass {} {threshold}",
                         Money::new(spent, budget.caps_currency),
-                        ask.price.asked
+                        p.asked,
+                        name.as_str()
                     );
-                    self.approval(budget, ask, why).await?;
-                    approved = true;
-                }
-                Reserved::NeedsApproval { .. } => {
-                    return Err(Refusal::Store(StoreError::Unavailable(
-                        "the store asked for an approval the reservation did not require".into(),
-                    )))
+                    match self.approval(budget, ask, p, why).await? {
+                        Decided::Approved => approved = true,
+                        Decided::Parked(a) => return Ok(Admission::Parked(a)),
+                    }
                 }
             }
         }
     }
 
-    fn ticket(&self, r: &super::port::Reservation, added: bool, asked: Money) -> Ticket {
-        Ticket {
+    fn admitted(
+        &self,
+        ask: &Ask<'_>,
+        added: bool,
+        price: Option<Price>,
+        shadowed: Option<CapName>,
+    ) -> Admission {
+        Admission::Admitted(Ticket {
             store: Some(self.store.clone()),
-            id: r.id.clone(),
-            counters: r.counters.iter().map(|c| c.key.clone()).collect(),
+            token: ask.token.to_string(),
             added,
             kept: false,
-            asked: Some(asked),
+            asked: price.map(|p| p.asked),
+            shadowed,
+        })
+    }
+
+    /// In shadow mode: logs and counts what would have been refused, and lets it pass.
+    fn refuse_unless_shadow(
+        &self,
+        ask: &Ask<'_>,
+        cap: CapName,
+        refusal: Refusal,
+    ) -> Result<Option<CapName>, Refusal> {
+        if ask.enforce {
+            self.events.refused(ask.who.route, cap);
+            return Err(refusal);
         }
+        tracing::warn!(route = ask.who.route, tenant = ask.who.tenant, run = ask.who.run, cap = cap.as_str(), would = %refusal, "shadow mode: a request spend control would refuse went out");
+        self.shadow(ask, cap);
+        Ok(Some(cap))
+    }
+
+    fn shadow(&self, ask: &Ask<'_>, cap: CapName) {
+        self.events.shadow(ask.who.route, cap);
     }
 
     fn over(
         &self,
-        ask: &Ask<'_>,
+        _ask: &Ask<'_>,
         cap: CapName,
-        limit: Money,
-        spent: i64,
-        budget: &Budget,
+        limit: String,
+        spent: String,
+        asked: String,
     ) -> Refusal {
-        self.events.refused(ask.who.route, cap);
         Refusal::OverCap {
             cap,
             limit,
-            spent: Money::new(spent, budget.caps_currency),
-            asked: ask.price.counted,
+            spent,
+            asked,
         }
     }
 
-    /// Whether the operation already has a claim its retries are answered from (its receipt,
-    /// or its run in flight or held): then its budget was settled when it first ran, and a
-    /// cap or an approval must not stand between a retry and the answer it is owed. A
-    /// decline is not such a claim: the corrected request spends anew.
-    async fn already_claimed(&self, ask: &Ask<'_>) -> Result<bool, StoreError> {
-        Ok(match self.claims.store().get(ask.scope).await? {
-            Some(r) => !(r.state == State::Committed && r.body.declined),
-            None => false,
-        })
+    /// The refusal for a counter over its cap: money, or executions.
+    fn over_counter(
+        &self,
+        budget: &Budget,
+        ask: &Ask<'_>,
+        name: CapName,
+        spent: i64,
+        price: Option<Price>,
+    ) -> Refusal {
+        if name.counts() {
+            let limit = budget.count_limit_of(name).unwrap_or(0);
+            return self.over(
+                ask,
+                name,
+                format!("{limit} executions"),
+                format!("{spent} executions"),
+                "one more".into(),
+            );
+        }
+        let limit = budget
+            .limit_of(name)
+            .unwrap_or(Money::new(0, budget.caps_currency));
+        let asked = price.map(|p| p.counted.to_string()).unwrap_or_default();
+        self.over(
+            ask,
+            name,
+            limit.to_string(),
+            Money::new(spent, budget.caps_currency).to_string(),
+            asked,
+        )
     }
 
-    /// Opens (or finds) the operation's approval and waits for a decision up to the route's
-    /// `approval_wait`. `Ok` when approved for this very amount.
-    async fn approval(&self, budget: &Budget, ask: &Ask<'_>, why: String) -> Result<(), Refusal> {
+    /// Opens (or finds) the operation's approval: approved for this very request, or parked.
+    /// Another variant under the key — pending, approved or denied — is a mismatch, never a
+    /// new approval request.
+    async fn approval(
+        &self,
+        budget: &Budget,
+        ask: &Ask<'_>,
+        price: Price,
+        why: String,
+    ) -> Result<Decided, Refusal> {
+        if !ask.enforce {
+            tracing::warn!(route = ask.who.route, tenant = ask.who.tenant, run = ask.who.run, %why, "shadow mode: a request that needs approval went out without one");
+            self.shadow(ask, CapName::ApproveRunAbove);
+            return Ok(Decided::Approved);
+        }
+        if ask.body.len() > MAX_APPROVAL_BODY {
+            return Err(Refusal::TooLargeToApprove {
+                size: ask.body.len(),
+                limit: MAX_APPROVAL_BODY,
+            });
+        }
         let now = self.claims.clock().now_ms();
-        let fresh = fresh_approval(budget, ask, &why, now);
+        let fresh = fresh_approval(budget, ask, price, &why, now);
+        // Only a request that would open a new approval counts the pending ones: retries of
+        // one already pending still find theirs.
+        if self
+            .store
+            .approval(&fresh.id)
+            .await?
+            .is_none_or(|a| a.expired(now))
+        {
+            if let Some(full) = self.pending_full(&fresh, now).await? {
+                return Err(Refusal::TooManyPending(full));
+            }
+        }
         let (current, opened) = self.store.open_approval(&fresh, now).await?;
         if opened == Opened::ReplacedExpired {
             // The earlier request went undecided (or its approval unused) past its expiry.
@@ -307,88 +438,90 @@ impl Gate {
                 a.announce(&current);
             }
         }
-        let current = self.note_variant(current, &fresh, now).await;
-        self.decision(budget, ask, current, fresh.amount, why).await
+        if current.fingerprint != ask.binding {
+            self.note_variant(&current, &fresh, now).await;
+            return Err(Refusal::Mismatch {
+                id: current.id,
+                approved: format!("{} {} {}", current.amount, current.method, current.path),
+            });
+        }
+        match current.state {
+            ApprovalState::Approved => Ok(Decided::Approved),
+            ApprovalState::Denied => Err(denied(current)),
+            ApprovalState::Pending => Ok(Decided::Parked(Box::new(current))),
+        }
     }
 
-    /// Records on a pending approval that another request arrived under its operation
-    /// (another amount, path or body), so the approver sees the conflict. Best effort: a
-    /// lost race or a store error leaves the approval as it was.
-    async fn note_variant(&self, current: Approval, fresh: &Approval, now: u64) -> Approval {
-        let digest = |b: &[u8]| crate::hex::lower(&Sha256::digest(b));
-        let body_sha256 = digest(&fresh.body);
-        let differs = current.amount != fresh.amount
-            || current.method != fresh.method
-            || current.path != fresh.path
-            || digest(&current.body) != body_sha256;
-        if !differs
-            || current.state != ApprovalState::Pending
+    /// `Some(why)` when the tenant or the run already has as many approvals pending as it
+    /// may (counted from the store's list, which holds no more than the caps allow).
+    async fn pending_full(&self, fresh: &Approval, now: u64) -> Result<Option<String>, StoreError> {
+        let all = self.store.approvals(1000).await?;
+        let pending = all
+            .iter()
+            .filter(|a| a.state == ApprovalState::Pending && !a.expired(now) && a.id != fresh.id);
+        let (mut tenant, mut run) = (0, 0);
+        for a in pending.filter(|a| a.route == fresh.route && a.tenant == fresh.tenant) {
+            tenant += 1;
+            if a.run == fresh.run {
+                run += 1;
+            }
+        }
+        Ok(if tenant >= MAX_PENDING_PER_TENANT {
+            Some(format!("the tenant {} has {tenant} approvals pending on this route; a person must decide some before more are asked", fresh.tenant))
+        } else if run >= MAX_PENDING_PER_RUN {
+            Some(format!("the run {} has {run} approvals pending on this route; a person must decide some before more are asked", fresh.run))
+        } else {
+            None
+        })
+    }
+
+    /// Records on a pending approval that another request arrived under its operation, so
+    /// the approver sees the conflict. Best effort: a lost race or a store error leaves it.
+    async fn note_variant(&self, current: &Approval, fresh: &Approval, now: u64) {
+        if current.state != ApprovalState::Pending
             || current.variants.len() >= super::port::MAX_VARIANTS
             || current
                 .variants
                 .iter()
-                .any(|v| v.body_sha256 == body_sha256 && v.amount == fresh.amount)
+                .any(|v| v.body_sha256 == fresh.fingerprint)
         {
-            return current;
+            return;
         }
         let mut noted = current.clone();
         noted.variants.push(super::port::Variant {
             amount: fresh.amount.clone(),
             method: fresh.method.clone(),
             path: fresh.path.clone(),
-            body_sha256,
+            body_sha256: fresh.fingerprint.clone(),
             seen_ms: now,
         });
-        match self.store.update_approval(&noted).await {
-            Ok(true) => {
-                tracing::warn!(approval = %noted.id, amount = %fresh.amount, "another request arrived under an operation waiting for approval");
-                noted.version += 1;
-                noted
-            }
-            _ => current,
+        if let Ok(true) = self.store.update_approval(&noted).await {
+            tracing::warn!(approval = %noted.id, amount = %fresh.amount, "another request arrived under an operation waiting for approval");
         }
     }
 
-    /// Waits up to the route's `approval_wait` for a person to decide `current`, which this
-    /// request (asking `amount`) opened or found.
-    async fn decision(
-        &self,
-        budget: &Budget,
-        ask: &Ask<'_>,
-        mut current: Approval,
-        amount: String,
-        why: String,
-    ) -> Result<(), Refusal> {
+    /// Waits up to the route's `approval_wait` for a person to decide the approval an
+    /// attempt was parked on. `Ok`: approved (for this very request); the caller claims again.
+    pub async fn wait(&self, budget: &Budget, parked: &Approval) -> Result<(), Refusal> {
         let deadline = tokio::time::Instant::now() + budget.approval_wait;
+        let mut current = parked.clone();
         loop {
             match current.state {
-                ApprovalState::Approved
-                    if current.counted_minor == ask.price.counted.minor
-                        && current.amount == amount =>
-                {
-                    return Ok(())
-                }
-                ApprovalState::Approved => {
+                _ if current.fingerprint != parked.fingerprint => {
                     return Err(Refusal::Mismatch {
                         id: current.id,
                         approved: current.amount,
-                        asked: amount,
                     })
                 }
-                ApprovalState::Denied => {
-                    return Err(Refusal::Denied {
-                        id: current.id,
-                        by: current.decided_by.unwrap_or_default(),
-                        reason: current.reason,
-                    })
-                }
+                ApprovalState::Approved => return Ok(()),
+                ApprovalState::Denied => return Err(denied(current)),
                 ApprovalState::Pending => {}
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
                 return Err(Refusal::Pending {
                     id: current.id,
-                    why,
+                    why: current.why,
                     retry_after: budget.approval_wait,
                 });
             }
@@ -406,22 +539,31 @@ impl Gate {
     }
 }
 
+fn denied(a: Approval) -> Refusal {
+    Refusal::Denied {
+        id: a.id,
+        by: a.decided_by.unwrap_or_default(),
+        reason: a.reason,
+    }
+}
+
 /// The approval this request would open: pending, until `approval_expires` from `now`.
-fn fresh_approval(budget: &Budget, ask: &Ask<'_>, why: &str, now: u64) -> Approval {
-    let asked = ask.price.asked;
+fn fresh_approval(budget: &Budget, ask: &Ask<'_>, price: Price, why: &str, now: u64) -> Approval {
+    let asked = price.asked;
     Approval {
         id: approval_id(ask.scope),
         route: ask.who.route.to_string(),
         tenant: ask.who.tenant.to_string(),
         run: ask.who.run.to_string(),
         amount: asked.to_string(),
-        counted_minor: ask.price.counted.minor,
+        counted_minor: price.counted.minor,
         currency: asked.currency.code().to_string(),
         method: ask.method.to_string(),
         path: ask.path.to_string(),
-        body: ask.body.to_vec(),
+        body: super::redact::card_data(ask.body),
         body_sealed: false,
         why: why.to_string(),
+        fingerprint: ask.binding.to_string(),
         state: ApprovalState::Pending,
         created_ms: now,
         expires_ms: now.saturating_add(budget.approval_expires.as_millis() as u64),

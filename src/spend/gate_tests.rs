@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::budget::{Budget, BudgetText, Price, Spender};
-use super::gate::{approval_id, wake_key, Ask, Gate, Refusal, SpendEvents};
+use super::budget::{Budget, BudgetText, Cost, Price, Spender};
+use super::gate::{approval_id, wake_key, Admission, Ask, Gate, Refusal, SpendEvents, Ticket};
 use super::money::{Currency, Money};
 use super::port::{ApprovalState, CapName, SpendStore};
 use super::testing::MemorySpend;
@@ -29,6 +29,12 @@ impl SpendEvents for Events {
             .lock()
             .expect("events")
             .push(format!("approval {event}"));
+    }
+    fn shadow(&self, _: &str, cap: CapName) {
+        self.0
+            .lock()
+            .expect("events")
+            .push(format!("shadow {}", cap.as_str()));
     }
 }
 
@@ -70,10 +76,16 @@ fn budget(configure: impl FnOnce(&mut BudgetText<'_>)) -> Budget {
         per_request: None,
         per_run: None,
         per_tenant: None,
+        per_route: None,
+        count_per_run: None,
+        count_per_tenant: None,
+        count_per_route: None,
         tenant_window: Duration::from_secs(3600),
         run_window: Duration::from_secs(3600),
+        route_window: Duration::from_secs(3600),
         approve_above: None,
         approve_run_above: None,
+        approve_tenant_above: None,
         approval_wait: Duration::from_secs(20),
         approval_expires: Duration::from_secs(3600),
     };
@@ -89,19 +101,58 @@ fn usd(minor: i64) -> Price {
     }
 }
 
-fn ask<'a>(scope: &'a str, run: &'a str, price: Price) -> Ask<'a> {
-    Ask {
+/// One request: an operation (`scope`) of run `run` at `price`, as a new attempt.
+struct Req {
+    scope: &'static str,
+    run: &'static str,
+    price: Price,
+    enforce: bool,
+}
+
+fn ask(scope: &'static str, run: &'static str, price: Price) -> Req {
+    Req {
         scope,
-        who: Spender {
-            route: "pay",
-            tenant: "t",
-            run,
-        },
+        run,
         price,
-        method: "POST",
-        path: "/v1/payment_intents",
-        body: b"amount=1",
-        retention: Duration::from_secs(3600),
+        enforce: true,
+    }
+}
+
+static ATTEMPTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Gate {
+    /// What the request gets: admitted, or parked, waited for, and admitted or refused.
+    async fn request(&self, b: &Budget, r: &Req) -> Result<Ticket, Refusal> {
+        let n = ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token = format!("attempt-{n}");
+        // What a person sees: the amount, so another amount is another request.
+        let binding = format!("{}:{}", r.scope, r.price.asked.minor);
+        let ask = Ask {
+            scope: r.scope,
+            who: Spender {
+                route: "pay",
+                tenant: "t",
+                run: r.run,
+            },
+            cost: Cost::Priced(r.price),
+            binding: &binding,
+            method: "POST",
+            path: "/v1/payment_intents",
+            body: b"amount=1",
+            enforce: r.enforce,
+            token: &token,
+            replaces: None,
+        };
+        let mut approved = false;
+        loop {
+            match self.admit(b, &ask, approved).await? {
+                Admission::Admitted(t) => return Ok(t),
+                Admission::Parked(a) => {
+                    self.wait(b, &a).await?;
+                    approved = true;
+                }
+            }
+        }
     }
 }
 
@@ -112,7 +163,7 @@ async fn caps_per_request_and_per_run_refuse_before_anything_is_reserved() {
         t.per_request = Some("100.00");
         t.per_run = Some("150.00");
     });
-    let refused = w.gate.admit(&b, &ask("s1", "r", usd(10_001))).await;
+    let refused = w.gate.request(&b, &ask("s1", "r", usd(10_001))).await;
     assert!(
         matches!(
             refused,
@@ -125,11 +176,11 @@ async fn caps_per_request_and_per_run_refuse_before_anything_is_reserved() {
     );
     let mut first = w
         .gate
-        .admit(&b, &ask("s2", "r", usd(10_000)))
+        .request(&b, &ask("s2", "r", usd(10_000)))
         .await
         .expect("first");
     first.keep();
-    let second = w.gate.admit(&b, &ask("s3", "r", usd(6_000))).await;
+    let second = w.gate.request(&b, &ask("s3", "r", usd(6_000))).await;
     let Err(Refusal::OverCap {
         cap, spent, limit, ..
     }) = second
@@ -137,13 +188,13 @@ async fn caps_per_request_and_per_run_refuse_before_anything_is_reserved() {
         panic!("over the run cap: {second:?}");
     };
     assert_eq!(
-        (cap, spent.minor, limit.minor),
-        (CapName::PerRun, 10_000, 15_000)
+        (cap, spent.as_str(), limit.as_str()),
+        (CapName::PerRun, "100.00 USD", "150.00 USD")
     );
     // Another run of the same tenant has its own budget.
     assert!(w
         .gate
-        .admit(&b, &ask("s4", "other", usd(6_000)))
+        .request(&b, &ask("s4", "other", usd(6_000)))
         .await
         .is_ok());
     assert_eq!(
@@ -153,27 +204,19 @@ async fn caps_per_request_and_per_run_refuse_before_anything_is_reserved() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_reservation_not_kept_is_taken_back_and_a_retry_is_not_counted_twice() {
+async fn a_reservation_not_kept_is_given_back_and_only_its_own() {
     let w = world();
     let b = budget(|t| t.per_run = Some("100.00"));
     let mut t = w
         .gate
-        .admit(&b, &ask("s1", "r", usd(8_000)))
+        .request(&b, &ask("s1", "r", usd(8_000)))
         .await
         .expect("admitted");
     t.keep();
-    // The same operation again (a retry): already reserved, not counted again.
-    let again = w
-        .gate
-        .admit(&b, &ask("s1", "r", usd(8_000)))
-        .await
-        .expect("retry");
-    assert!(!again.added);
-    drop(again);
-    // A second operation that never went out (dropped unkept): taken back.
+    // Another attempt that never went out (dropped unkept): given back, and only its own.
     let dropped = w
         .gate
-        .admit(&b, &ask("s2", "r", usd(2_000)))
+        .request(&b, &ask("s1", "r", usd(2_000)))
         .await
         .expect("fits");
     drop(dropped);
@@ -195,13 +238,37 @@ async fn a_reservation_not_kept_is_taken_back_and_a_retry_is_not_counted_twice()
 }
 
 #[tokio::test(start_paused = true)]
+async fn shadow_mode_counts_and_logs_what_it_would_refuse() {
+    let w = world();
+    let b = budget(|t| t.per_run = Some("100.00"));
+    let mut over = ask("s1", "r", usd(15_000));
+    over.enforce = false;
+    let t = w
+        .gate
+        .request(&b, &over)
+        .await
+        .expect("shadow lets it pass");
+    assert!(t.describe().contains("shadow"), "{}", t.describe());
+    drop(t);
+    let refused = w.gate.request(&b, &ask("s2", "r", usd(100))).await;
+    assert!(
+        matches!(refused, Err(Refusal::OverCap { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        w.events.0.lock().expect("events").as_slice(),
+        ["shadow per_run", "refused per_run"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn above_the_threshold_a_request_waits_and_an_approval_lets_it_through() {
     let w = world();
     let b = budget(|t| t.approve_above = Some("500.00"));
     let waiting = {
         let (gate, b) = (w.gate.clone(), b.clone());
         tokio::spawn(async move {
-            gate.admit(&b, &ask("s1", "r", usd(60_000)))
+            gate.request(&b, &ask("s1", "r", usd(60_000)))
                 .await
                 .map(|_| ())
         })
@@ -229,7 +296,7 @@ async fn above_the_threshold_a_request_waits_and_an_approval_lets_it_through() {
 async fn past_the_wait_the_tool_is_told_to_retry_and_a_denial_answers_every_retry() {
     let w = world();
     let b = budget(|t| t.approve_above = Some("500.00"));
-    let pending = w.gate.admit(&b, &ask("s1", "r", usd(60_000))).await;
+    let pending = w.gate.request(&b, &ask("s1", "r", usd(60_000))).await;
     assert!(
         matches!(pending, Err(Refusal::Pending { .. })),
         "{pending:?}"
@@ -241,7 +308,7 @@ async fn past_the_wait_the_tool_is_told_to_retry_and_a_denial_answers_every_retr
     a.reason = Some("not in budget".into());
     assert!(w.spend.update_approval(&a).await.expect("update"));
     for _ in 0..2 {
-        let denied = w.gate.admit(&b, &ask("s1", "r", usd(60_000))).await;
+        let denied = w.gate.request(&b, &ask("s1", "r", usd(60_000))).await;
         assert!(
             matches!(&denied, Err(Refusal::Denied { by, .. }) if by == "ana"),
             "{denied:?}"
@@ -264,11 +331,11 @@ async fn splitting_a_payment_does_not_slip_under_the_run_threshold() {
     });
     let mut first = w
         .gate
-        .admit(&b, &ask("s1", "r", usd(49_900)))
+        .request(&b, &ask("s1", "r", usd(49_900)))
         .await
         .expect("under");
     first.keep();
-    let second = w.gate.admit(&b, &ask("s2", "r", usd(49_900))).await;
+    let second = w.gate.request(&b, &ask("s2", "r", usd(49_900))).await;
     assert!(matches!(second, Err(Refusal::Pending { .. })), "{second:?}");
     // Approved, the second goes through and is counted.
     let mut a = w
@@ -281,13 +348,13 @@ async fn splitting_a_payment_does_not_slip_under_the_run_threshold() {
     assert!(w.spend.update_approval(&a).await.expect("update"));
     let mut t = w
         .gate
-        .admit(&b, &ask("s2", "r", usd(49_900)))
+        .request(&b, &ask("s2", "r", usd(49_900)))
         .await
         .expect("approved");
     t.keep();
     assert!(t.added);
     // An approval for one amount does not cover another under the same key.
-    let other = w.gate.admit(&b, &ask("s2", "r", usd(99_900))).await;
+    let other = w.gate.request(&b, &ask("s2", "r", usd(99_900))).await;
     assert!(matches!(other, Err(Refusal::Mismatch { .. })), "{other:?}");
 }
 
@@ -301,13 +368,13 @@ async fn an_approval_expires_and_the_next_retry_asks_again() {
     });
     assert!(w
         .gate
-        .admit(&b, &ask("s1", "r", usd(60_000)))
+        .request(&b, &ask("s1", "r", usd(60_000)))
         .await
         .is_err());
     tokio::time::sleep(Duration::from_secs(11)).await;
     assert!(w
         .gate
-        .admit(&b, &ask("s1", "r", usd(60_000)))
+        .request(&b, &ask("s1", "r", usd(60_000)))
         .await
         .is_err());
     assert_eq!(

@@ -4,11 +4,14 @@
 //!
 //! No HTTP here: the proxy reads requests and renders refusals; this decides.
 
+pub mod binding;
 pub mod budget;
+pub mod cost;
 pub mod gate;
 #[cfg(test)]
 mod gate_tests;
 pub mod money;
 pub mod port;
+pub mod redact;
 #[cfg(any(test, feature = "test-store"))]
 pub mod testing;

@@ -8,14 +8,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::idempotency::store::StoreError;
 
-/// One budget a request counts against: a run's, or a tenant's rolling window, on a route.
+/// One budget a request counts against: money or executions, of a run, a tenant or the
+/// whole route.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Counter {
-    /// Names the budget in the store (`route`, tenant, and the run for run budgets).
+    /// Names the budget in the store (route, tenant, run, and what it counts).
     pub key: String,
     pub cap: Option<i64>,
-    /// Only reservations made within this long count.
-    pub window_ms: u64,
+    /// Only reservations made after this instant count (`now - window` for a rolling
+    /// window, the start of the day for a calendar day). Never moves back for a counter.
+    pub since_ms: u64,
+    /// What this request adds: its amount (minor units) on a money counter, 1 on a count.
+    pub add: i64,
     pub name: CapName,
 }
 
@@ -25,6 +29,12 @@ pub enum CapName {
     PerRequest,
     PerRun,
     PerTenant,
+    PerRoute,
+    CountPerRun,
+    CountPerTenant,
+    CountPerRoute,
+    ApproveRunAbove,
+    ApproveTenantAbove,
 }
 
 impl CapName {
@@ -33,25 +43,46 @@ impl CapName {
             CapName::PerRequest => "per_request",
             CapName::PerRun => "per_run",
             CapName::PerTenant => "per_tenant",
+            CapName::PerRoute => "per_route",
+            CapName::CountPerRun => "count_per_run",
+            CapName::CountPerTenant => "count_per_tenant",
+            CapName::CountPerRoute => "count_per_route",
+            CapName::ApproveRunAbove => "approve_run_above",
+            CapName::ApproveTenantAbove => "approve_tenant_above",
         }
+    }
+
+    /// A cap on executions, not money.
+    pub fn counts(self) -> bool {
+        matches!(
+            self,
+            CapName::CountPerRun | CapName::CountPerTenant | CapName::CountPerRoute
+        )
     }
 }
 
-/// Reserve `amount` (minor units of the caps currency) for operation `id` against every
-/// counter, atomically. Idempotent per `id`: an operation already reserved with this amount
-/// is never checked or counted again, so its retries always get through to the claim.
+/// Reserve for one attempt (`token`) on every counter, atomically, in one store round trip.
+/// The reservation belongs to that attempt: only [`SpendStore::release`] with its token, or a
+/// later attempt that `replaces` it, gives it back. Idempotent per token: a token already
+/// reserved is never checked or counted again.
 #[derive(Debug, Clone)]
 pub struct Reservation {
-    /// The operation (its claim scope).
-    pub id: String,
-    pub amount: i64,
+    /// The attempt: its claim's random token.
+    pub token: String,
     pub counters: Vec<Counter>,
-    /// Index into `counters` of the run's budget, whose spend (this request included) above
-    /// `approve_above` needs a person first; `None` once approved or when not configured.
-    pub approval: Option<(usize, i64)>,
+    /// Thresholds (`approve_run_above`, `approve_tenant_above`): `(counter index, above)`;
+    /// the spend on that counter with this request above it needs a person first. Empty once
+    /// approved.
+    pub approvals: Vec<(usize, i64)>,
+    /// An earlier attempt of the same operation that this one supersedes (a takeover the
+    /// provider deduplicates, a lookup's "not found"): its reservation is given back in the
+    /// same step this one is taken, so neither both nor none count at any moment.
+    pub replaces: Option<String>,
+    /// `false` (shadow mode): counted whatever the verdict; the verdict is what enforcing
+    /// would have said.
+    pub enforce: bool,
     pub now_ms: u64,
-    /// How long reservations are kept (at least every window, and the receipt's life, so a
-    /// replay finds its reservation and is not counted again).
+    /// How long the reservation is kept: at least the longest window it counts in.
     pub keep_ms: u64,
 }
 
@@ -59,37 +90,43 @@ pub struct Reservation {
 pub enum Reserved {
     /// Counted now.
     Added,
-    /// Already counted for this operation: nothing changed.
+    /// Already counted for this token: nothing changed.
     Existing,
-    /// Nothing counted: `counters[index]` would pass its cap.
+    /// `counters[index]` would pass its cap (nothing counted, unless not enforced).
     OverCap { index: usize, spent: i64 },
-    /// Nothing counted: the run's spend would pass the approval threshold.
-    NeedsApproval { spent: i64 },
+    /// The spend on `counters[index]` would pass an approval threshold.
+    NeedsApproval { index: usize, spent: i64 },
 }
 
-/// What every store computes the same way: counters are checked in order, then the
-/// approval threshold; `spent_excluding` is what a counter holds within its window, not
-/// counting `id`'s own earlier reservation (an amount that changed is checked afresh).
-pub fn decide(
-    r: &Reservation,
-    existing: Option<i64>,
-    spent_excluding: impl Fn(usize) -> i64,
-) -> Reserved {
-    if existing == Some(r.amount) {
+impl Reserved {
+    /// Whether the store counts the reservation with this verdict.
+    pub fn counts(&self, enforce: bool) -> bool {
+        match self {
+            Reserved::Added => true,
+            Reserved::Existing => false,
+            Reserved::OverCap { .. } | Reserved::NeedsApproval { .. } => !enforce,
+        }
+    }
+}
+
+/// What every store computes the same way: counters are checked in order, then the approval
+/// thresholds; `spent_excluding(i)` is what counter `i` holds after `since_ms`, not counting
+/// the reservation this one replaces.
+pub fn decide(r: &Reservation, existing: bool, spent_excluding: impl Fn(usize) -> i64) -> Reserved {
+    if existing {
         return Reserved::Existing;
     }
     for (index, c) in r.counters.iter().enumerate() {
         let spent = spent_excluding(index);
-        if c.cap
-            .is_some_and(|cap| spent.saturating_add(r.amount) > cap)
-        {
+        if c.cap.is_some_and(|cap| spent.saturating_add(c.add) > cap) {
             return Reserved::OverCap { index, spent };
         }
     }
-    if let Some((index, above)) = r.approval {
+    for &(index, above) in &r.approvals {
+        let add = r.counters.get(index).map_or(0, |c| c.add);
         let spent = spent_excluding(index);
-        if spent.saturating_add(r.amount) > above {
-            return Reserved::NeedsApproval { spent };
+        if spent.saturating_add(add) > above {
+            return Reserved::NeedsApproval { index, spent };
         }
     }
     Reserved::Added
@@ -117,6 +154,10 @@ pub struct Approval {
     pub body_sealed: bool,
     /// Why a person is asked (which threshold).
     pub why: String,
+    /// The canonical fingerprint of what the person sees (`spend::binding`): the approval
+    /// covers a request with exactly this fingerprint, and no other.
+    #[serde(default)]
+    pub fingerprint: String,
     pub state: ApprovalState,
     pub created_ms: u64,
     pub expires_ms: u64,
@@ -219,11 +260,12 @@ pub fn updating(found: &Approval, a: &Approval) -> Option<Approval> {
 
 #[async_trait]
 pub trait SpendStore: Send + Sync + 'static {
-    /// Checks and reserves atomically (see [`Reservation`] and [`decide`]).
+    /// Checks and reserves atomically, in one round trip (see [`Reservation`], [`decide`]).
     async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError>;
 
-    /// Takes back `id`'s reservation from these counters (it did not happen).
-    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError>;
+    /// Gives back the reservation of attempt `token` on every counter it is on (the attempt
+    /// did not happen). Nothing else's: a reservation belongs to its attempt.
+    async fn release(&self, token: &str) -> Result<(), StoreError>;
 
     /// What a counter holds within `window_ms` before `now_ms` (operators, metrics).
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError>;

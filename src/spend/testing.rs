@@ -27,6 +27,7 @@ pub fn approval(id: &str, t: u64) -> Approval {
         body: b"amount=60000&currency=usd".to_vec(),
         body_sealed: false,
         why: "test".into(),
+        fingerprint: "fp".into(),
         state: ApprovalState::Pending,
         created_ms: t,
         expires_ms: t + 1_000,
@@ -46,7 +47,7 @@ pub struct MemorySpend {
 
 #[derive(Default)]
 struct Inner {
-    /// counter → id → (amount, at_ms)
+    /// counter → token → (amount, at_ms)
     counters: HashMap<String, HashMap<String, (i64, u64)>>,
     approvals: HashMap<String, Approval>,
 }
@@ -61,61 +62,62 @@ impl MemorySpend {
     }
 }
 
-fn sum(entries: Option<&HashMap<String, (i64, u64)>>, except: &str, since: u64) -> i64 {
+fn sum(entries: Option<&HashMap<String, (i64, u64)>>, except: Option<&str>, since: u64) -> i64 {
     entries
         .map(|m| {
             m.iter()
-                .filter(|(id, (_, at))| id.as_str() != except && *at > since)
+                .filter(|(id, (_, at))| Some(id.as_str()) != except && *at > since)
                 .map(|(_, (a, _))| *a)
                 .sum()
         })
         .unwrap_or(0)
 }
 
+impl Inner {
+    fn release(&mut self, token: &str) {
+        for m in self.counters.values_mut() {
+            m.remove(token);
+        }
+    }
+}
+
 #[async_trait]
 impl SpendStore for MemorySpend {
     async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
         let mut inner = self.lock();
-        let existing = r
-            .counters
-            .first()
-            .and_then(|c| inner.counters.get(&c.key))
-            .and_then(|m| m.get(&r.id))
-            .map(|(a, _)| *a);
+        let existing = inner.counters.values().any(|m| m.contains_key(&r.token));
         let verdict = decide(r, existing, |i| {
             let c = &r.counters[i];
             sum(
                 inner.counters.get(&c.key),
-                &r.id,
-                r.now_ms.saturating_sub(c.window_ms),
+                r.replaces.as_deref(),
+                c.since_ms,
             )
         });
-        if verdict == Reserved::Added {
+        if verdict.counts(r.enforce) {
+            if let Some(old) = &r.replaces {
+                inner.release(old);
+            }
             for c in &r.counters {
                 inner
                     .counters
                     .entry(c.key.clone())
                     .or_default()
-                    .insert(r.id.clone(), (r.amount, r.now_ms));
+                    .insert(r.token.clone(), (c.add, r.now_ms));
             }
         }
         Ok(verdict)
     }
 
-    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
-        let mut inner = self.lock();
-        for c in counters {
-            if let Some(m) = inner.counters.get_mut(c) {
-                m.remove(id);
-            }
-        }
+    async fn release(&self, token: &str) -> Result<(), StoreError> {
+        self.lock().release(token);
         Ok(())
     }
 
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
         Ok(sum(
             self.lock().counters.get(counter),
-            "",
+            None,
             now_ms.saturating_sub(window_ms),
         ))
     }

@@ -28,7 +28,7 @@ enum Op {
     Ping,
     Announce,
     Reserve,
-    Refund,
+    Release,
     Spent,
     OpenApproval,
     Approval,
@@ -49,7 +49,7 @@ impl Op {
             Op::Ping => "ping",
             Op::Announce => "announce",
             Op::Reserve => "reserve",
-            Op::Refund => "refund",
+            Op::Release => "release",
             Op::Spent => "spent",
             Op::OpenApproval => "open_approval",
             Op::Approval => "approval",
@@ -200,8 +200,8 @@ impl<S: SpendStore + ?Sized> SpendStore for Guard<S> {
         self.call(Op::Reserve, self.inner.reserve(r)).await
     }
 
-    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
-        self.call(Op::Refund, self.inner.refund(id, counters)).await
+    async fn release(&self, token: &str) -> Result<(), StoreError> {
+        self.call(Op::Release, self.inner.release(token)).await
     }
 
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {
@@ -290,7 +290,7 @@ mod tests {
             async fn reserve(&self, _: &Reservation) -> Result<Reserved, StoreError> {
                 std::future::pending().await
             }
-            async fn refund(&self, _: &str, _: &[String]) -> Result<(), StoreError> {
+            async fn release(&self, _: &str) -> Result<(), StoreError> {
                 Ok(())
             }
             async fn spent(&self, _: &str, _: u64, _: u64) -> Result<i64, StoreError> {
@@ -316,10 +316,11 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let spend = guard(Arc::new(Hung), &metrics);
         let r = Reservation {
-            id: "op".into(),
-            amount: 1,
+            token: "op".into(),
             counters: vec![],
-            approval: None,
+            approvals: vec![],
+            replaces: None,
+            enforce: true,
             now_ms: 0,
             keep_ms: 1,
         };

@@ -425,97 +425,106 @@ async fn receipts_are_sealed_at_rest_and_open_with_the_key(under: impl Into<Unde
 
 // --- the spend port, on the same stores --------------------------------------------------
 
-/// A reservation of `amount` for `id` against one run counter capped at `cap`, `window` ms,
-/// at the store-independent time `now` (the callers pass the clock: tests move it at will).
-fn reservation(id: &str, amount: i64, cap: i64, now: u64) -> Reservation {
+/// A reservation of `amount` for attempt `token` against one run counter capped at `cap`,
+/// counting what was reserved in the last 1,000 ms before the store-independent time `now`
+/// (the callers pass the clock: tests move it at will).
+fn reservation(token: &str, amount: i64, cap: i64, now: u64) -> Reservation {
     Reservation {
-        id: id.into(),
-        amount,
+        token: token.into(),
         counters: vec![Counter {
             key: format!("{{conf/t}}/run/{}", std::process::id()),
             cap: Some(cap),
-            window_ms: 1_000,
+            since_ms: now.saturating_sub(1_000),
+            add: amount,
             name: CapName::PerRun,
         }],
-        approval: None,
+        approvals: vec![],
+        replaces: None,
+        enforce: true,
         now_ms: now,
         keep_ms: 10_000,
     }
 }
 
-async fn spend_counts_once_per_operation_within_its_window(under: impl Into<Under>) {
+async fn spend_counts_once_per_attempt_within_its_window(under: impl Into<Under>) {
     let subject = Subject::new(under);
     let s = subject.spend().await;
     let t = 1_000_000u64;
+    let reserve = |r: Reservation| {
+        let s = s.clone();
+        async move { s.reserve(&r).await.expect("the store answers") }
+    };
+    assert_eq!(reserve(reservation("a", 60, 100, t)).await, Reserved::Added);
+    // The same attempt asking again (its answer was lost) is never counted twice.
     assert_eq!(
-        s.reserve(&reservation("a", 60, 100, t)).await.expect("a"),
-        Reserved::Added
-    );
-    assert_eq!(
-        s.reserve(&reservation("a", 60, 100, t + 10))
-            .await
-            .expect("again"),
+        reserve(reservation("a", 60, 100, t + 10)).await,
         Reserved::Existing
     );
     assert_eq!(
-        s.reserve(&reservation("b", 60, 100, t + 500))
-            .await
-            .expect("b"),
+        reserve(reservation("b", 60, 100, t + 500)).await,
         Reserved::OverCap {
             index: 0,
             spent: 60
         }
     );
-    // `a` leaves the window: `b` fits; `a` is still known (a retry is not counted anew).
+    // `a` leaves the window: `b` fits.
     assert_eq!(
-        s.reserve(&reservation("b", 60, 100, t + 1_100))
-            .await
-            .expect("b later"),
+        reserve(reservation("b", 60, 100, t + 1_100)).await,
+        Reserved::Added
+    );
+    // Releasing `a` (already out of the window) gives nothing back twice.
+    s.release("a").await.expect("release a");
+    assert_eq!(
+        reserve(reservation("c", 40, 100, t + 1_300)).await,
         Reserved::Added
     );
     assert_eq!(
-        s.reserve(&reservation("a", 60, 100, t + 1_200))
-            .await
-            .expect("a retry"),
-        Reserved::Existing
-    );
-    // Refunding `a` (already out of the window) gives nothing back twice.
-    s.refund("a", &[reservation("a", 0, 0, 0).counters[0].key.clone()])
-        .await
-        .expect("refund a");
-    assert_eq!(
-        s.reserve(&reservation("c", 40, 100, t + 1_300))
-            .await
-            .expect("c"),
-        Reserved::Added
-    );
-    assert_eq!(
-        s.reserve(&reservation("d", 1, 100, t + 1_400))
-            .await
-            .expect("d"),
+        reserve(reservation("d", 1, 100, t + 1_400)).await,
         Reserved::OverCap {
             index: 0,
             spent: 100
         }
     );
-    // Refunding `c` (in the window) gives its 40 back.
-    s.refund("c", &[reservation("c", 0, 0, 0).counters[0].key.clone()])
-        .await
-        .expect("refund c");
+    // Releasing `c` (in the window) gives its 40 back; releasing an unknown attempt nothing.
+    s.release("c").await.expect("release c");
+    s.release("never-reserved").await.expect("release unknown");
     assert_eq!(
-        s.reserve(&reservation("d", 40, 100, t + 1_500))
-            .await
-            .expect("d"),
+        reserve(reservation("d", 40, 100, t + 1_500)).await,
         Reserved::Added
     );
-    // A changed amount for the same operation is checked afresh, without counting itself.
+    // An attempt that replaces `d` (a takeover the provider deduplicates) takes its place in
+    // one step: checked without `d`, and `d` is gone after.
+    let mut e = reservation("e", 40, 100, t + 1_600);
+    e.replaces = Some("d".into());
+    assert_eq!(reserve(e).await, Reserved::Added);
     assert_eq!(
-        s.reserve(&reservation("d", 41, 100, t + 1_600))
-            .await
-            .expect("d more"),
+        reserve(reservation("f", 1, 100, t + 1_700)).await,
         Reserved::OverCap {
             index: 0,
-            spent: 60
+            spent: 100
+        },
+        "60 (b) + 40 (e), and d's 40 gone with it"
+    );
+    // Shadow mode counts what it would refuse, and says so.
+    let mut g = reservation("g", 30, 100, t + 1_800);
+    g.enforce = false;
+    assert_eq!(
+        reserve(g).await,
+        Reserved::OverCap {
+            index: 0,
+            spent: 100
+        }
+    );
+    assert_eq!(
+        reserve(reservation("h", 0, 200, t + 1_900)).await,
+        Reserved::Added,
+        "the shadow reservation counted: 130 of 200"
+    );
+    assert_eq!(
+        reserve(reservation("i", 71, 200, t + 1_950)).await,
+        Reserved::OverCap {
+            index: 0,
+            spent: 130
         }
     );
 }
@@ -582,7 +591,7 @@ async fn approvals_are_opened_once_and_decided_compare_and_set(under: impl Into<
 every_store_and_memory!(
     receipts_sealed_before_sealed_receipts_had_a_type_still_replay,
     receipts_are_sealed_at_rest_and_open_with_the_key,
-    spend_counts_once_per_operation_within_its_window,
+    spend_counts_once_per_attempt_within_its_window,
     concurrent_reservations_never_pass_the_cap,
     approvals_are_opened_once_and_decided_compare_and_set,
     insert_if_absent_claims_once,

@@ -54,6 +54,8 @@ const MIGRATIONS: &[&str] = &[
          expires_at bigint NOT NULL,
          value      bytea NOT NULL
      );",
+    // 3: reservations per attempt, in one round trip (functions in `spend.rs`).
+    super::spend::MIGRATION,
 ];
 
 /// Now on the database's clock, in milliseconds; one value for the whole statement.

@@ -1,93 +1,126 @@
-//! The spend port on PostgreSQL. A reservation is checked and written in one transaction
-//! that first takes a transaction-scoped advisory lock per counter (in a fixed order), so
-//! concurrent requests at a cap's edge are serialised per budget — on every proxy sharing
-//! the database — and never pass it together. Each counter keeps the running total of its
-//! window (`idemproxy_spend_totals`), so a check costs the same however many payments share
-//! the budget. Approvals are rows written compare-and-set.
+//! The spend port on PostgreSQL. A reservation is one statement: a server-side function
+//! (`idemproxy_reserve`) that takes a transaction-scoped advisory lock per counter (in a
+//! fixed order, so two reservations never hold one each and wait for the other's), ages the
+//! counters, checks them and writes — so concurrent requests at a cap's edge are serialised
+//! per budget on every proxy sharing the database, in one round trip each. Each counter keeps
+//! the running total of its window (`idemproxy_spend_totals`), so a check costs the same
+//! however many payments share the budget. Approvals are rows written compare-and-set.
 
 use async_trait::async_trait;
-use tokio_postgres::Transaction;
 
 use super::connection::{unavailable, NOW};
 use super::PostgresStore;
 use crate::idempotency::store::StoreError;
-use crate::spend::port::{decide, Approval, Opened, Reservation, Reserved, SpendStore};
+use crate::spend::port::{Approval, Opened, Reservation, Reserved, SpendStore};
 use crate::store::approvals::{self, Cells};
 
-/// Moves the reservations the window left behind out of the counter's total.
-async fn age(tx: &Transaction<'_>, counter: &str, until: i64) -> Result<(), StoreError> {
-    let gone: i64 = tx
-        .query_one(
-            "WITH aged AS (
-                 UPDATE idemproxy_spend SET in_window = false
-                 WHERE counter = $1 AND in_window AND at_ms <= $2
-                 RETURNING amount)
-             SELECT COALESCE(SUM(amount), 0)::bigint FROM aged",
-            &[&counter, &until],
-        )
-        .await
-        .map_err(unavailable)?
-        .get(0);
-    add_total(tx, counter, -gone).await
-}
-
-async fn add_total(tx: &Transaction<'_>, counter: &str, delta: i64) -> Result<(), StoreError> {
-    if delta != 0 {
-        tx.execute(
-            "INSERT INTO idemproxy_spend_totals (counter, total) VALUES ($1, $2)
-             ON CONFLICT (counter) DO UPDATE SET total = idemproxy_spend_totals.total + excluded.total",
-            &[&counter, &delta],
-        )
-        .await
-        .map_err(unavailable)?;
-    }
-    Ok(())
-}
-
-async fn total(tx: &Transaction<'_>, counter: &str) -> Result<i64, StoreError> {
-    Ok(tx
-        .query_opt(
-            "SELECT total FROM idemproxy_spend_totals WHERE counter = $1",
-            &[&counter],
-        )
-        .await
-        .map_err(unavailable)?
-        .map(|row| row.get(0))
-        .unwrap_or(0))
-}
-
-/// `id`'s amount in the counter's window (0 when it has none there).
-async fn own(tx: &Transaction<'_>, counter: &str, id: &str) -> Result<i64, StoreError> {
-    Ok(tx
-        .query_opt(
-            "SELECT amount FROM idemproxy_spend WHERE counter = $1 AND id = $2 AND in_window",
-            &[&counter, &id],
-        )
-        .await
-        .map_err(unavailable)?
-        .map(|row| row.get(0))
-        .unwrap_or(0))
-}
-
-/// Serialises every proxy's work on these counters until the transaction ends; the locks are
-/// taken in one order, so two requests never hold one each and wait for the other's.
-async fn lock(tx: &Transaction<'_>, counters: &[String]) -> Result<(), StoreError> {
-    let mut ordered: Vec<&String> = counters.iter().collect();
-    ordered.sort();
-    for k in ordered {
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-            &[k],
-        )
-        .await
-        .map_err(unavailable)?;
-    }
-    Ok(())
-}
+/// Schema step 3: the attempt index and the two functions every reservation and release is.
+pub(super) const MIGRATION: &str = r#"
+CREATE INDEX IF NOT EXISTS idemproxy_spend_attempt ON idemproxy_spend (id);
+CREATE OR REPLACE FUNCTION idemproxy_spend_lock(p_counters text[]) RETURNS void
+LANGUAGE plpgsql AS $f$
+DECLARE
+  c text;
+BEGIN
+  FOR c IN SELECT DISTINCT x FROM unnest(p_counters) AS x ORDER BY 1 LOOP
+    PERFORM pg_advisory_xact_lock(hashtextextended(c, 0));
+  END LOOP;
+END;
+$f$;
+CREATE OR REPLACE FUNCTION idemproxy_spend_give_back(p_token text) RETURNS void
+LANGUAGE plpgsql AS $f$
+BEGIN
+  UPDATE idemproxy_spend_totals t SET total = t.total - s.amount
+  FROM idemproxy_spend s
+  WHERE s.id = p_token AND s.in_window AND t.counter = s.counter;
+  DELETE FROM idemproxy_spend WHERE id = p_token;
+END;
+$f$;
+CREATE OR REPLACE FUNCTION idemproxy_release(p_token text) RETURNS void
+LANGUAGE plpgsql AS $f$
+BEGIN
+  PERFORM idemproxy_spend_lock(ARRAY(SELECT counter FROM idemproxy_spend WHERE id = p_token));
+  PERFORM idemproxy_spend_give_back(p_token);
+END;
+$f$;
+CREATE OR REPLACE FUNCTION idemproxy_reserve(
+  p_token text, p_counters text[], p_caps bigint[], p_since bigint[], p_adds bigint[],
+  p_approval_idx int[], p_approval_above bigint[], p_replaces text, p_enforce boolean,
+  p_now bigint, p_expires bigint, OUT verdict text, OUT idx int, OUT spent bigint)
+LANGUAGE plpgsql AS $f$
+DECLARE
+  n int := coalesce(array_length(p_counters, 1), 0);
+  sums bigint[] := '{}';
+  t bigint;
+  gone bigint;
+  rep bigint;
+BEGIN
+  verdict := 'added'; idx := 0; spent := 0;
+  PERFORM idemproxy_spend_lock(p_counters || ARRAY(
+    SELECT counter FROM idemproxy_spend WHERE p_replaces IS NOT NULL AND id = p_replaces));
+  IF EXISTS (SELECT 1 FROM idemproxy_spend WHERE id = p_token) THEN
+    verdict := 'existing';
+    RETURN;
+  END IF;
+  FOR i IN 1..n LOOP
+    WITH aged AS (
+      UPDATE idemproxy_spend SET in_window = false
+      WHERE counter = p_counters[i] AND in_window AND at_ms <= p_since[i]
+      RETURNING amount)
+    SELECT coalesce(sum(amount), 0) INTO gone FROM aged;
+    IF gone <> 0 THEN
+      UPDATE idemproxy_spend_totals SET total = total - gone WHERE counter = p_counters[i];
+    END IF;
+    SELECT total INTO t FROM idemproxy_spend_totals WHERE counter = p_counters[i];
+    t := coalesce(t, 0);
+    IF p_replaces IS NOT NULL THEN
+      rep := NULL;
+      SELECT amount INTO rep FROM idemproxy_spend
+      WHERE counter = p_counters[i] AND id = p_replaces AND in_window;
+      t := t - coalesce(rep, 0);
+    END IF;
+    sums := sums || t;
+  END LOOP;
+  FOR i IN 1..n LOOP
+    IF p_caps[i] IS NOT NULL AND sums[i] + p_adds[i] > p_caps[i] THEN
+      verdict := 'over'; idx := i - 1; spent := sums[i];
+      EXIT;
+    END IF;
+  END LOOP;
+  IF verdict = 'added' THEN
+    FOR j IN 1..coalesce(array_length(p_approval_idx, 1), 0) LOOP
+      IF sums[p_approval_idx[j] + 1] + p_adds[p_approval_idx[j] + 1] > p_approval_above[j] THEN
+        verdict := 'approval'; idx := p_approval_idx[j]; spent := sums[p_approval_idx[j] + 1];
+        EXIT;
+      END IF;
+    END LOOP;
+  END IF;
+  IF verdict <> 'added' AND p_enforce THEN
+    RETURN;
+  END IF;
+  IF p_replaces IS NOT NULL THEN
+    PERFORM idemproxy_spend_give_back(p_replaces);
+  END IF;
+  FOR i IN 1..n LOOP
+    INSERT INTO idemproxy_spend_totals (counter, total) VALUES (p_counters[i], p_adds[i])
+    ON CONFLICT (counter) DO UPDATE SET total = idemproxy_spend_totals.total + excluded.total;
+    DELETE FROM idemproxy_spend
+    WHERE counter = p_counters[i] AND expires_at <= p_now AND NOT in_window;
+    INSERT INTO idemproxy_spend (counter, id, amount, at_ms, expires_at, in_window)
+    VALUES (p_counters[i], p_token, p_adds[i], p_now, p_expires, true);
+  END LOOP;
+END;
+$f$;
+"#;
 
 impl PostgresStore {
     fn counter(&self, key: &str) -> String {
         format!("{}:{key}", self.namespace)
+    }
+
+    /// An attempt's token as stored: within the namespace, like counters.
+    fn attempt(&self, token: &str) -> String {
+        format!("{}:{token}", self.namespace)
     }
 
     fn approval_key(&self, id: &str) -> String {
@@ -140,73 +173,73 @@ impl Cells for PostgresStore {
 #[async_trait]
 impl SpendStore for PostgresStore {
     async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
-        let mut client = self.conn.client().await?;
-        let tx = client.transaction().await.map_err(unavailable)?;
-        let keys: Vec<String> = r.counters.iter().map(|c| self.counter(&c.key)).collect();
-        lock(&tx, &keys).await?;
-        let existing: Option<i64> = match keys.first() {
-            Some(k) => tx
-                .query_opt(
-                    "SELECT amount FROM idemproxy_spend WHERE counter = $1 AND id = $2",
-                    &[k, &r.id],
-                )
-                .await
-                .map_err(unavailable)?
-                .map(|row| row.get(0)),
-            None => None,
-        };
-        let mut sums = Vec::with_capacity(keys.len());
-        let mut owns = Vec::with_capacity(keys.len());
-        for (k, c) in keys.iter().zip(&r.counters) {
-            let until = r.now_ms.saturating_sub(c.window_ms) as i64;
-            age(&tx, k, until).await?;
-            let mine = own(&tx, k, &r.id).await?;
-            sums.push(total(&tx, k).await? - mine);
-            owns.push(mine);
-        }
-        let verdict = decide(r, existing, |i| sums.get(i).copied().unwrap_or(0));
-        if verdict == Reserved::Added {
-            let (now, expires) = (r.now_ms as i64, r.now_ms.saturating_add(r.keep_ms) as i64);
-            for (k, mine) in keys.iter().zip(owns) {
-                add_total(&tx, k, r.amount - mine).await?;
-                tx.execute(
-                    "DELETE FROM idemproxy_spend
-                     WHERE counter = $1 AND expires_at <= $2 AND NOT in_window",
-                    &[k, &now],
-                )
-                .await
-                .map_err(unavailable)?;
-                tx.execute(
-                    "INSERT INTO idemproxy_spend (counter, id, amount, at_ms, expires_at, in_window)
-                     VALUES ($1, $2, $3, $4, $5, true)
-                     ON CONFLICT (counter, id) DO UPDATE SET amount = excluded.amount,
-                         at_ms = excluded.at_ms, expires_at = excluded.expires_at, in_window = true",
-                    &[k, &r.id, &r.amount, &now, &expires],
-                )
-                .await
-                .map_err(unavailable)?;
-            }
-        }
-        tx.commit().await.map_err(unavailable)?;
-        Ok(verdict)
-    }
-
-    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
-        let mut client = self.conn.client().await?;
-        let tx = client.transaction().await.map_err(unavailable)?;
-        let keys: Vec<String> = counters.iter().map(|c| self.counter(c)).collect();
-        lock(&tx, &keys).await?;
-        for k in &keys {
-            let back = own(&tx, k, id).await?;
-            add_total(&tx, k, -back).await?;
-            tx.execute(
-                "DELETE FROM idemproxy_spend WHERE counter = $1 AND id = $2",
-                &[k, &id],
+        let client = self.conn.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT verdict, idx, spent FROM idemproxy_reserve(
+                     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             )
             .await
             .map_err(unavailable)?;
-        }
-        tx.commit().await.map_err(unavailable)
+        let counters: Vec<String> = r.counters.iter().map(|c| self.counter(&c.key)).collect();
+        let caps: Vec<Option<i64>> = r.counters.iter().map(|c| c.cap).collect();
+        let since: Vec<i64> = r.counters.iter().map(|c| c.since_ms as i64).collect();
+        let adds: Vec<i64> = r.counters.iter().map(|c| c.add).collect();
+        let approval_idx: Vec<i32> = r.approvals.iter().map(|(i, _)| *i as i32).collect();
+        let approval_above: Vec<i64> = r.approvals.iter().map(|(_, a)| *a).collect();
+        let token = self.attempt(&r.token);
+        let replaces = r.replaces.as_deref().map(|t| self.attempt(t));
+        let (now, expires) = (r.now_ms as i64, r.now_ms.saturating_add(r.keep_ms) as i64);
+        let row = client
+            .query_one(
+                &stmt,
+                &[
+                    &token,
+                    &counters,
+                    &caps,
+                    &since,
+                    &adds,
+                    &approval_idx,
+                    &approval_above,
+                    &replaces,
+                    &r.enforce,
+                    &now,
+                    &expires,
+                ],
+            )
+            .await
+            .map_err(unavailable)?;
+        let (verdict, index, spent): (String, i32, i64) = (row.get(0), row.get(1), row.get(2));
+        Ok(match verdict.as_str() {
+            "existing" => Reserved::Existing,
+            "added" => Reserved::Added,
+            "over" => Reserved::OverCap {
+                index: index as usize,
+                spent,
+            },
+            "approval" => Reserved::NeedsApproval {
+                index: index as usize,
+                spent,
+            },
+            other => {
+                return Err(StoreError::Unavailable(format!(
+                    "idemproxy_reserve answered `{other}`"
+                )))
+            }
+        })
+    }
+
+    async fn release(&self, token: &str) -> Result<(), StoreError> {
+        let client = self.conn.client().await?;
+        let stmt = client
+            .prepare_cached("SELECT idemproxy_release($1)")
+            .await
+            .map_err(unavailable)?;
+        client
+            .execute(&stmt, &[&self.attempt(token)])
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 
     async fn spent(&self, counter: &str, window_ms: u64, now_ms: u64) -> Result<i64, StoreError> {

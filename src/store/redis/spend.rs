@@ -1,7 +1,9 @@
 //! The spend port on Redis. One script checks every counter of a request and reserves on all
-//! of them, so concurrent requests at a cap's edge cannot pass it together. A request's
-//! counters share a `{route/tenant}` hash tag, so on a Cluster they live in one slot and the
-//! script runs on one master. Approvals are one hash, written compare-and-set.
+//! of them, so concurrent requests at a cap's edge cannot pass it together. Every spend key
+//! carries the one hash tag `{spend}`, so on a Cluster they all live in one slot and a script
+//! may touch any of them (a route-wide counter, the reservation an attempt replaces): spend
+//! runs on one master, and only executions reach it (a replay reads no spend key).
+//! Approvals are one hash, written compare-and-set.
 
 use std::sync::LazyLock;
 
@@ -13,22 +15,27 @@ use crate::idempotency::store::{now_ms, StoreError};
 use crate::spend::port::{Approval, Opened, Reservation, Reserved, SpendStore};
 use crate::store::approvals::{self, Cells};
 
-// A counter is four keys: `win` (sorted set: the ids reserved within its window, by time),
-// `tot` (the sum of their amounts, kept as they come and go), `amt` (hash: id → amount, for
-// as long as reservations are kept) and `kept` (sorted set: every kept id, by time). Checking a
-// budget is then one read of `tot`, after moving the ids the window left behind out of it:
-// each reservation is added and aged out once, however many share the budget.
+// A counter is four keys under `PREFIX .. name`: `:win` (sorted set: the attempts reserved
+// within its window, by time), `:tot` (the sum of their amounts, kept as they come and go),
+// `:amt` (hash: attempt → amount, for as long as reservations are kept) and `:kept` (sorted
+// set: every kept attempt, by time). An attempt's reservation is one more key, `res` + token
+// (hash: counter name → amount), so it can be given back by its token alone. Checking a
+// budget is one read of `tot`, after moving the attempts the window left behind out of it.
 
-/// Ages a counter: KEYS win, tot, amt, kept (offset `o`); window and keep in ms; `now`.
-const AGE: &str = r#"
-local function age(o, now, window, keep)
-  local win, tot, amt, kept = KEYS[o], KEYS[o + 1], KEYS[o + 2], KEYS[o + 3]
-  local gone = redis.call('ZRANGEBYSCORE', win, '-inf', now - window)
+/// Helpers over a counter named `c` under `prefix`: age it, read an attempt's amount in its
+/// window, give an attempt's reservation back.
+const HELPERS: &str = r#"
+local function keys_of(prefix, c)
+  return prefix .. c .. ':win', prefix .. c .. ':tot', prefix .. c .. ':amt', prefix .. c .. ':kept'
+end
+local function age(prefix, c, since, now, keep)
+  local win, tot, amt, kept = keys_of(prefix, c)
+  local gone = redis.call('ZRANGEBYSCORE', win, '-inf', since)
   if #gone > 0 then
     local sum = 0
     for _, m in ipairs(gone) do sum = sum + tonumber(redis.call('HGET', amt, m) or '0') end
     redis.call('DECRBY', tot, sum)
-    redis.call('ZREMRANGEBYSCORE', win, '-inf', now - window)
+    redis.call('ZREMRANGEBYSCORE', win, '-inf', since)
   end
   local old = redis.call('ZRANGEBYSCORE', kept, '-inf', now - keep)
   if #old > 0 then
@@ -36,59 +43,80 @@ local function age(o, now, window, keep)
     redis.call('ZREMRANGEBYSCORE', kept, '-inf', now - keep)
   end
 end
-local function within(o, id)
-  if redis.call('ZSCORE', KEYS[o], id) then
-    return tonumber(redis.call('HGET', KEYS[o + 2], id) or '0')
+local function within(prefix, c, token)
+  local win, _, amt = keys_of(prefix, c)
+  if redis.call('ZSCORE', win, token) then
+    return tonumber(redis.call('HGET', amt, token) or '0')
   end
   return 0
 end
+local function release(prefix, token)
+  local res = prefix .. 'res:' .. token
+  local on = redis.call('HKEYS', res)
+  for _, c in ipairs(on) do
+    local win, tot, amt, kept = keys_of(prefix, c)
+    local back = within(prefix, c, token)
+    if back ~= 0 then redis.call('DECRBY', tot, back) end
+    redis.call('ZREM', win, token)
+    redis.call('HDEL', amt, token)
+    redis.call('ZREM', kept, token)
+  end
+  redis.call('DEL', res)
+end
 "#;
 
-/// KEYS: (win, tot, amt, kept) per counter. ARGV: id, amount, now, keep, n, then (cap,
-/// window) per counter ('' for no cap), then approval counter index ('' for none) and
-/// threshold. Sums leave out `id`'s own reservation, so a changed amount is checked afresh;
-/// an unchanged one is not checked at all.
+/// KEYS: the attempt's `res` key. ARGV: prefix, token, now, keep, enforce (1/0), the token it
+/// replaces ('' for none), n, then (counter, cap or '', since, add) per counter, then m and
+/// (counter index, threshold) per approval threshold. Sums leave out the replaced attempt's
+/// reservation.
 const RESERVE: &str = r#"
-local id, amount, now, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
-local existing = redis.call('HGET', KEYS[3], id)
-if existing and tonumber(existing) == amount then return {'existing', 0, 0} end
-local sums, mine = {}, {}
+local prefix, token, now, keep = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local enforce, replaces, n = ARGV[5] == '1', ARGV[6], tonumber(ARGV[7])
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'existing', 0, 0} end
+local names, caps, adds, sums = {}, {}, {}, {}
 for i = 1, n do
-  local o = 4 * i - 3
-  age(o, now, tonumber(ARGV[5 + 2 * i]), keep)
-  mine[i] = within(o, id)
-  sums[i] = tonumber(redis.call('GET', KEYS[o + 1]) or '0') - mine[i]
+  local a = 4 * i + 4
+  names[i], caps[i], adds[i] = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 3])
+  age(prefix, names[i], tonumber(ARGV[a + 2]), now, keep)
+  local _, tot = keys_of(prefix, names[i])
+  sums[i] = tonumber(redis.call('GET', tot) or '0')
+  if replaces ~= '' then sums[i] = sums[i] - within(prefix, names[i], replaces) end
 end
+local verdict, vi, vs = 'added', 0, 0
 for i = 1, n do
-  local cap = ARGV[4 + 2 * i]
-  if cap ~= '' and sums[i] + amount > tonumber(cap) then return {'over', i - 1, sums[i]} end
+  if caps[i] ~= '' and sums[i] + adds[i] > tonumber(caps[i]) then
+    verdict, vi, vs = 'over', i - 1, sums[i]
+    break
+  end
 end
-local ai, above = ARGV[6 + 2 * n], ARGV[7 + 2 * n]
-if ai ~= '' and sums[tonumber(ai) + 1] + amount > tonumber(above) then
-  return {'approval', 0, sums[tonumber(ai) + 1]}
+if verdict == 'added' then
+  local m = tonumber(ARGV[4 * n + 8])
+  for j = 1, m do
+    local idx = tonumber(ARGV[4 * n + 7 + 2 * j]) + 1
+    if sums[idx] + adds[idx] > tonumber(ARGV[4 * n + 8 + 2 * j]) then
+      verdict, vi, vs = 'approval', idx - 1, sums[idx]
+      break
+    end
+  end
 end
+if verdict ~= 'added' and enforce then return {verdict, vi, vs} end
+if replaces ~= '' then release(prefix, replaces) end
 for i = 1, n do
-  local o = 4 * i - 3
-  redis.call('INCRBY', KEYS[o + 1], amount - mine[i])
-  redis.call('ZADD', KEYS[o], now, id)
-  redis.call('HSET', KEYS[o + 2], id, amount)
-  redis.call('ZADD', KEYS[o + 3], now, id)
-  for k = 0, 3 do redis.call('PEXPIRE', KEYS[o + k], keep) end
+  local win, tot, amt, kept = keys_of(prefix, names[i])
+  redis.call('INCRBY', tot, adds[i])
+  redis.call('ZADD', win, now, token)
+  redis.call('HSET', amt, token, adds[i])
+  redis.call('ZADD', kept, now, token)
+  redis.call('HSET', KEYS[1], names[i], adds[i])
+  for _, k in ipairs({win, tot, amt, kept}) do redis.call('PEXPIRE', k, keep) end
 end
-return {'added', 0, 0}
+redis.call('PEXPIRE', KEYS[1], keep)
+return {verdict, vi, vs}
 "#;
 
-/// KEYS: (win, tot, amt, kept) per counter. ARGV: id.
-const REFUND: &str = r#"
-for i = 1, #KEYS / 4 do
-  local o = 4 * i - 3
-  local back = within(o, ARGV[1])
-  if back ~= 0 then redis.call('DECRBY', KEYS[o + 1], back) end
-  redis.call('ZREM', KEYS[o], ARGV[1])
-  redis.call('HDEL', KEYS[o + 2], ARGV[1])
-  redis.call('ZREM', KEYS[o + 3], ARGV[1])
-end
+/// KEYS: the attempt's `res` key. ARGV: prefix, token.
+const RELEASE: &str = r#"
+release(ARGV[1], ARGV[2])
 return 1
 "#;
 
@@ -110,15 +138,21 @@ return 1
 "#;
 
 /// The scripts with the helpers they use, and their digests, computed once.
-static RESERVE_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{AGE}{RESERVE}")));
-static REFUND_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{AGE}{REFUND}")));
+static RESERVE_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{HELPERS}{RESERVE}")));
+static RELEASE_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{HELPERS}{RELEASE}")));
 static SPENT_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(SPENT_READ.into()));
 static SWAP_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(SWAP.into()));
 
 impl RedisStore {
+    /// Where every spend key starts: one hash tag for all of them (one Cluster slot).
+    fn spend_prefix(&self) -> String {
+        self.conn.key("{spend}:")
+    }
+
     /// `win`, `tot`, `amt`, `kept` of a counter.
     fn counter_keys(&self, counter: &str) -> [String; 4] {
-        ["win", "tot", "amt", "kept"].map(|part| self.conn.key(&format!("spend:{counter}:{part}")))
+        let prefix = self.spend_prefix();
+        ["win", "tot", "amt", "kept"].map(|part| format!("{prefix}{counter}:{part}"))
     }
 
     fn approvals_key(&self) -> String {
@@ -148,25 +182,26 @@ impl Cells for RedisStore {
 #[async_trait]
 impl SpendStore for RedisStore {
     async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
-        let keys: Vec<String> = r
-            .counters
-            .iter()
-            .flat_map(|c| self.counter_keys(&c.key))
-            .collect();
+        let prefix = self.spend_prefix();
+        let keys = [format!("{prefix}res:{}", r.token)];
         let mut args = vec![
-            r.id.clone(),
-            r.amount.to_string(),
+            prefix,
+            r.token.clone(),
             r.now_ms.to_string(),
             r.keep_ms.to_string(),
+            if r.enforce { "1" } else { "0" }.to_string(),
+            r.replaces.clone().unwrap_or_default(),
             r.counters.len().to_string(),
         ];
         for c in &r.counters {
+            args.push(c.key.clone());
             args.push(c.cap.map(|c| c.to_string()).unwrap_or_default());
-            args.push(c.window_ms.to_string());
+            args.push(c.since_ms.to_string());
+            args.push(c.add.to_string());
         }
-        match r.approval {
-            Some((index, above)) => args.extend([index.to_string(), above.to_string()]),
-            None => args.extend([String::new(), String::new()]),
+        args.push(r.approvals.len().to_string());
+        for (index, above) in &r.approvals {
+            args.extend([index.to_string(), above.to_string()]);
         }
         let (verdict, index, spent): (String, i64, i64) = self
             .conn
@@ -179,7 +214,10 @@ impl SpendStore for RedisStore {
                 index: index as usize,
                 spent,
             },
-            "approval" => Reserved::NeedsApproval { spent },
+            "approval" => Reserved::NeedsApproval {
+                index: index as usize,
+                spent,
+            },
             other => {
                 return Err(StoreError::Unavailable(format!(
                     "the reserve script answered `{other}`"
@@ -188,11 +226,17 @@ impl SpendStore for RedisStore {
         })
     }
 
-    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
-        let keys: Vec<String> = counters.iter().flat_map(|c| self.counter_keys(c)).collect();
+    async fn release(&self, token: &str) -> Result<(), StoreError> {
+        let prefix = self.spend_prefix();
+        let keys = [format!("{prefix}res:{token}")];
         let _: i64 = self
             .conn
-            .script(&REFUND_SCRIPT, &keys, &[id], Effect::Wrote)
+            .script(
+                &RELEASE_SCRIPT,
+                &keys,
+                &[prefix.as_str(), token],
+                Effect::Wrote,
+            )
             .await?;
         Ok(())
     }

@@ -16,7 +16,7 @@ use crate::spend::port::{
 /// A spend operation, as the writer thread runs it.
 pub(super) enum Op {
     Reserve(Reservation),
-    Refund { id: String, counters: Vec<String> },
+    Release { token: String },
     Spent { counter: String, since: i64 },
     OpenApproval { approval: Approval, now_ms: u64 },
     Approval { id: String },
@@ -26,7 +26,7 @@ pub(super) enum Op {
 
 pub(super) enum Reply {
     Reserved(Reserved),
-    Refunded,
+    Released,
     Spent(i64),
     /// The live approval found (encoded), or `None` when the one given was stored.
     Opened(Option<Vec<u8>>, Opened),
@@ -53,6 +53,7 @@ pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
              PRIMARY KEY (counter, id)
          );
          CREATE INDEX IF NOT EXISTS spend_window ON spend(counter, in_window, at_ms);
+         CREATE INDEX IF NOT EXISTS spend_attempt ON spend(id);
          CREATE TABLE IF NOT EXISTS spend_totals (
              counter TEXT PRIMARY KEY,
              total   INTEGER NOT NULL
@@ -146,33 +147,33 @@ fn own(tx: &Transaction<'_>, counter: &str, id: &str) -> rusqlite::Result<i64> {
 }
 
 fn reserve(tx: &Transaction<'_>, r: &Reservation) -> rusqlite::Result<Reserved> {
-    let existing: Option<i64> = match r.counters.first() {
-        Some(c) => tx
-            .prepare_cached("SELECT amount FROM spend WHERE counter = ?1 AND id = ?2")?
-            .query_row(params![c.key, r.id], |row| row.get(0))
-            .optional()?,
-        None => None,
-    };
+    let existing = tx
+        .prepare_cached("SELECT 1 FROM spend WHERE id = ?1 LIMIT 1")?
+        .query_row(params![r.token], |_| Ok(()))
+        .optional()?
+        .is_some();
     let mut sums = Vec::with_capacity(r.counters.len());
-    let mut owns = Vec::with_capacity(r.counters.len());
     for c in &r.counters {
-        age(tx, &c.key, r.now_ms.saturating_sub(c.window_ms) as i64)?;
-        let mine = own(tx, &c.key, &r.id)?;
-        sums.push(total(tx, &c.key)? - mine);
-        owns.push(mine);
+        age(tx, &c.key, c.since_ms as i64)?;
+        let replaced = match &r.replaces {
+            Some(old) => own(tx, &c.key, old)?,
+            None => 0,
+        };
+        sums.push(total(tx, &c.key)? - replaced);
     }
     let verdict = decide(r, existing, |i| sums.get(i).copied().unwrap_or(0));
-    if verdict == Reserved::Added {
+    if verdict.counts(r.enforce) {
+        if let Some(old) = &r.replaces {
+            release(tx, old)?;
+        }
         let expires = r.now_ms.saturating_add(r.keep_ms) as i64;
-        for (c, mine) in r.counters.iter().zip(owns) {
-            add_total(tx, &c.key, r.amount - mine)?;
+        for c in &r.counters {
+            add_total(tx, &c.key, c.add)?;
             tx.prepare_cached(
                 "INSERT INTO spend (counter, id, amount, at_ms, expires_at, in_window)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 1)
-                 ON CONFLICT(counter, id) DO UPDATE SET amount = excluded.amount,
-                     at_ms = excluded.at_ms, expires_at = excluded.expires_at, in_window = 1",
+                 VALUES (?1, ?2, ?3, ?4, ?5, 1)",
             )?
-            .execute(params![c.key, r.id, r.amount, r.now_ms as i64, expires])?;
+            .execute(params![c.key, r.token, c.add, r.now_ms as i64, expires])?;
         }
     }
     Ok(verdict)
@@ -199,13 +200,17 @@ fn store_approval(tx: &Transaction<'_>, a: &Approval) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn refund(tx: &Transaction<'_>, id: &str, counters: &[String]) -> rusqlite::Result<()> {
-    for c in counters {
-        let back = own(tx, c, id)?;
-        add_total(tx, c, -back)?;
-        tx.prepare_cached("DELETE FROM spend WHERE counter = ?1 AND id = ?2")?
-            .execute(params![c, id])?;
+/// Gives back attempt `token`'s reservation on every counter it is on.
+fn release(tx: &Transaction<'_>, token: &str) -> rusqlite::Result<()> {
+    let rows: Vec<(String, i64)> = tx
+        .prepare_cached("SELECT counter, amount FROM spend WHERE id = ?1 AND in_window = 1")?
+        .query_map(params![token], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (counter, amount) in rows {
+        add_total(tx, &counter, -amount)?;
     }
+    tx.prepare_cached("DELETE FROM spend WHERE id = ?1")?
+        .execute(params![token])?;
     Ok(())
 }
 
@@ -244,7 +249,7 @@ fn update_approval(tx: &Transaction<'_>, a: &Approval) -> rusqlite::Result<bool>
 pub(super) fn apply(tx: &Transaction<'_>, op: Op) -> rusqlite::Result<Reply> {
     Ok(match op {
         Op::Reserve(r) => Reply::Reserved(reserve(tx, &r)?),
-        Op::Refund { id, counters } => refund(tx, &id, &counters).map(|()| Reply::Refunded)?,
+        Op::Release { token } => release(tx, &token).map(|()| Reply::Released)?,
         Op::Spent { counter, since } => Reply::Spent(spent(tx, &counter, since)?),
         Op::OpenApproval { approval, now_ms } => {
             let (found, opened) = open_approval(tx, &approval, now_ms)?;
@@ -269,13 +274,12 @@ impl SpendStore for SqliteStore {
         }
     }
 
-    async fn refund(&self, id: &str, counters: &[String]) -> Result<(), StoreError> {
-        let op = Op::Refund {
-            id: id.to_string(),
-            counters: counters.to_vec(),
+    async fn release(&self, token: &str) -> Result<(), StoreError> {
+        let op = Op::Release {
+            token: token.to_string(),
         };
         match self.spend(op).await? {
-            Reply::Refunded => Ok(()),
+            Reply::Released => Ok(()),
             _ => Err(mismatched()),
         }
     }

@@ -31,6 +31,7 @@ pub fn record(state: State) -> Record {
             derivation: 2,
             settled_ms: 0,
             resolved: None,
+            priced: None,
         },
     }
 }
