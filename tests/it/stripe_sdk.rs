@@ -749,9 +749,22 @@ fn refused_as(out: &Value, class: &str, status: u16, code: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_on_the_shipped_stripe_route_are_stripe_errors() {
-    // A charge that names no invoice: the operation cannot be told apart, so it is refused.
-    // The SDK did send an Idempotency-Key; the message must not say it did not.
-    let s = shipped_config(Backend::Sqlite, |_| {}).await;
+    // A charge that names no invoice, on a route that refuses what it cannot tell apart (the
+    // shipped example derives such a charge from the whole request instead; a route may
+    // reject it). The SDK did send an Idempotency-Key; the message must not say it did not.
+    let s = shipped_config(Backend::Sqlite, |route| {
+        let charge = route
+            .get_mut("operations")
+            .and_then(|o| o.as_array_mut())
+            .and_then(|ops| {
+                ops.iter_mut()
+                    .filter_map(|o| o.as_table_mut())
+                    .find(|o| o.get("match").and_then(|m| m.as_str()) == Some("POST /v1/charges"))
+            })
+            .expect("the example names the charge operation");
+        charge.insert("missing_key".into(), "reject".into());
+    })
+    .await;
     let out = run_tool(&s, &["charge-no-invoice", "1500"]).await;
     refused_as(
         &out,

@@ -118,7 +118,12 @@ impl Worker {
                 pki.ca_path().display().to_string().into(),
             );
         }
-        let proxy = Proxy::start(&toml::to_string(&cfg).expect("serialise config"));
+        // An admin token, as an operator deploying the example sets one: examples with
+        // approvals refuse to start without a token that may approve.
+        let proxy = Proxy::start_with_env(
+            &toml::to_string(&cfg).expect("serialise config"),
+            &[("IDEMPROXY_ADMIN_TOKEN", "worker-test-admin-token")],
+        );
         assert_eq!(proxy.addr, listen);
         Worker {
             ca,
