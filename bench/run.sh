@@ -40,14 +40,17 @@ for tool in redis-server redis-benchmark openssl python3 taskset pgrep; do
   command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
 done
 
-echo "building (release)..." >&2
-cargo build --release --locked --quiet --bin idemproxy --example loadgen
+# BENCH_LOADGEN names a load generator already built: nothing is built then.
+LOADGEN=${BENCH_LOADGEN:-target/release/examples/loadgen}
+if [ -z "${BENCH_LOADGEN:-}" ]; then
+  echo "building (release)..." >&2
+  cargo build --release --locked --quiet --bin idemproxy --example loadgen
+fi
 BIN=${BENCH_BIN:-target/release/idemproxy}
 # The builds under test, as label=path (an empty label for the one build of a plain run).
 read -r -a BINS <<<"${BENCH_BINS:-=$BIN}"
 for b in "${BINS[@]}"; do [ -x "${b#*=}" ] || { echo "not an executable: ${b#*=}" >&2; exit 1; }; done
 BIN=${BINS[0]#*=}   # the build that makes the CA
-LOADGEN=target/release/examples/loadgen
 ONLY=${BENCH_ONLY:-.}
 
 WORK=$(mktemp -d /tmp/idemproxy-bench.XXXXXX)
