@@ -504,7 +504,7 @@ impl Claims {
     /// (Declined receipts are never cached: a corrected request must reach the store.)
     /// A retry whose first attempt was made under the other derivation's scope is answered
     /// from there too.
-    fn cached_answer(&self, req: &ClaimRequest<'_>) -> Option<Acquired> {
+    pub fn cached_answer(&self, req: &ClaimRequest<'_>) -> Option<Acquired> {
         let cache = self.receipts.as_ref()?;
         let (hit, same) = match cache.get(req.scope) {
             Some(hit) => {
