@@ -247,6 +247,7 @@ measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: lo
     "direct to provider"*|"nginx reverse proxy"*) ;;
     *) grep -Eq -- "$ONLY" <<<"$name" || return 0 ;;
   esac
+  local rep
   for rep in $(seq "${ROW_REPS:-$REPS}"); do
     local line p0 s0 t0 p1 s1 t1 c0='{}' c1='{}' rss=-
     [ -n "$CMD_PORT" ] && c0=$(redis_calls "$CMD_PORT" "$CMD_TLS")
