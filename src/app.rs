@@ -62,7 +62,7 @@ impl Parts {
             connect: ConnectPolicy::build(config)?,
             tenants: Tenants::build(config)?,
             egress,
-            sealer: Sealer::load(&config.encryption)
+            sealer: Sealer::load(&config.encryption, &config.env)
                 .map_err(|e| config.invalid(e.field, e.message))?
                 .map(Arc::new),
             admin,

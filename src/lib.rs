@@ -16,6 +16,7 @@ pub mod proxy;
 pub mod reload;
 pub mod request;
 pub mod routes;
+pub mod serve;
 pub mod spend;
 pub mod store;
 pub mod tls;
