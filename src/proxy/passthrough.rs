@@ -6,7 +6,7 @@ use hyper::body::Incoming;
 use super::headers::{for_upstream, strip_hop_by_hop};
 use super::upstream::UpstreamClient;
 use crate::http::body::{stream, Body};
-use crate::identity::provider_key::KeyField;
+use crate::identity::provider_key::{in_tenant, KeyField};
 use crate::identity::DEFAULT_TENANT;
 use crate::providers::ErrorShape;
 use crate::proxy::error::ProxyError;
@@ -27,7 +27,7 @@ pub async fn forward_for(
                 .headers()
                 .get(name)
                 .and_then(|v| v.to_str().ok())
-                .map(|k| route.forward_key_limits.fit(&format!("{tenant}:{k}")))
+                .map(|k| route.forward_key_limits.fit(&in_tenant(tenant, k)))
                 .and_then(|k| http::HeaderValue::from_str(&k).ok());
             if let Some(v) = namespaced {
                 req.headers_mut().insert(name.clone(), v);

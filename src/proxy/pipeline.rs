@@ -23,15 +23,14 @@ use super::spending;
 use super::upstream::{UpstreamClient, UpstreamError};
 use crate::http::body::{read_limited, stream, Body, ReadError};
 use crate::idempotency::claims::{
-    Acquired, Claim, ClaimRequest, Executed, HeldClaim, OtherDerivation, Reconciled, Recorded,
-    Verdict,
+    Acquired, Claim, ClaimRequest, Executed, Found, HeldClaim, OtherDerivation, Reconciled,
+    Recorded, Verdict,
 };
 use crate::idempotency::outcome::{CallFailure, Outcome};
 use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
 use crate::idempotency::record::Receipt;
-use crate::identity::provider_key::KeyField;
-use crate::identity::scope::Place;
+use crate::identity::provider_key::{in_tenant, KeyField};
 use crate::identity::DEFAULT_TENANT;
 use crate::identity::{Derived, Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
@@ -228,15 +227,9 @@ fn scope(
     identified: Box<Identified>,
     plan: Option<&(&RouteSpend, spending::Plan)>,
 ) -> Operation {
-    let place = Place {
-        namespace: &app.namespace,
-        tenant,
-        route: &route.name,
-        upstream_host: &route.upstream.host,
-    };
-    let scope_of = |d: &Derived| place.scope(&d.account, &d.scope_key());
-    let scope = scope_of(&identified.derived);
-    let other_scope = identified.other.as_ref().map(scope_of);
+    let place = route.place(&app.namespace, tenant);
+    let scope = place.scope_of(&identified.derived);
+    let other_scope = identified.other.as_ref().map(|d| place.scope_of(d));
     let policy = route.policy_for(&identified.derived.identity);
     Operation {
         identified,
@@ -559,10 +552,10 @@ async fn claim(
 ) -> Result<Claimed, ProxyError> {
     let claim = match acquire(app, route, op).await {
         Ok(Acquired::Execute(claim)) => claim,
-        Ok(Acquired::Held {
+        Ok(Acquired::Found(Found::Held {
             reconcilable: Some(held),
             ..
-        }) => match reconcile(app, route, held, req, op, trace).await? {
+        })) => match reconcile(app, route, held, req, op, trace).await? {
             Reconciled::Execute(claim) => *claim,
             Reconciled::Replay(receipt) => {
                 return Ok(Claimed::Answered(receipt::respond(&receipt, true)))
@@ -572,7 +565,9 @@ async fn claim(
             }
             Reconciled::Mismatch => return Err(ProxyError::KeyReused),
         },
-        Ok(answered) => return answer(app, route, answered, trace).map(Claimed::Answered),
+        Ok(Acquired::Found(found)) => {
+            return answer(app, route, found, trace).map(Claimed::Answered)
+        }
         Err(e) if op.policy.fail_open && e.is_unreachable() => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
             trace.outcome = Some(RequestOutcome::Unprotected);
@@ -632,11 +627,11 @@ async fn acquire(
 fn answer(
     app: &App,
     route: &Route,
-    acquired: Acquired,
+    found: Found,
     trace: &mut Trace,
 ) -> Result<Response<Body>, ProxyError> {
-    match acquired {
-        Acquired::Replay { receipt, differs } => {
+    match found {
+        Found::Replay { receipt, differs } => {
             trace.outcome = Some(RequestOutcome::Replayed);
             if differs {
                 app.metrics.replay_of_reworded_request(&route.name);
@@ -644,12 +639,9 @@ fn answer(
             }
             Ok(receipt::respond(&receipt, true))
         }
-        Acquired::Mismatch => Err(ProxyError::KeyReused),
-        Acquired::InFlight { retry_after } => Err(ProxyError::InFlight { retry_after }),
-        Acquired::Held { retry_after, .. } => Err(ProxyError::OutcomeUnknown { retry_after }),
-        Acquired::Execute(_) => Err(ProxyError::BadRequest(
-            "internal: a claim reached the answer stage".into(),
-        )),
+        Found::Mismatch => Err(ProxyError::KeyReused),
+        Found::InFlight { retry_after } => Err(ProxyError::InFlight { retry_after }),
+        Found::Held { retry_after, .. } => Err(ProxyError::OutcomeUnknown { retry_after }),
     }
 }
 
@@ -761,7 +753,7 @@ fn passed_down(
             PassedDown::Clients(own.clone())
         }
         (Identity::Client(_), Some(own)) => {
-            PassedDown::Ours(route.forward_key_limits.fit(&format!("{tenant}:{own}")))
+            PassedDown::Ours(route.forward_key_limits.fit(&in_tenant(tenant, own)))
         }
         (identity, _) => PassedDown::Ours(route.forward_key_limits.fit(&identity.provider_key(
             tenant,
@@ -775,13 +767,7 @@ fn passed_down(
 /// client's own retries; namespaced outside the default tenant: tenants sharing a provider
 /// account must never have one's key deduplicated against another's.
 fn tenant_key(route: &Route, tenant: &str, client_key: Option<&str>) -> Option<String> {
-    client_key.map(|k| {
-        if tenant == DEFAULT_TENANT {
-            route.forward_key_limits.fit(k)
-        } else {
-            route.forward_key_limits.fit(&format!("{tenant}:{k}"))
-        }
-    })
+    client_key.map(|k| route.forward_key_limits.fit(&in_tenant(tenant, k)))
 }
 
 /// Forwards under the claim and settles it (`Claims::execute`); the trace gets how long that
