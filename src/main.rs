@@ -57,7 +57,7 @@ enum Command {
     },
     /// Print the worker setup (environment, files to mount) that makes provider SDKs as
     /// shipped go through the proxy, for every runtime; writes the files into <dir>/worker/.
-    Env(Box<idemproxy::tls::worker_env::EnvArgs>),
+    Env(Box<idemproxy::worker::EnvArgs>),
     /// The CA that signs the certificates of intercepted HTTPS hosts.
     Ca {
         #[command(subcommand)]
@@ -107,7 +107,7 @@ fn main() -> ExitCode {
             idemproxy::admin::cli::healthcheck(&url).await?;
             Ok(())
         }),
-        Command::Env(args) => idemproxy::tls::worker_env::run(&args)
+        Command::Env(args) => idemproxy::worker::run(&args)
             .map(|text| print!("{text}"))
             .map_err(Into::into),
         Command::Ca {

@@ -23,7 +23,7 @@ use crate::idempotency::claims::{Resolution, Resolved, Verdict};
 use crate::idempotency::record::{Receipt, Record, ResolvedBy, State};
 use crate::idempotency::store::StoreError;
 use crate::identity::Identity;
-use crate::proxy::lookup::{Asking, Lookup};
+use crate::outbound::lookup::{Asking, Lookup};
 use crate::request::Request as Read;
 use crate::routes::Route;
 

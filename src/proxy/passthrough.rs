@@ -3,11 +3,11 @@
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
-use super::headers::{for_upstream, strip_hop_by_hop};
-use super::upstream::UpstreamClient;
 use crate::http::body::{stream, Body};
+use crate::http::headers::{for_upstream, strip_hop_by_hop};
 use crate::identity::provider_key::{in_tenant, KeyField};
 use crate::identity::DEFAULT_TENANT;
+use crate::outbound::upstream::UpstreamClient;
 use crate::providers::ErrorShape;
 use crate::proxy::error::ProxyError;
 use crate::routes::Route;

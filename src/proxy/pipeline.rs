@@ -14,14 +14,10 @@ use http::{header, HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use super::admission::Admitted;
-use super::headers::strip_hop_by_hop;
-use super::lookup::{Asking, Lookup};
 use super::outgoing::Outgoing;
-use super::receipt;
-use super::routed::Target;
 use super::spending;
-use super::upstream::{UpstreamClient, UpstreamError};
 use crate::http::body::{read_limited, stream, Body, ReadError};
+use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{
     Acquired, Claim, ClaimRequest, Executed, Found, HeldClaim, OtherDerivation, Reconciled,
     Recorded, Verdict,
@@ -34,6 +30,9 @@ use crate::identity::provider_key::{in_tenant, KeyField};
 use crate::identity::DEFAULT_TENANT;
 use crate::identity::{Derived, Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
+use crate::outbound::lookup::{Asking, Lookup};
+use crate::outbound::receipt;
+use crate::outbound::upstream::{UpstreamClient, UpstreamError};
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::request::ambiguity;
@@ -41,6 +40,13 @@ use crate::request::body::BodyError;
 use crate::request::{AsSent, Request as Read};
 use crate::routes::{Route, RouteSpend};
 use crate::spend::gate::{Admission, Ticket};
+
+/// Where a protected request goes upstream, in the one grammar, and where it would have gone
+/// as the client spelled it (when that differs).
+pub struct Target {
+    pub uri: Uri,
+    pub as_sent: Option<Uri>,
+}
 
 /// Says on a response that the proxy forwarded it without protection, and why.
 pub const WARNING: http::HeaderName = http::HeaderName::from_static("x-idemproxy-warning");
@@ -157,7 +163,7 @@ impl ReadRequest<'_> {
 
 /// A protected request once identified: what it is, the scope it claims (and the other
 /// derivation's, during an upgrade's window), and the policy its claim follows.
-struct Operation {
+struct Scoped {
     identified: Box<Identified>,
     scope: String,
     other_scope: Option<String>,
@@ -167,7 +173,7 @@ struct Operation {
     priced: Option<String>,
 }
 
-impl Operation {
+impl Scoped {
     /// The derivation a claim on `scope` was made under: the operation's own, or the other
     /// one when the claim was found under its scope.
     fn derived_for(&self, scope: &str) -> &Derived {
@@ -226,12 +232,12 @@ fn scope(
     tenant: &str,
     identified: Box<Identified>,
     plan: Option<&(&RouteSpend, spending::Plan)>,
-) -> Operation {
+) -> Scoped {
     let place = route.place(&app.namespace, tenant);
     let scope = place.scope_of(&identified.derived);
     let other_scope = identified.other.as_ref().map(|d| place.scope_of(d));
     let policy = route.policy_for(&identified.derived.identity);
-    Operation {
+    Scoped {
         identified,
         scope,
         other_scope,
@@ -346,7 +352,7 @@ async fn gated(
     app: &App,
     route: &Route,
     req: &Read<'_>,
-    op: &Operation,
+    op: &Scoped,
     outgoing: &Outgoing<'_>,
     plan: Option<(&RouteSpend, spending::Plan)>,
     trace: &mut Trace,
@@ -411,7 +417,7 @@ async fn gated(
 /// charges within the window are one, and the client learns it rather than a silent merge.
 fn said_if_merged(
     mut resp: Response<Body>,
-    op: &Operation,
+    op: &Scoped,
     plan: &Option<(&RouteSpend, spending::Plan)>,
 ) -> Response<Body> {
     let replayed = resp
@@ -546,7 +552,7 @@ async fn claim(
     app: &App,
     route: &Route,
     req: &Read<'_>,
-    op: &Operation,
+    op: &Scoped,
     outgoing: &Outgoing<'_>,
     trace: &mut Trace,
 ) -> Result<Claimed, ProxyError> {
@@ -585,7 +591,7 @@ async fn claim(
 
 /// The claim on the operation's scope, as the store gives it, with the other derivation's
 /// scope during an upgrade's window.
-fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
+fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
     let derived = &op.identified.derived;
     let other = match (&op.identified.other, &op.other_scope) {
         (Some(other), Some(scope)) => Some(OtherDerivation {
@@ -610,7 +616,7 @@ fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
 async fn acquire(
     app: &App,
     route: &Route,
-    op: &Operation,
+    op: &Scoped,
 ) -> Result<Acquired, crate::idempotency::store::StoreError> {
     let req = claim_request(route, op);
     match op.policy.on_in_flight {
@@ -652,7 +658,7 @@ async fn reconcile(
     route: &Route,
     held: HeldClaim,
     retry: &Read<'_>,
-    op: &Operation,
+    op: &Scoped,
     trace: &mut Trace,
 ) -> Result<Reconciled, ProxyError> {
     let Some(lookup) = &route.lookup else {
@@ -741,7 +747,7 @@ impl PassedDown {
 fn passed_down(
     route: &Route,
     tenant: &str,
-    op: &Operation,
+    op: &Scoped,
     claim_scope: &str,
     attempt: u32,
 ) -> PassedDown {

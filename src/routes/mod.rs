@@ -13,9 +13,9 @@ use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
 use crate::identity::scope::Place;
 use crate::identity::{Identity, RouteIdentity};
+use crate::outbound::lookup::Lookup;
+use crate::outbound::upstream::UpstreamClient;
 use crate::providers::{ErrorShape, KeyLimits};
-use crate::proxy::lookup::Lookup;
-use crate::proxy::upstream::UpstreamClient;
 use crate::request::path::PathRules;
 use crate::spend::budget::Budget;
 

@@ -25,7 +25,7 @@ const NONCE_LEN: usize = 12;
 /// Why the configured receipt key cannot be used, and which field says so.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct KeyError {
+pub struct SealKeyError {
     pub field: &'static str,
     pub message: String,
 }
@@ -37,8 +37,8 @@ pub struct Sealer {
 
 impl Sealer {
     /// The key `[encryption]` names; `None` when it names none.
-    pub fn load(enc: &EncryptionConfig, env: &Environment) -> Result<Option<Sealer>, KeyError> {
-        let bad = |field: &'static str, message: String| KeyError { field, message };
+    pub fn load(enc: &EncryptionConfig, env: &Environment) -> Result<Option<Sealer>, SealKeyError> {
+        let bad = |field: &'static str, message: String| SealKeyError { field, message };
         let (field, raw) = match (&enc.key_env, &enc.key_file) {
             (None, None) => return Ok(None),
             (Some(_), Some(_)) => {
