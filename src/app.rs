@@ -9,14 +9,15 @@ use crate::config::{Config, ConfigError};
 use crate::idempotency::claims::Claims;
 use crate::identity::minted_keys::MintedKeys;
 use crate::metrics::Metrics;
-use crate::proxy::admission::Admission;
-use crate::proxy::announce::Webhook;
+use crate::outbound::announce::Webhook;
+use crate::outbound::egress::Egress;
+use crate::outbound::upstream::{ClientOptions, UpstreamClient};
+use crate::proxy::admission::ForwardLimit;
 use crate::proxy::connect::policy::ConnectPolicy;
-use crate::proxy::egress::Egress;
-use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 use crate::proxy::App;
 use crate::routes::{RouteTable, Routes};
 use crate::spend::gate::{Announcer, Gate};
+use crate::spend::port::SpendStore;
 use crate::store::{self, Sealer, StoreError, StoreUrl};
 
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +63,7 @@ impl Parts {
             connect: ConnectPolicy::build(config)?,
             tenants: Tenants::build(config)?,
             egress,
-            sealer: Sealer::load(&config.encryption)
+            sealer: Sealer::load(&config.encryption, &config.env)
                 .map_err(|e| config.invalid(e.field, e.message))?
                 .map(Arc::new),
             admin,
@@ -135,12 +136,24 @@ fn webhook(config: &Config) -> Result<Option<(http::Uri, UpstreamClient)>, Confi
 
 /// The proxy's runtime state, its store opened, and the admin settings.
 pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartError> {
-    let mut parts = Parts::check(config)?;
+    let parts = Parts::check(config)?;
     let metrics = Arc::new(Metrics::new());
     // Both ports behind the store's one guard: deadline, timing, sealing.
     let stores = store::open(&config.store, parts.sealer.clone(), metrics.clone()).await?;
-    let claims =
-        Arc::new(Claims::new(stores.claims).with_receipt_cache(config.server.receipt_cache_bytes));
+    let claims = Claims::new(stores.claims);
+    Ok(assemble(config, parts, claims, stores.spend, metrics))
+}
+
+/// The proxy's runtime state on stores already open (the pipeline's tests pass in-memory
+/// ones), and the admin settings.
+pub fn assemble(
+    config: &Config,
+    mut parts: Parts,
+    claims: Claims,
+    spend_store: Arc<dyn SpendStore>,
+    metrics: Arc<Metrics>,
+) -> (Arc<App>, AdminSettings) {
+    let claims = Arc::new(claims.with_receipt_cache(config.server.receipt_cache_bytes));
     // Built whether or not a route has spend rules now: a reload may add some.
     let spend = {
         let webhook = parts
@@ -151,7 +164,7 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
         parts.admin.audit_hook = webhook.clone();
         let announcer = webhook.map(|w| w as Arc<dyn Announcer>);
         Arc::new(Gate::new(
-            stores.spend,
+            spend_store,
             claims.clone(),
             announcer,
             metrics.clone(),
@@ -168,7 +181,7 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
         metrics,
         tenants: parts.tenants,
         egress: parts.egress,
-        admission: Admission::new(
+        admission: ForwardLimit::new(
             config.server.max_forwards,
             config.server.max_forward_bytes,
             config.server.max_body_bytes,
@@ -176,7 +189,7 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
         minted_keys: MintedKeys::default(),
         spend,
     };
-    Ok((Arc::new(app), parts.admin))
+    (Arc::new(app), parts.admin)
 }
 
 /// The start-up (and reload) warning for routes only HTTPS interception can reach when no CA

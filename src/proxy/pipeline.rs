@@ -12,30 +12,27 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, Uri};
-use hyper::body::Incoming;
 
 use super::admission::Admitted;
-use super::headers::strip_hop_by_hop;
-use super::lookup::{Asking, Lookup};
 use super::outgoing::Outgoing;
-use super::receipt;
-use super::routed::Target;
 use super::spending;
-use super::upstream::{UpstreamClient, UpstreamError};
-use crate::http::body::{read_limited, stream, Body, ReadError};
+use crate::http::body::{read_limited, stream, Body, BoxError, ReadError};
+use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{
-    Acquired, Claim, ClaimRequest, Executed, HeldClaim, OtherDerivation, Reconciled, Recorded,
-    Verdict,
+    Acquired, Claim, ClaimRequest, Executed, Found, HeldClaim, OtherDerivation, Reconciled,
+    Recorded, Verdict,
 };
 use crate::idempotency::outcome::{CallFailure, Outcome};
 use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
 use crate::idempotency::record::Receipt;
-use crate::identity::provider_key::KeyField;
-use crate::identity::scope::Place;
+use crate::identity::provider_key::{in_tenant, KeyField};
 use crate::identity::DEFAULT_TENANT;
 use crate::identity::{Derived, Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
+use crate::outbound::lookup::{Asking, Lookup};
+use crate::outbound::receipt;
+use crate::outbound::upstream::{Upstream, UpstreamError};
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::request::ambiguity;
@@ -44,17 +41,29 @@ use crate::request::{AsSent, Request as Read};
 use crate::routes::{Route, RouteSpend};
 use crate::spend::gate::{Admission, Ticket};
 
+/// Where a protected request goes upstream, in the one grammar, and where it would have gone
+/// as the client spelled it (when that differs).
+pub struct Target {
+    pub uri: Uri,
+    pub as_sent: Option<Uri>,
+}
+
 /// Says on a response that the proxy forwarded it without protection, and why.
 pub const WARNING: http::HeaderName = http::HeaderName::from_static("x-idemproxy-warning");
 
-/// Runs a request the route protects (its method is one of the route's).
-pub async fn run(
+/// Runs a request the route protects (its method is one of the route's). Any body type: the
+/// listener's, or a test's.
+pub async fn run<B>(
     app: &App,
     route: &Arc<Route>,
-    req: Request<Incoming>,
+    req: Request<B>,
     target: Target,
     tenant: &str,
-) -> Response<Body> {
+) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let started = Instant::now();
     let mut trace = Trace::default();
     let resp = match protect(app, route, req, target, tenant, &mut trace).await {
@@ -68,14 +77,18 @@ pub async fn run(
     resp
 }
 
-async fn protect(
+async fn protect<B>(
     app: &App,
     route: &Arc<Route>,
-    req: Request<Incoming>,
+    req: Request<B>,
     target: Target,
     tenant: &str,
     trace: &mut Trace,
-) -> Result<Response<Body>, ProxyError> {
+) -> Result<Response<Body>, ProxyError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let admitted = app
         .admission
         .admit(declared_length(req.headers()), &app.metrics)?;
@@ -173,7 +186,7 @@ impl ReadRequest<'_> {
 
 /// A protected request once identified: what it is, the scope it claims (and the other
 /// derivation's, during an upgrade's window), and the policy its claim follows.
-struct Operation {
+struct Scoped {
     identified: Box<Identified>,
     scope: String,
     other_scope: Option<String>,
@@ -183,7 +196,7 @@ struct Operation {
     priced: Option<String>,
 }
 
-impl Operation {
+impl Scoped {
     /// The derivation a claim on `scope` was made under: the operation's own, or the other
     /// one when the claim was found under its scope.
     fn derived_for(&self, scope: &str) -> &Derived {
@@ -236,18 +249,12 @@ async fn unprotected(
 }
 
 /// The scope the operation claims: within the namespace, tenant, route, upstream and account.
-fn scope(app: &App, route: &Route, tenant: &str, identified: Box<Identified>) -> Operation {
-    let place = Place {
-        namespace: &app.namespace,
-        tenant,
-        route: &route.name,
-        upstream_host: &route.upstream.host,
-    };
-    let scope_of = |d: &Derived| place.scope(&d.account, &d.scope_key());
-    let scope = scope_of(&identified.derived);
-    let other_scope = identified.other.as_ref().map(scope_of);
+fn scope(app: &App, route: &Route, tenant: &str, identified: Box<Identified>) -> Scoped {
+    let place = route.place(&app.namespace, tenant);
+    let scope = place.scope_of(&identified.derived);
+    let other_scope = identified.other.as_ref().map(|d| place.scope_of(d));
     let policy = route.policy_for(&identified.derived.identity);
-    Operation {
+    Scoped {
         identified,
         scope,
         other_scope,
@@ -362,7 +369,7 @@ async fn gated(
     app: &App,
     route: &Route,
     req: &Read<'_>,
-    op: &Operation,
+    op: &Scoped,
     outgoing: &Outgoing<'_>,
     plan: Option<(&RouteSpend, spending::Plan)>,
     trace: &mut Trace,
@@ -425,7 +432,7 @@ async fn gated(
 
 /// A replay of a capped operation identified by its whole request says so: two identical
 /// charges within the window are one, and the client learns it rather than a silent merge.
-fn said_if_merged(mut resp: Response<Body>, op: &Operation, capped: bool) -> Response<Body> {
+fn said_if_merged(mut resp: Response<Body>, op: &Scoped, capped: bool) -> Response<Body> {
     let replayed = resp
         .headers()
         .get("idempotent-replayed")
@@ -477,12 +484,16 @@ fn route_path_and_target<'u>(route: &Route, uri: &'u Uri) -> (&'u str, &'u str) 
 /// The body, read whole (it is fingerprinted) within `server.max_body_bytes`. Read only now,
 /// so a request refused before never has to send it (hyper answers `Expect: 100-continue` on
 /// the first poll).
-async fn read<'a>(
+async fn read<'a, B>(
     app: &App,
-    req: Request<Incoming>,
+    req: Request<B>,
     target: Target,
     tenant: &'a str,
-) -> Result<ReadRequest<'a>, ProxyError> {
+) -> Result<ReadRequest<'a>, ProxyError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let (parts, body) = req.into_parts();
     if declared_length(&parts.headers).is_some_and(|n| n > app.max_body_bytes as u64) {
         return Err(ProxyError::BodyTooLarge {
@@ -558,16 +569,16 @@ async fn claim(
     app: &App,
     route: &Route,
     req: &Read<'_>,
-    op: &Operation,
+    op: &Scoped,
     outgoing: &Outgoing<'_>,
     trace: &mut Trace,
 ) -> Result<Claimed, ProxyError> {
     let claim = match acquire(app, route, op).await {
         Ok(Acquired::Execute(claim)) => claim,
-        Ok(Acquired::Held {
+        Ok(Acquired::Found(Found::Held {
             reconcilable: Some(held),
             ..
-        }) => match reconcile(app, route, held, req, op, trace).await? {
+        })) => match reconcile(app, route, held, req, op, trace).await? {
             Reconciled::Execute(claim) => *claim,
             Reconciled::Replay(receipt) => {
                 return Ok(Claimed::Answered(receipt::respond(&receipt, true)))
@@ -577,7 +588,9 @@ async fn claim(
             }
             Reconciled::Mismatch => return Err(ProxyError::KeyReused),
         },
-        Ok(answered) => return answer(app, route, answered, trace).map(Claimed::Answered),
+        Ok(Acquired::Found(found)) => {
+            return answer(app, route, found, trace).map(Claimed::Answered)
+        }
         Err(e) if op.policy.fail_open && e.is_unreachable() => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
             trace.outcome = Some(RequestOutcome::Unprotected);
@@ -595,7 +608,7 @@ async fn claim(
 
 /// The claim on the operation's scope, as the store gives it, with the other derivation's
 /// scope during an upgrade's window.
-fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
+fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
     let derived = &op.identified.derived;
     let other = match (&op.identified.other, &op.other_scope) {
         (Some(other), Some(scope)) => Some(OtherDerivation {
@@ -620,7 +633,7 @@ fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
 async fn acquire(
     app: &App,
     route: &Route,
-    op: &Operation,
+    op: &Scoped,
 ) -> Result<Acquired, crate::idempotency::store::StoreError> {
     let req = claim_request(route, op);
     match op.policy.on_in_flight {
@@ -637,11 +650,11 @@ async fn acquire(
 fn answer(
     app: &App,
     route: &Route,
-    acquired: Acquired,
+    found: Found,
     trace: &mut Trace,
 ) -> Result<Response<Body>, ProxyError> {
-    match acquired {
-        Acquired::Replay { receipt, differs } => {
+    match found {
+        Found::Replay { receipt, differs } => {
             trace.outcome = Some(RequestOutcome::Replayed);
             if differs {
                 app.metrics.replay_of_reworded_request(&route.name);
@@ -649,12 +662,9 @@ fn answer(
             }
             Ok(receipt::respond(&receipt, true))
         }
-        Acquired::Mismatch => Err(ProxyError::KeyReused),
-        Acquired::InFlight { retry_after } => Err(ProxyError::InFlight { retry_after }),
-        Acquired::Held { retry_after, .. } => Err(ProxyError::OutcomeUnknown { retry_after }),
-        Acquired::Execute(_) => Err(ProxyError::BadRequest(
-            "internal: a claim reached the answer stage".into(),
-        )),
+        Found::Mismatch => Err(ProxyError::KeyReused),
+        Found::InFlight { retry_after } => Err(ProxyError::InFlight { retry_after }),
+        Found::Held { retry_after, .. } => Err(ProxyError::OutcomeUnknown { retry_after }),
     }
 }
 
@@ -665,7 +675,7 @@ async fn reconcile(
     route: &Route,
     held: HeldClaim,
     retry: &Read<'_>,
-    op: &Operation,
+    op: &Scoped,
     trace: &mut Trace,
 ) -> Result<Reconciled, ProxyError> {
     let Some(lookup) = &route.lookup else {
@@ -706,7 +716,7 @@ async fn ask(app: &App, route: &Route, lookup: &Lookup, retry: &Read<'_>, key: &
     }
     let verdict = lookup
         .ask(
-            &route.client,
+            &*route.client,
             |target| route.upstream_uri(target).ok(),
             &asking,
             &key_headers,
@@ -754,7 +764,7 @@ impl PassedDown {
 fn passed_down(
     route: &Route,
     tenant: &str,
-    op: &Operation,
+    op: &Scoped,
     claim_scope: &str,
     attempt: u32,
 ) -> PassedDown {
@@ -766,7 +776,7 @@ fn passed_down(
             PassedDown::Clients(own.clone())
         }
         (Identity::Client(_), Some(own)) => {
-            PassedDown::Ours(route.forward_key_limits.fit(&format!("{tenant}:{own}")))
+            PassedDown::Ours(route.forward_key_limits.fit(&in_tenant(tenant, own)))
         }
         (identity, _) => PassedDown::Ours(route.forward_key_limits.fit(&identity.provider_key(
             tenant,
@@ -780,13 +790,7 @@ fn passed_down(
 /// client's own retries; namespaced outside the default tenant: tenants sharing a provider
 /// account must never have one's key deduplicated against another's.
 fn tenant_key(route: &Route, tenant: &str, client_key: Option<&str>) -> Option<String> {
-    client_key.map(|k| {
-        if tenant == DEFAULT_TENANT {
-            route.forward_key_limits.fit(k)
-        } else {
-            route.forward_key_limits.fit(&format!("{tenant}:{k}"))
-        }
-    })
+    client_key.map(|k| route.forward_key_limits.fit(&in_tenant(tenant, k)))
 }
 
 /// Forwards under the claim and settles it (`Claims::execute`); the trace gets how long that
@@ -809,7 +813,7 @@ async fn forward(
         let _admitted = admitted;
         let _in_flight = InFlight::start(&metrics);
         let started = Instant::now();
-        let result = call(&client, request, deadline, max_receipt).await;
+        let result = call(&*client, request, deadline, max_receipt).await;
         metrics.upstream(&route_name, started.elapsed().as_secs_f64());
         result
     };
@@ -855,7 +859,7 @@ impl CallFailure for UpstreamError {
 
 /// One upstream call under the route's total deadline, reading the whole response.
 async fn call(
-    client: &UpstreamClient,
+    client: &dyn Upstream,
     req: Request<Body>,
     deadline: Duration,
     max_receipt: usize,

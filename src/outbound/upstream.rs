@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http::{Request, Response, Uri};
-use hyper::body::Incoming;
+use http_body_util::combinators::BoxBody;
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -42,6 +45,20 @@ impl UpstreamError {
     }
 }
 
+/// Sends one request upstream and hands back the response as it arrives: all the inbound
+/// side and lookups ask of an upstream. The pooled client below in production; in the
+/// pipeline's tests, a scripted provider with no sockets.
+pub trait Upstream: Send + Sync {
+    fn send(
+        &self,
+        req: Request<Body>,
+    ) -> BoxFuture<'_, Result<Response<UpstreamBody>, UpstreamError>>;
+}
+
+/// An upstream's response body as it arrives. Its error is hyper's own, a concrete type:
+/// read through a `dyn Error` instead, a future that reads it could not be shown `Send`.
+pub type UpstreamBody = BoxBody<Bytes, hyper::Error>;
+
 #[derive(Debug, Clone, Default)]
 pub struct ClientOptions<'a> {
     pub extra_roots: Option<&'a Path>,
@@ -60,7 +77,7 @@ pub struct UpstreamClient {
 
 /// Why a client for an upstream cannot be built.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub enum ClientBuildError {
     /// The extra roots (`upstream_ca`) cannot be used.
     #[error("{0}")]
     Roots(String),
@@ -72,23 +89,27 @@ pub enum ClientError {
 }
 
 impl UpstreamClient {
-    pub fn new(opts: &ClientOptions<'_>) -> Result<UpstreamClient, ClientError> {
+    pub fn new(opts: &ClientOptions<'_>) -> Result<UpstreamClient, ClientBuildError> {
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(path) = opts.extra_roots {
             let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| ClientError::Roots(format!("cannot read {}: {e}", path.display())))?
+                .map_err(|e| {
+                    ClientBuildError::Roots(format!("cannot read {}: {e}", path.display()))
+                })?
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ClientError::Roots(format!("{} is not PEM: {e}", path.display())))?;
+                .map_err(|e| {
+                    ClientBuildError::Roots(format!("{} is not PEM: {e}", path.display()))
+                })?;
             if certs.is_empty() {
-                return Err(ClientError::Roots(format!(
+                return Err(ClientBuildError::Roots(format!(
                     "{} holds no certificate",
                     path.display()
                 )));
             }
             for cert in certs {
                 roots.add(cert).map_err(|e| {
-                    ClientError::Roots(format!(
+                    ClientBuildError::Roots(format!(
                         "{} holds a certificate rustls rejects: {e}",
                         path.display()
                     ))
@@ -99,7 +120,7 @@ impl UpstreamClient {
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| ClientError::Tls(e.to_string()))?
+        .map_err(|e| ClientBuildError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
         let mut http = HttpConnector::new_with_resolver(GuardedResolver::new(opts.egress.clone()));
@@ -112,7 +133,7 @@ impl UpstreamClient {
                     .parse::<Uri>()
                     .ok()
                     .and_then(|u| u.authority().cloned())
-                    .ok_or_else(|| ClientError::ConnectTo(addr.to_string()))?,
+                    .ok_or_else(|| ClientBuildError::ConnectTo(addr.to_string()))?,
             ),
             None => None,
         };
@@ -133,13 +154,23 @@ impl UpstreamClient {
         Ok(UpstreamClient { client })
     }
 
-    pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+    pub async fn send(&self, req: Request<Body>) -> Result<Response<UpstreamBody>, UpstreamError> {
         // For the advice on a failed handshake, which names the host.
         let authority = req.uri().authority().cloned();
         self.client
             .request(req)
             .await
+            .map(|resp| resp.map(BodyExt::boxed))
             .map_err(|e| classify(e, authority.as_ref()))
+    }
+}
+
+impl Upstream for UpstreamClient {
+    fn send(
+        &self,
+        req: Request<Body>,
+    ) -> BoxFuture<'_, Result<Response<UpstreamBody>, UpstreamError>> {
+        Box::pin(UpstreamClient::send(self, req))
     }
 }
 
