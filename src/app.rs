@@ -78,10 +78,15 @@ impl Parts {
 fn approvals_can_be_decided(config: &Config, admin: &AdminSettings) -> Result<(), ConfigError> {
     let with_approvals = config.routes.iter().enumerate().find_map(|(i, r)| {
         let spend = r.spend.as_ref()?;
-        let field = match (&spend.approve_above, &spend.approve_run_above) {
-            (Some(_), _) => "approve_above",
-            (None, Some(_)) => "approve_run_above",
-            (None, None) => return None,
+        let field = match (
+            &spend.approve_above,
+            &spend.approve_run_above,
+            spend.unpriced.as_deref(),
+        ) {
+            (Some(_), _, _) => "approve_above",
+            (None, Some(_), _) => "approve_run_above",
+            (None, None, Some("approve")) => "unpriced",
+            (None, None, _) => return None,
         };
         Some(format!("routes[{i}] ({}).spend.{field}", r.name))
     });

@@ -7,6 +7,7 @@ pub mod app;
 
 pub mod connect;
 pub mod connection;
+pub mod counted;
 pub mod dispatch;
 pub mod drain;
 pub mod egress;

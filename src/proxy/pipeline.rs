@@ -19,6 +19,7 @@ use super::lookup::{Asking, Lookup};
 use super::outgoing::Outgoing;
 use super::receipt;
 use super::routed::Target;
+use super::counted;
 use super::spending;
 use super::upstream::{UpstreamClient, UpstreamError};
 use crate::http::body::{read_limited, stream, Body, ReadError};
@@ -41,6 +42,7 @@ use crate::request::ambiguity;
 use crate::request::body::BodyError;
 use crate::request::{AsSent, Request as Read};
 use crate::routes::{Route, RouteSpend};
+use crate::spend::cost::Pricing;
 use crate::spend::gate::{Admission, Ticket};
 
 /// Says on a response that the proxy forwarded it without protection, and why.
@@ -92,7 +94,10 @@ async fn protect(
     };
     trace.identified(&identified);
     let plan = match capped {
-        Some(rules) => Some((rules, plan(route, rules, &req, &view, &identified, trace)?)),
+        Some(rules) => {
+            let counted = counted_before(app, route, tenant, rules, &view, &identified).await?;
+            Some((rules, plan(route, rules, &req, &view, &identified, counted, trace)?))
+        }
         None => None,
     };
     let op = scope(app, route, tenant, identified, plan.as_ref());
@@ -118,8 +123,12 @@ async fn protect(
         t.keep();
     }
     let request = outgoing.request(key.ours());
+    let policy = op.policy.clone();
     let executed = forward(app, route, claim, op.policy, request, admitted, trace).await?;
     settle_spend(app, route, tenant, ticket, &executed.outcome).await;
+    if let Some(rules) = capped {
+        record_counted(app, route, tenant, rules, &view, &op.identified, &policy, &executed).await;
+    }
     respond(executed, key.as_str())
 }
 
@@ -272,6 +281,96 @@ fn key_required(route: &Route, view: &Read<'_>, why: &str) -> ProxyError {
     ProxyError::Spend(spending::SpendError::KeyRequired(what))
 }
 
+/// The place a tenant's operations on this route are claimed in.
+fn place<'a>(app: &'a App, route: &'a Route, tenant: &'a str) -> Place<'a> {
+    Place {
+        namespace: &app.namespace,
+        tenant,
+        route: &route.name,
+        upstream_host: &route.upstream.host,
+    }
+}
+
+/// Whether a step of an object (confirming a PaymentIntent) names one this route counted at
+/// its creation, for the same account: then it costs nothing more. The store down: refused.
+async fn counted_before(
+    app: &App,
+    route: &Route,
+    tenant: &str,
+    rules: &RouteSpend,
+    view: &Read<'_>,
+    identified: &Identified,
+) -> Result<bool, ProxyError> {
+    let Some(Pricing::Counted { kind, id_segment }) = rules
+        .operation(view.method, view.path)
+        .map(|o| &o.pricing)
+    else {
+        return Ok(false);
+    };
+    let Some(id) = counted::id_in_path(view.path, *id_segment) else {
+        return Ok(false);
+    };
+    let scope = counted::scope(
+        &place(app, route, tenant),
+        &identified.derived.account,
+        kind,
+        id,
+    );
+    counted::was_counted(app.claims.store().as_ref(), &scope)
+        .await
+        .map_err(ProxyError::StoreUnavailable)
+}
+
+/// After a counted request that creates an object committed with a 2xx answer: marks the
+/// object counted (before the client hears of it), so its later steps cost nothing more.
+/// Best effort: an object left unmarked is only priced as unknown later, never undercounted.
+#[allow(clippy::too_many_arguments)]
+async fn record_counted(
+    app: &App,
+    route: &Route,
+    tenant: &str,
+    rules: &RouteSpend,
+    view: &Read<'_>,
+    identified: &Identified,
+    policy: &Policy,
+    executed: &Executed<UpstreamError>,
+) {
+    let Some((kind, at)) = rules
+        .operation(view.method, view.path)
+        .and_then(|o| o.records)
+    else {
+        return;
+    };
+    let Ok(receipt) = &executed.result else {
+        return;
+    };
+    if !matches!(executed.outcome, Outcome::Committed) || !(200..300).contains(&receipt.status) {
+        return;
+    }
+    let Some(id) = counted::id_in_answer(&receipt.body, at) else {
+        return;
+    };
+    let scope = counted::scope(
+        &place(app, route, tenant),
+        &identified.derived.account,
+        kind,
+        &id,
+    );
+    let now = app.claims.clock().now_ms();
+    if let Err(e) = counted::record(
+        app.claims.store().as_ref(),
+        &scope,
+        &route.name,
+        kind,
+        now,
+        policy.retention,
+    )
+    .await
+    {
+        tracing::warn!(route = %route.name, %kind, error = %e, "could not mark an object counted: its later steps will be priced as unknown");
+    }
+}
+
 /// Prices a capped request and binds it to its canonical form, before the claim (no store
 /// read). A request identified by its whole body on an operation that may not derive (a
 /// payout on a route that keys every request by its body) is refused: two deliberate
@@ -282,6 +381,7 @@ fn plan(
     req: &ReadRequest<'_>,
     view: &Read<'_>,
     identified: &Identified,
+    counted: bool,
     trace: &mut Trace,
 ) -> Result<spending::Plan, ProxyError> {
     if matches!(identified.derived.identity, Identity::Request)
@@ -295,7 +395,7 @@ fn plan(
         ));
     }
     let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
-    spending::plan(rules, view, tunnel, &identified.derived.account).map_err(|error| {
+    spending::plan(rules, view, tunnel, &identified.derived.account, counted).map_err(|error| {
         trace.spend = Some(error.slug().to_string());
         ProxyError::Spend(error)
     })

@@ -88,6 +88,8 @@ fn budget(configure: impl FnOnce(&mut BudgetText<'_>)) -> Budget {
         approve_tenant_above: None,
         approval_wait: Duration::from_secs(20),
         approval_expires: Duration::from_secs(3600),
+        exponents: &[],
+        on_unpriced: Default::default(),
     };
     configure(&mut t);
     Budget::parse(&t).expect("budget")
