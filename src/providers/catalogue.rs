@@ -34,7 +34,12 @@ pub enum RowPrice {
     Unpriced(&'static str),
 }
 
-const fn row(op: &'static str, price: RowPrice, source: &'static str, example: (&'static str, &'static str)) -> Row {
+const fn row(
+    op: &'static str,
+    price: RowPrice,
+    source: &'static str,
+    example: (&'static str, &'static str),
+) -> Row {
     Row {
         op,
         price,
@@ -104,11 +109,52 @@ pub const ALPACA: &[Row] = &[
 
 /// Square [SQ].
 pub const SQUARE: &[Row] = &[
-    creates("POST /v2/payments", "payment", "payment.id", "https://developer.squareup.com/reference/square/payments-api/create-payment", ("/v2/payments", r#"{"idempotency_key":"sq1","source_id":"cnon:x","amount_money":{"amount":5000,"currency":"USD"},"autocomplete":false}"#)),
-    row("PUT /v2/payments/*", RowPrice::UnpricedIf(&["payment.amount_money", "payment.tip_money"], "an update that changes what a payment takes is not counted at its creation"), "https://developer.squareup.com/reference/square/payments-api/update-payment", ("/v2/payments/p_x", r#"{"idempotency_key":"sq2","payment":{"amount_money":{"amount":9000,"currency":"USD"}}}"#)),
-    row("POST /v2/payments/*/complete", RowPrice::Counted("payment", 2), "https://developer.squareup.com/reference/square/payments-api/complete-payment", ("/v2/payments/p_x/complete", "{}")),
-    row("POST /v2/orders/*/pay", RowPrice::Unpriced("an order is paid by payments named by id, for the order's total"), "https://developer.squareup.com/reference/square/orders-api/pay-order", ("/v2/orders/o_x/pay", r#"{"idempotency_key":"sq3","payment_ids":["p_y"]}"#)),
-    row("POST /v2/invoices/*/publish", RowPrice::Unpriced("a published invoice may charge a card on file for its total"), "https://developer.squareup.com/reference/square/invoices-api/publish-invoice", ("/v2/invoices/inv_x/publish", r#"{"idempotency_key":"sq4","version":1}"#)),
+    creates(
+        "POST /v2/payments",
+        "payment",
+        "payment.id",
+        "https://developer.squareup.com/reference/square/payments-api/create-payment",
+        (
+            "/v2/payments",
+            r#"{"idempotency_key":"sq1","source_id":"cnon:x","amount_money":{"amount":5000,"currency":"USD"},"autocomplete":false}"#,
+        ),
+    ),
+    row(
+        "PUT /v2/payments/*",
+        RowPrice::UnpricedIf(
+            &["payment.amount_money", "payment.tip_money"],
+            "an update that changes what a payment takes is not counted at its creation",
+        ),
+        "https://developer.squareup.com/reference/square/payments-api/update-payment",
+        (
+            "/v2/payments/p_x",
+            r#"{"idempotency_key":"sq2","payment":{"amount_money":{"amount":9000,"currency":"USD"}}}"#,
+        ),
+    ),
+    row(
+        "POST /v2/payments/*/complete",
+        RowPrice::Counted("payment", 2),
+        "https://developer.squareup.com/reference/square/payments-api/complete-payment",
+        ("/v2/payments/p_x/complete", "{}"),
+    ),
+    row(
+        "POST /v2/orders/*/pay",
+        RowPrice::Unpriced("an order is paid by payments named by id, for the order's total"),
+        "https://developer.squareup.com/reference/square/orders-api/pay-order",
+        (
+            "/v2/orders/o_x/pay",
+            r#"{"idempotency_key":"sq3","payment_ids":["p_y"]}"#,
+        ),
+    ),
+    row(
+        "POST /v2/invoices/*/publish",
+        RowPrice::Unpriced("a published invoice may charge a card on file for its total"),
+        "https://developer.squareup.com/reference/square/invoices-api/publish-invoice",
+        (
+            "/v2/invoices/inv_x/publish",
+            r#"{"idempotency_key":"sq4","version":1}"#,
+        ),
+    ),
 ];
 
 /// Adyen Checkout and Transfers [ADY]. Amounts in the minor units Adyen lists.
@@ -121,35 +167,135 @@ pub const ADYEN: &[Row] = &[
 
 /// PayPal REST [PP]. Amounts are decimal strings of the major unit.
 pub const PAYPAL: &[Row] = &[
-    creates("POST /v2/checkout/orders", "order", "id", "https://developer.paypal.com/docs/api/orders/v2/#orders_create", ("/v2/checkout/orders", r#"{"intent":"CAPTURE","purchase_units":[{"amount":{"currency_code":"USD","value":"50.00"}}]}"#)),
-    row("POST /v2/checkout/orders/*/capture", RowPrice::Counted("order", 3), "https://developer.paypal.com/docs/api/orders/v2/#orders_capture", ("/v2/checkout/orders/o_x/capture", "{}")),
-    row("POST /v2/checkout/orders/*/authorize", RowPrice::Counted("order", 3), "https://developer.paypal.com/docs/api/orders/v2/#orders_authorize", ("/v2/checkout/orders/o_x/authorize", "{}")),
-    row("POST /v2/payments/authorizations/*/capture", RowPrice::Unpriced("an authorization's amount is the authorization's unless the request names one"), "https://developer.paypal.com/docs/api/payments/v2/#authorizations_capture", ("/v2/payments/authorizations/a_x/capture", "{}")),
-    row("POST /v1/payments/payouts", RowPrice::Fields(&["{body.items.*.amount.value}"], "{body.items.*.amount.currency}", "major"), "https://developer.paypal.com/docs/api/payments.payouts-batch/v1/#payouts_post", ("/v1/payments/payouts", r#"{"sender_batch_header":{"sender_batch_id":"b1"},"items":[{"amount":{"value":"30.00","currency":"USD"},"receiver":"a@example.test"},{"amount":{"value":"20.00","currency":"USD"},"receiver":"b@example.test"}]}"#)),
+    creates(
+        "POST /v2/checkout/orders",
+        "order",
+        "id",
+        "https://developer.paypal.com/docs/api/orders/v2/#orders_create",
+        (
+            "/v2/checkout/orders",
+            r#"{"intent":"CAPTURE","purchase_units":[{"amount":{"currency_code":"USD","value":"50.00"}}]}"#,
+        ),
+    ),
+    row(
+        "POST /v2/checkout/orders/*/capture",
+        RowPrice::Counted("order", 3),
+        "https://developer.paypal.com/docs/api/orders/v2/#orders_capture",
+        ("/v2/checkout/orders/o_x/capture", "{}"),
+    ),
+    row(
+        "POST /v2/checkout/orders/*/authorize",
+        RowPrice::Counted("order", 3),
+        "https://developer.paypal.com/docs/api/orders/v2/#orders_authorize",
+        ("/v2/checkout/orders/o_x/authorize", "{}"),
+    ),
+    row(
+        "POST /v2/payments/authorizations/*/capture",
+        RowPrice::Unpriced(
+            "an authorization's amount is the authorization's unless the request names one",
+        ),
+        "https://developer.paypal.com/docs/api/payments/v2/#authorizations_capture",
+        ("/v2/payments/authorizations/a_x/capture", "{}"),
+    ),
+    row(
+        "POST /v1/payments/payouts",
+        RowPrice::Fields(
+            &["{body.items.*.amount.value}"],
+            "{body.items.*.amount.currency}",
+            "major",
+        ),
+        "https://developer.paypal.com/docs/api/payments.payouts-batch/v1/#payouts_post",
+        (
+            "/v1/payments/payouts",
+            r#"{"sender_batch_header":{"sender_batch_id":"b1"},"items":[{"amount":{"value":"30.00","currency":"USD"},"receiver":"a@example.test"},{"amount":{"value":"20.00","currency":"USD"},"receiver":"b@example.test"}]}"#,
+        ),
+    ),
 ];
 
 /// Checkout.com [CKO]. Amounts in the minor unit.
 pub const CHECKOUT: &[Row] = &[
-    creates("POST /payments", "payment", "id", "https://api-reference.checkout.com/#operation/requestAPaymentOrPayout", ("/payments", r#"{"amount":5000,"currency":"USD","source":{"type":"token","token":"tok_x"},"capture":false}"#)),
-    row("POST /payments/*/captures", RowPrice::Counted("payment", 1), "https://api-reference.checkout.com/#operation/captureAPayment", ("/payments/pay_x/captures", r#"{"amount":5000}"#)),
-    row("POST /payments/*/authorizations", RowPrice::Unpriced("an incremental authorization's currency is the payment's, not in the request"), "https://api-reference.checkout.com/#operation/incrementPaymentAuthorization", ("/payments/pay_x/authorizations", r#"{"amount":9000}"#)),
+    creates(
+        "POST /payments",
+        "payment",
+        "id",
+        "https://api-reference.checkout.com/#operation/requestAPaymentOrPayout",
+        (
+            "/payments",
+            r#"{"amount":5000,"currency":"USD","source":{"type":"token","token":"tok_x"},"capture":false}"#,
+        ),
+    ),
+    row(
+        "POST /payments/*/captures",
+        RowPrice::Counted("payment", 1),
+        "https://api-reference.checkout.com/#operation/captureAPayment",
+        ("/payments/pay_x/captures", r#"{"amount":5000}"#),
+    ),
+    row(
+        "POST /payments/*/authorizations",
+        RowPrice::Unpriced(
+            "an incremental authorization's currency is the payment's, not in the request",
+        ),
+        "https://api-reference.checkout.com/#operation/incrementPaymentAuthorization",
+        ("/payments/pay_x/authorizations", r#"{"amount":9000}"#),
+    ),
 ];
 
 /// Razorpay [RZP]. Amounts in the currency's subunit (paise).
 pub const RAZORPAY: &[Row] = &[
-    row("POST /v1/payouts", RowPrice::Body, "https://razorpay.com/docs/api/x/payouts/create/bank-account/", ("/v1/payouts", r#"{"account_number":"1","fund_account_id":"fa_x","amount":5000,"currency":"INR","mode":"IMPS","purpose":"payout"}"#)),
-    row("POST /v1/payments/*/capture", RowPrice::Body, "https://razorpay.com/docs/api/payments/capture/", ("/v1/payments/pay_x/capture", r#"{"amount":5000,"currency":"INR"}"#)),
-    row("POST /v1/transfers", RowPrice::Body, "https://razorpay.com/docs/api/payments/route/create-transfers-link/", ("/v1/transfers", r#"{"account":"acc_x","amount":5000,"currency":"INR"}"#)),
+    row(
+        "POST /v1/payouts",
+        RowPrice::Body,
+        "https://razorpay.com/docs/api/x/payouts/create/bank-account/",
+        (
+            "/v1/payouts",
+            r#"{"account_number":"1","fund_account_id":"fa_x","amount":5000,"currency":"INR","mode":"IMPS","purpose":"payout"}"#,
+        ),
+    ),
+    row(
+        "POST /v1/payments/*/capture",
+        RowPrice::Body,
+        "https://razorpay.com/docs/api/payments/capture/",
+        (
+            "/v1/payments/pay_x/capture",
+            r#"{"amount":5000,"currency":"INR"}"#,
+        ),
+    ),
+    row(
+        "POST /v1/transfers",
+        RowPrice::Body,
+        "https://razorpay.com/docs/api/payments/route/create-transfers-link/",
+        (
+            "/v1/transfers",
+            r#"{"account":"acc_x","amount":5000,"currency":"INR"}"#,
+        ),
+    ),
 ];
 
 /// Stripe's zero- and three-decimal currencies where they differ from ISO 4217, and ISK,
 /// which Stripe writes with two decimals [ST-CUR]: https://docs.stripe.com/currencies#zero-decimal
 /// (ISO gives MGA two decimals; Stripe none.) Every other code counts as ISO 4217 says.
 pub const STRIPE_EXPONENTS: &[(&str, u32)] = &[
-    ("BIF", 0), ("CLP", 0), ("DJF", 0), ("GNF", 0), ("JPY", 0), ("KMF", 0), ("KRW", 0),
-    ("MGA", 0), ("PYG", 0), ("RWF", 0), ("UGX", 0), ("VND", 0), ("VUV", 0), ("XAF", 0),
-    ("XOF", 0), ("XPF", 0),
-    ("BHD", 3), ("JOD", 3), ("KWD", 3), ("OMR", 3), ("TND", 3),
+    ("BIF", 0),
+    ("CLP", 0),
+    ("DJF", 0),
+    ("GNF", 0),
+    ("JPY", 0),
+    ("KMF", 0),
+    ("KRW", 0),
+    ("MGA", 0),
+    ("PYG", 0),
+    ("RWF", 0),
+    ("UGX", 0),
+    ("VND", 0),
+    ("VUV", 0),
+    ("XAF", 0),
+    ("XOF", 0),
+    ("XPF", 0),
+    ("BHD", 3),
+    ("JOD", 3),
+    ("KWD", 3),
+    ("OMR", 3),
+    ("TND", 3),
     ("ISK", 2),
 ];
 

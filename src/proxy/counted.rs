@@ -82,7 +82,10 @@ mod tests {
 
     #[test]
     fn ids_come_from_the_path_and_the_answer() {
-        assert_eq!(id_in_path("/v1/payment_intents/pi_1/confirm", 2), Some("pi_1"));
+        assert_eq!(
+            id_in_path("/v1/payment_intents/pi_1/confirm", 2),
+            Some("pi_1")
+        );
         assert_eq!(id_in_path("/v1/payment_intents", 2), None);
         assert_eq!(
             id_in_answer(br#"{"payment":{"id":"p_9"}}"#, "payment.id"),

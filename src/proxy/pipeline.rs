@@ -14,12 +14,12 @@ use http::{header, HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use super::admission::Admitted;
+use super::counted;
 use super::headers::strip_hop_by_hop;
 use super::lookup::{Asking, Lookup};
 use super::outgoing::Outgoing;
 use super::receipt;
 use super::routed::Target;
-use super::counted;
 use super::spending;
 use super::upstream::{UpstreamClient, UpstreamError};
 use crate::http::body::{read_limited, stream, Body, ReadError};
@@ -96,7 +96,10 @@ async fn protect(
     let plan = match capped {
         Some(rules) => {
             let counted = counted_before(app, route, tenant, rules, &view, &identified).await?;
-            Some((rules, plan(route, rules, &req, &view, &identified, counted, trace)?))
+            Some((
+                rules,
+                plan(route, rules, &req, &view, &identified, counted, trace)?,
+            ))
         }
         None => None,
     };
@@ -127,7 +130,17 @@ async fn protect(
     let executed = forward(app, route, claim, op.policy, request, admitted, trace).await?;
     settle_spend(app, route, tenant, ticket, &executed.outcome).await;
     if let Some(rules) = capped {
-        record_counted(app, route, tenant, rules, &view, &op.identified, &policy, &executed).await;
+        record_counted(
+            app,
+            route,
+            tenant,
+            rules,
+            &view,
+            &op.identified,
+            &policy,
+            &executed,
+        )
+        .await;
     }
     respond(executed, key.as_str())
 }
@@ -301,9 +314,8 @@ async fn counted_before(
     view: &Read<'_>,
     identified: &Identified,
 ) -> Result<bool, ProxyError> {
-    let Some(Pricing::Counted { kind, id_segment }) = rules
-        .operation(view.method, view.path)
-        .map(|o| &o.pricing)
+    let Some(Pricing::Counted { kind, id_segment }) =
+        rules.operation(view.method, view.path).map(|o| &o.pricing)
     else {
         return Ok(false);
     };

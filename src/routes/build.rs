@@ -417,7 +417,8 @@ impl<'a> Builder<'a> {
                 ))
             }
         };
-        let mut exponents: Vec<(&str, u32)> = defaults.map(|d| d.exponents.to_vec()).unwrap_or_default();
+        let mut exponents: Vec<(&str, u32)> =
+            defaults.map(|d| d.exponents.to_vec()).unwrap_or_default();
         for (code, places) in &c.exponents {
             if *places > 4 {
                 return Err(self.invalid(

@@ -472,27 +472,27 @@ impl Spender<'_> {
 fn asked(spec: &AmountSpec, req: &Request<'_>, currency: Currency) -> Result<Money, PriceError> {
     let mut tried = Vec::new();
     for expr in &spec.amount {
-            let mut values = Vec::new();
-            for f in &expr.factors {
-                match f.sum(req)? {
-                    Some(v) => values.push(v),
-                    None => break,
-                }
+        let mut values = Vec::new();
+        for f in &expr.factors {
+            match f.sum(req)? {
+                Some(v) => values.push(v),
+                None => break,
             }
-            if values.len() < expr.factors.len() {
-                tried.push(expr.text.as_str());
-                continue;
-            }
-            let money = match (values.as_slice(), spec.unit) {
-                ([one], unit) => Money::parse(one, unit, currency),
-                (many, _) => Money::product(many, currency),
-            };
-            return money.map_err(PriceError::Invalid);
         }
-        Err(PriceError::Unreadable(format!(
-            "none of {} is in the request",
-            tried.join(", ")
-        )))
+        if values.len() < expr.factors.len() {
+            tried.push(expr.text.as_str());
+            continue;
+        }
+        let money = match (values.as_slice(), spec.unit) {
+            ([one], unit) => Money::parse(one, unit, currency),
+            (many, _) => Money::product(many, currency),
+        };
+        return money.map_err(PriceError::Invalid);
+    }
+    Err(PriceError::Unreadable(format!(
+        "none of {} is in the request",
+        tried.join(", ")
+    )))
 }
 
 fn field_error(field: &str, message: String) -> (String, String) {
@@ -509,7 +509,11 @@ fn currency_of(exponents: &BTreeMap<String, u32>, code: &str) -> Result<Currency
 }
 
 impl AmountSpec {
-    fn parse(amount: &[String], currency: &str, unit: &str) -> Result<AmountSpec, (String, String)> {
+    fn parse(
+        amount: &[String],
+        currency: &str,
+        unit: &str,
+    ) -> Result<AmountSpec, (String, String)> {
         let amount = amount
             .iter()
             .map(|a| AmountExpr::parse(a))
