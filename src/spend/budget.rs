@@ -255,14 +255,15 @@ impl Budget {
                 for f in fields {
                     let t = Template::parse(&format!("{{body.{f}}}"))
                         .map_err(PriceError::Unreadable)?;
-                    let set = t.first_value(req).map_err(|e| {
-                        if e.is_ambiguity() {
-                            PriceError::Ambiguous(e.to_string())
-                        } else {
-                            PriceError::Unreadable(e.to_string())
+                    // A field that is there but not one value (an object) is set too.
+                    let set = match t.first_value(req) {
+                        Ok(v) => v.is_some(),
+                        Err(e) if e.is_ambiguity() => {
+                            return Err(PriceError::Ambiguous(e.to_string()))
                         }
-                    })?;
-                    if set.is_some() {
+                        Err(_) => true,
+                    };
+                    if set {
                         return Ok(Cost::Unpriced(format!("it sets {f}: {why}")));
                     }
                 }

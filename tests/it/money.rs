@@ -59,11 +59,14 @@ async fn send_example(proxy: &Proxy, provider: &str, row: &Row, n: usize) -> Rep
     let method = row.op.split(' ').next().unwrap_or("POST");
     let (path, body) = row.example;
     let key = format!("row-{provider}-{n}");
+    // A run per request: the approvals a run may have pending are bounded.
+    let run = format!("run-{n}");
     let headers = [
         ("content-type", "application/json"),
         ("authorization", "Bearer sk_money"),
         ("x-api-key", "ak_money"),
         ("idempotency-key", key.as_str()),
+        ("idempotency-run", run.as_str()),
     ];
     send(
         proxy.addr,
@@ -246,7 +249,7 @@ async fn amounts_are_read_in_the_providers_minor_units(backend: Backend) {
     let store = StoreFixture::new(backend);
     let stripe = FakeProvider::start().await;
     let adyen = FakeProvider::start().await;
-    let spend = "[routes.spend]\ncaps_currency = \"usd\"\nper_request = \"10.00\"\nrates = { mga = \"0.00022\", cve = \"0.0099\", xau = \"2000\" }\n";
+    let spend = "[routes.spend]\ncaps_currency = \"usd\"\nper_request = \"10.00\"\nrates = { mga = \"0.00022\", cve = \"0.0099\" }\n";
     let routes = format!(
         "{}{}",
         route(
