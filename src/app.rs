@@ -45,7 +45,12 @@ impl Parts {
     pub fn check(config: &Config) -> Result<Parts, ConfigError> {
         // Parsed here so check-config refuses what serve would; serve parses it again when
         // it opens the store (with the rest of `[store]`).
-        StoreUrl::parse(&config.store.url).map_err(|m| config.invalid("store.url", m))?;
+        let store_url =
+            StoreUrl::parse(&config.store.url).map_err(|m| config.invalid("store.url", m))?;
+        if let StoreUrl::Postgres(pg) = &store_url {
+            pg.check_ca(config.store.tls_ca.is_some())
+                .map_err(|m| config.invalid("store.tls_ca", m))?;
+        }
         let egress = Arc::new(Egress::build(config)?);
         let default_client = UpstreamClient::new(&ClientOptions {
             extra_roots: None,
