@@ -431,6 +431,10 @@ pub struct RouteConfig {
     /// stored. Default: the profile's account headers, else every header whose name looks like
     /// a credential (see `identity::account`).
     pub credential_headers: Option<Vec<String>>,
+    /// On a route without a provider profile: query and body fields whose values identify
+    /// the caller's account (hashed, never stored), besides its headers. Default:
+    /// `identity::account::CREDENTIAL_FIELDS`; `[]` reads none.
+    pub credential_fields: Option<Vec<String>>,
     /// When the store is unreachable, forward unprotected instead of answering 503.
     #[serde(default)]
     pub fail_open: bool,

@@ -314,6 +314,27 @@ async fn serve_config(
         None => println!("idemproxy listening proxy={local}"),
     }
     tracing::info!(%local, store = %config.store.url, routes = config.routes.len(), "idemproxy started");
+    // On a route without a profile the account is read from credential-looking headers and
+    // these fields: said once per route, so an operator sees what splits accounts.
+    for r in config
+        .routes
+        .iter()
+        .filter(|r| r.provider.is_none() && r.account.is_none())
+    {
+        let fields = match &r.credential_fields {
+            Some(f) => f.join(", "),
+            None => idemproxy::identity::account::CREDENTIAL_FIELDS.join(", "),
+        };
+        let headers = match &r.credential_headers {
+            Some(h) => h.join(", "),
+            None => "every credential-looking header".to_string(),
+        };
+        tracing::info!(route = %r.name, %headers, query_and_body_fields = %fields, "the route's account is read from these (credential_fields, credential_headers to change)");
+        eprintln!(
+            "route {}: account from headers: {headers}; query and body fields: {fields}",
+            r.name
+        );
+    }
     if let Some(hook) = on_listening {
         hook(local).await?;
     }

@@ -10,7 +10,7 @@ use http::{HeaderName, Method, Uri};
 use super::{PricedOperation, Route, RouteSpend, RunSource, Upstream};
 use crate::config::{self, Config, ConfigError, Hold, KeySource, OutcomeRuleConfig, RouteConfig};
 use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, StatusSet, Test};
-use crate::identity::account::{AccountPart, AccountSpec};
+use crate::identity::account::{AccountPart, AccountSpec, CREDENTIAL_FIELDS};
 use crate::identity::derivation::{Derivation, Derivations};
 use crate::identity::operations::Operation;
 use crate::identity::operations::Pattern;
@@ -312,17 +312,47 @@ impl<'a> Builder<'a> {
                     format!("the account template cannot be used: {m}"),
                 )
             })?)),
-            (None, Some(names)) => Ok(AccountSpec::Parts(vec![AccountPart::Headers(
-                names
-                    .iter()
-                    .map(|h| self.header_name("credential_headers", h))
-                    .collect::<Result<Vec<_>, _>>()?,
-            )])),
+            (None, Some(names)) => {
+                let mut parts = vec![AccountPart::Headers(
+                    names
+                        .iter()
+                        .map(|h| self.header_name("credential_headers", h))
+                        .collect::<Result<Vec<_>, _>>()?,
+                )];
+                if self.profile.is_none() {
+                    parts.push(AccountPart::Fields(self.credential_fields()?));
+                }
+                Ok(AccountSpec::Parts(parts))
+            }
             (None, None) => Ok(AccountSpec::Parts(match &self.profile {
                 Some(p) => p.account.clone(),
-                None => vec![AccountPart::CredentialLike],
+                None => vec![
+                    AccountPart::CredentialLike,
+                    AccountPart::Fields(self.credential_fields()?),
+                ],
             })),
         }
+    }
+
+    /// The query and body fields a route without a profile reads as credentials.
+    fn credential_fields(&self) -> Result<Vec<String>, ConfigError> {
+        let fields: Vec<String> = match &self.r.credential_fields {
+            Some(f) => f.clone(),
+            None => CREDENTIAL_FIELDS.iter().map(|s| s.to_string()).collect(),
+        };
+        for (j, f) in fields.iter().enumerate() {
+            if f.is_empty()
+                || !f
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+            {
+                return Err(self.invalid(
+                    &format!("credential_fields[{j}]"),
+                    format!("`{f}` is not a field name (letters, digits, _ and -)"),
+                ));
+            }
+        }
+        Ok(fields)
     }
 
     /// What becomes of a claim: statuses and rules, hold, lease and retention.

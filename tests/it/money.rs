@@ -335,6 +335,83 @@ async fn amounts_are_read_in_the_providers_minor_units(backend: Backend) {
     assert_eq!(adyen.effects(), 0);
 }
 
+/// Finding 3: on a route without a profile, credentials in the query string or the body
+/// were not part of the account: with a template key, account B got account A's receipt.
+/// A per-request token (a card nonce) is no credential: its retries stay one operation.
+async fn credentials_in_the_query_and_the_body_are_the_account(backend: Backend) {
+    let store = StoreFixture::new(backend);
+    let provider = FakeProvider::start().await;
+    let proxy = start(
+        &store,
+        &route(
+            "plain",
+            provider.port(),
+            "honours_key = false\nkey = \"inv:{body.invoice}\"",
+        ),
+    );
+    let post = |target: String, body: &'static str| {
+        let addr = proxy.addr;
+        async move {
+            send(
+                addr,
+                "POST",
+                &target,
+                &[("content-type", "application/json")],
+                body,
+            )
+            .await
+            .expect("an answer")
+        }
+    };
+    let a = post("/plain/v1/pay?api_key=key_A".into(), r#"{"invoice":"1"}"#).await;
+    let b = post("/plain/v1/pay?api_key=key_B".into(), r#"{"invoice":"1"}"#).await;
+    assert_eq!(
+        (a.status, b.status),
+        (200, 200),
+        "{} {}",
+        a.text(),
+        b.text()
+    );
+    assert_ne!(a.body, b.body, "account B got account A's receipt");
+    assert_eq!(provider.effects(), 2);
+    let c = post(
+        "/plain/v1/pay".into(),
+        r#"{"invoice":"2","client_secret":"cs_A"}"#,
+    )
+    .await;
+    let d = post(
+        "/plain/v1/pay".into(),
+        r#"{"invoice":"2","client_secret":"cs_B"}"#,
+    )
+    .await;
+    assert_eq!(
+        (c.status, d.status),
+        (200, 200),
+        "{} {}",
+        c.text(),
+        d.text()
+    );
+    assert_ne!(c.body, d.body, "account B got account A's receipt");
+    assert_eq!(provider.effects(), 4);
+    // The same account retried with a new card token each time: one payment.
+    let e = post(
+        "/plain/v1/pay?api_key=key_A".into(),
+        r#"{"invoice":"3","token":"tok_1"}"#,
+    )
+    .await;
+    let f = post(
+        "/plain/v1/pay?api_key=key_A".into(),
+        r#"{"invoice":"3","token":"tok_2"}"#,
+    )
+    .await;
+    assert_eq!(e.status, 200, "{}", e.text());
+    assert_eq!(
+        e.body, f.body,
+        "a retry with a new card token is the same operation"
+    );
+    assert_eq!(provider.effects(), 5);
+}
+
 /// Runs one async test body on every store: SQLite, Redis (plain and a Cluster), PostgreSQL.
 macro_rules! money_stores {
     ($($name:ident),* $(,)?) => {
@@ -355,6 +432,7 @@ macro_rules! money_stores {
 }
 
 money_stores!(
+    credentials_in_the_query_and_the_body_are_the_account,
     the_sdk_create_confirm_capture_flow_works_on_a_capped_route,
     confirming_a_payment_intent_the_proxy_did_not_count_for_this_account_is_refused,
 );
