@@ -404,7 +404,16 @@ async fn reconcile(admin: &Admin, who: &Principal, r: Reconcile) -> Response<Bod
     }) else {
         return bad("give key (the client's key) or passed_down (the key the provider got)");
     };
-    let verdict = ask(admin, &route, lookup, &credentials, &tenant, &passed_down).await;
+    let verdict = ask(
+        admin,
+        &route,
+        lookup,
+        &credentials,
+        &tenant,
+        &passed_down,
+        found.body.lookup_target.as_deref(),
+    )
+    .await;
     apply(admin, who, &scope, &r.token, &route, verdict).await
 }
 
@@ -442,6 +451,7 @@ async fn ask(
     credentials: &BTreeMap<String, String>,
     tenant: &str,
     passed_down: &str,
+    target: Option<&str>,
 ) -> Verdict {
     let mut headers = HeaderMap::new();
     for (name, value) in credentials {
@@ -456,6 +466,7 @@ async fn ask(
     let asking = Asking {
         request: &request,
         key: passed_down,
+        target,
     };
     lookup
         .ask(

@@ -42,6 +42,10 @@ pub struct ClaimRequest<'a> {
     pub priced: Option<&'a str>,
     /// How `scope` and `fingerprint` were derived (kept in the record).
     pub derivation: u8,
+    /// On a route with a lookup: its target as this request renders it (`{key}` left in),
+    /// and a hash of its credentials (see `RecordBody::lookup_target`).
+    pub lookup_target: Option<&'a str>,
+    pub lookup_credentials: Option<&'a str>,
     /// The same operation as the other derivation scopes it, during an upgrade's window.
     pub other: Option<OtherDerivation<'a>>,
 }
@@ -137,6 +141,16 @@ impl HeldClaim {
     pub fn attempt(&self) -> u32 {
         self.record.body.attempt
     }
+
+    /// Where that attempt would be looked up (`{key}` left in), as it rendered it.
+    pub fn lookup_target(&self) -> Option<&str> {
+        self.record.body.lookup_target.as_deref()
+    }
+
+    /// The hash of the credentials that attempt carried.
+    pub fn lookup_credentials(&self) -> Option<&str> {
+        self.record.body.lookup_credentials.as_deref()
+    }
 }
 
 /// What asking the provider found.
@@ -202,6 +216,8 @@ impl Claim {
                 settled_ms: 0,
                 resolved: None,
                 priced: req.priced.map(str::to_string),
+                lookup_target: req.lookup_target.map(str::to_string),
+                lookup_credentials: req.lookup_credentials.map(str::to_string),
             },
             restore: None,
             after_hold: false,

@@ -184,6 +184,15 @@ pub struct RecordBody {
     /// its own is the same: what executes is what was priced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priced: Option<String>,
+    /// On a route with a lookup: its target as the attempt that executes rendered it, with
+    /// `{key}` left for the key that attempt passed down. A retry never steers where the
+    /// proxy asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookup_target: Option<String>,
+    /// On a route with a lookup: a hash of the credentials that attempt carried (never the
+    /// credentials). A lookup runs with a retry's credentials only when they hash the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookup_credentials: Option<String>,
     /// How the scope and fingerprint were derived from the request (`identity::derivation`);
     /// records written before versions were kept are version 1.
     #[serde(default = "first_derivation")]
@@ -317,6 +326,8 @@ impl Record {
                 settled_ms: 0,
                 resolved: None,
                 priced: None,
+                lookup_target: None,
+                lookup_credentials: None,
             },
         }
     }
@@ -379,6 +390,8 @@ mod tests {
                     object: Some("ch_1".into()),
                 })),
                 priced: Some("p".into()),
+                lookup_target: Some("/v1/x/{key}".into()),
+                lookup_credentials: Some("c".into()),
             },
         };
         let enc = r.encode();

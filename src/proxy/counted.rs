@@ -67,6 +67,8 @@ pub async fn record(
             settled_ms: now_ms,
             resolved: None,
             priced: None,
+            lookup_target: None,
+            lookup_credentials: None,
             derivation: 2,
         },
     };

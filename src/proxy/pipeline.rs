@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Request, Response, Uri};
+use http::{header, HeaderName, HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use super::admission::Admitted;
 use super::counted;
 use super::headers::strip_hop_by_hop;
-use super::lookup::{Asking, Lookup};
+use super::lookup::{self, Asking, Lookup};
 use super::outgoing::Outgoing;
 use super::receipt;
 use super::routed::Target;
@@ -103,7 +103,11 @@ async fn protect(
         }
         None => None,
     };
-    let op = scope(app, route, tenant, identified, plan.as_ref());
+    let mut op = scope(app, route, tenant, identified, plan.as_ref());
+    if let Some(lookup) = &route.lookup {
+        op.lookup_target = lookup.first_target(&view);
+        op.lookup_credentials = Some(lookup::credentials(&view, &key_headers(route)));
+    }
     trace.scope = Some(op.scope.clone());
     let outgoing = Outgoing::prepare(
         route,
@@ -188,6 +192,10 @@ struct Operation {
     /// On a capped operation, its canonical fingerprint (`spending::Plan::binding`): what a
     /// takeover of its claim must execute.
     priced: Option<String>,
+    /// On a route with a lookup: where this attempt would be looked up, and a hash of its
+    /// credentials (kept on the claim; see `RecordBody::lookup_target`).
+    lookup_target: Option<String>,
+    lookup_credentials: Option<String>,
 }
 
 impl Operation {
@@ -266,6 +274,8 @@ fn scope(
         other_scope,
         policy,
         priced: plan.map(|(_, p)| p.binding.clone()),
+        lookup_target: None,
+        lookup_credentials: None,
     }
 }
 
@@ -720,6 +730,8 @@ fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
         derivation: derived.derivation.number(),
         other,
         priced: op.priced.as_deref(),
+        lookup_target: op.lookup_target.as_deref(),
+        lookup_credentials: op.lookup_credentials.as_deref(),
     }
 }
 
@@ -778,8 +790,24 @@ async fn reconcile(
     let Some(lookup) = &route.lookup else {
         return Ok(Reconciled::Held { retry_after: None });
     };
+    // The lookup asks with this retry's credentials: only when they are the held attempt's
+    // own (hashed alike), else a retry with other credentials could be told "not found" and
+    // execute the operation again. Otherwise it stays held.
+    let credentials = lookup::credentials(retry, &key_headers(route));
+    if held.lookup_credentials() != Some(credentials.as_str()) {
+        tracing::info!(route = %route.name, scope = %op.scope, "a retry with other credentials than the held attempt's: not looked up, still held");
+        return Ok(Reconciled::Held { retry_after: None });
+    }
     let key = passed_down(route, retry.tenant, op, held.scope(), held.attempt());
-    let verdict = ask(app, route, lookup, retry, key.as_str()).await;
+    let verdict = ask(
+        app,
+        route,
+        lookup,
+        retry,
+        key.as_str(),
+        held.lookup_target(),
+    )
+    .await;
     let reconciled = app
         .claims
         .reconcile(held, verdict, &claim_request(route, op), &op.policy)
@@ -802,15 +830,20 @@ async fn reconcile(
 
 /// Asks the provider, with the retry's request, whether the attempt that passed down `key`
 /// happened.
-async fn ask(app: &App, route: &Route, lookup: &Lookup, retry: &Read<'_>, key: &str) -> Verdict {
+async fn ask(
+    app: &App,
+    route: &Route,
+    lookup: &Lookup,
+    retry: &Read<'_>,
+    key: &str,
+    target: Option<&str>,
+) -> Verdict {
     let asking = Asking {
         request: retry,
         key,
+        target,
     };
-    let mut key_headers = vec![&route.identity.key_header];
-    if let Some(KeyField::Header(h)) = &route.pass_key {
-        key_headers.push(h);
-    }
+    let key_headers = key_headers(route);
     let verdict = lookup
         .ask(
             &route.client,
@@ -828,6 +861,15 @@ async fn ask(app: &App, route: &Route, lookup: &Lookup, retry: &Read<'_>, key: &
     };
     app.metrics.lookup(&route.name, seen);
     verdict
+}
+
+/// The headers that carry an idempotency key on this route: never a credential.
+fn key_headers(route: &Route) -> Vec<&HeaderName> {
+    let mut headers = vec![&route.identity.key_header];
+    if let Some(KeyField::Header(h)) = &route.pass_key {
+        headers.push(h);
+    }
+    headers
 }
 
 /// The key the provider gets.
