@@ -218,6 +218,7 @@ impl Claim {
                 priced: req.priced.map(str::to_string),
                 lookup_target: req.lookup_target.map(str::to_string),
                 lookup_credentials: req.lookup_credentials.map(str::to_string),
+                passed_down_sha256: None,
             },
             restore: None,
             after_hold: false,
@@ -236,6 +237,13 @@ impl Claim {
     /// Which attempt at the operation this is (see `RecordBody::attempt`).
     pub fn attempt(&self) -> u32 {
         self.body.attempt
+    }
+
+    /// Keeps a hash of the key this attempt passes down (never the key), written with its
+    /// lease renewals and its outcome: an operator's `passed_down` is checked against it.
+    pub fn note_passed_down(&mut self, key: &str) {
+        use sha2::{Digest, Sha256};
+        self.body.passed_down_sha256 = Some(crate::hex::lower(&Sha256::digest(key.as_bytes())));
     }
 
     /// Whether it took over an operation held as unknown whose hold ended (a provider

@@ -193,6 +193,12 @@ pub struct RecordBody {
     /// credentials). A lookup runs with a retry's credentials only when they hash the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lookup_credentials: Option<String>,
+    /// SHA-256 (hex) of the key the attempt passed down, never the key: what an operator's
+    /// `passed_down` in `keys reconcile` is checked against, so a typo never releases an
+    /// operation that happened. Written with the attempt's first lease renewal or its
+    /// outcome; a claim whose holder died before either keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed_down_sha256: Option<String>,
     /// How the scope and fingerprint were derived from the request (`identity::derivation`);
     /// records written before versions were kept are version 1.
     #[serde(default = "first_derivation")]
@@ -328,6 +334,7 @@ impl Record {
                 priced: None,
                 lookup_target: None,
                 lookup_credentials: None,
+                passed_down_sha256: None,
             },
         }
     }
@@ -392,6 +399,7 @@ mod tests {
                 priced: Some("p".into()),
                 lookup_target: Some("/v1/x/{key}".into()),
                 lookup_credentials: Some("c".into()),
+                passed_down_sha256: None,
             },
         };
         let enc = r.encode();

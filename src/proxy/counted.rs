@@ -69,6 +69,7 @@ pub async fn record(
             priced: None,
             lookup_target: None,
             lookup_credentials: None,
+            passed_down_sha256: None,
             derivation: 2,
         },
     };

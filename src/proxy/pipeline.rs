@@ -117,14 +117,16 @@ async fn protect(
         tenant,
         op.identified.provider_set.as_deref(),
     )?;
-    let (claim, mut ticket) = match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
-        Gated::Forward(claim, ticket) => (*claim, ticket),
-        Gated::Answered(resp) => return Ok(resp),
-    };
+    let (mut claim, mut ticket) =
+        match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
+            Gated::Forward(claim, ticket) => (*claim, ticket),
+            Gated::Answered(resp) => return Ok(resp),
+        };
     // Only a request about to execute can be a re-run under a new key: a replay or a
     // conflict came under a key already seen.
     notice_minted_keys(app, route, tenant, &op.identified);
     let key = passed_down(route, tenant, &op, &claim.scope, claim.attempt());
+    claim.note_passed_down(key.as_str());
     // Going out: from here on the reservation stays unless the outcome says nothing happened.
     if let Some(t) = ticket.as_mut() {
         t.keep();

@@ -366,6 +366,78 @@ async fn operators_reconcile_through_the_cli() {
     assert_eq!(metric(&proxy, m).await, 1.0);
 }
 
+/// Finding 6: `keys reconcile` trusted an operator-typed `passed_down`: a typo was "not
+/// found" at the provider and released an order that happened, which the next retry placed
+/// again. It is checked against the hash the held attempt kept.
+async fn a_mistyped_passed_down_key_is_refused(backend: Backend) {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(backend);
+    let proxy = start(&store, &alpaca);
+    alpaca.then([AlpacaFault::LostAfterOrder]);
+    assert_eq!(order(&proxy, A, "run-9").await.status, 502);
+    tokio::time::sleep(AFTER).await;
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .arg("keys")
+            .arg("--admin")
+            .arg(proxy.admin_url())
+            .args(args)
+            .env("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)
+            .output()
+            .expect("idemproxy keys");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let who = [
+        "--route",
+        "alpaca",
+        "--key",
+        "run-9",
+        "--credential",
+        "APCA-API-KEY-ID: PKAAAA",
+        "--credential",
+        "APCA-API-SECRET-KEY: secret-a",
+    ];
+    let (ok, shown) = cli(&[&["show"][..], &who[..]].concat());
+    assert!(ok, "{shown}");
+    let token = serde_json::from_str::<serde_json::Value>(&shown).expect("json")["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let (ok, out) = cli(&[
+        &[
+            "reconcile",
+            "--token",
+            &token,
+            "--passed-down",
+            "run-9-typo",
+        ][..],
+        &who[..],
+    ]
+    .concat());
+    assert!(!ok, "a mistyped key was used: {out}");
+    assert!(out.contains("passed_down"), "{out}");
+    assert!(lookups(&alpaca).is_empty(), "no lookup ran for the typo");
+    // The key the provider did get is accepted.
+    let sent = alpaca.orders("acct-a")[0].client_order_id.clone();
+    let (ok, out) = cli(&[
+        &["reconcile", "--token", &token, "--passed-down", &sent][..],
+        &who[..],
+    ]
+    .concat());
+    assert!(ok, "{out}");
+    assert!(out.contains("\"committed\""), "{out}");
+    let retry = order(&proxy, A, "run-9").await;
+    assert_eq!((retry.status, retry.replayed()), (200, Some("true")));
+    assert_eq!(alpaca.effects(), 1, "placed once");
+}
+
 /// The split of resolved UNKNOWN outcomes: a hold that ended (the next retry executed) and an
 /// operator's release, on a route without a lookup.
 async fn unknown_outcomes_resolved_by_expiry_and_by_operators(backend: Backend) {
@@ -583,6 +655,7 @@ async fn operators_reconcile_through_the_cli_sqlite() {
 }
 
 both_backends!(
+    a_mistyped_passed_down_key_is_refused,
     a_retry_never_steers_where_the_lookup_asks,
     a_lookup_runs_only_with_the_held_attempts_credentials,
     a_lost_answer_is_found_at_the_provider_and_replayed,
@@ -608,6 +681,11 @@ mod lookups_kept_on_the_claim {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn credentials_on_postgres() {
         super::a_lookup_runs_only_with_the_held_attempts_credentials(Backend::Postgres).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passed_down_on_postgres() {
+        super::a_mistyped_passed_down_key_is_refused(Backend::Postgres).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

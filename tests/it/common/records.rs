@@ -34,6 +34,7 @@ pub fn record(state: State) -> Record {
             priced: None,
             lookup_target: None,
             lookup_credentials: None,
+            passed_down_sha256: None,
         },
     }
 }
