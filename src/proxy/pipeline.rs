@@ -474,7 +474,7 @@ async fn gated(
     let mut approved = false;
     loop {
         let claim = match claim(app, route, req, op, outgoing, trace).await? {
-            Claimed::Forward(claim) => claim,
+            Claimed::Forward(claim) => *claim,
             Claimed::Answered(resp) => return Ok(Gated::Answered(said_if_merged(resp, op, &plan))),
         };
         let Some((rules, plan)) = &plan else {
@@ -654,7 +654,7 @@ fn notice_minted_keys(app: &App, route: &Route, tenant: &str, id: &Identified) {
 /// Where the claim stage leaves a request.
 enum Claimed {
     /// This request executes the operation: it is forwarded under the claim.
-    Forward(Claim),
+    Forward(Box<Claim>),
     /// Its response, without forwarding under a claim: a replay, or forwarded unprotected.
     Answered(Response<Body>),
 }
@@ -700,7 +700,7 @@ async fn claim(
     if claim.after_hold() {
         app.metrics.unknown_resolved(&route.name, "expired");
     }
-    Ok(Claimed::Forward(claim))
+    Ok(Claimed::Forward(Box::new(claim)))
 }
 
 /// The claim on the operation's scope, as the store gives it, with the other derivation's
