@@ -57,10 +57,12 @@ pub struct Asking<'r, 'a> {
 const KEY: &str = "{key}";
 
 /// A hash of the credentials a request would ask a lookup with: every credential-looking
-/// header (never the key headers, never `Proxy-Authorization`), never stored in clear.
+/// header (never the key headers, never `Proxy-Authorization`, never `Cookie`, which an
+/// SDK's cookie jar sends on a retry and not on the first try), never stored in clear.
 pub fn credentials(req: &Request<'_>, key_headers: &[&HeaderName]) -> String {
     let mut ignore: Vec<&HeaderName> = key_headers.to_vec();
     ignore.push(&header::PROXY_AUTHORIZATION);
+    ignore.push(&header::COOKIE);
     AccountSpec::Parts(vec![AccountPart::CredentialLike])
         .fingerprint(req, &ignore, Derivation::CURRENT)
         .unwrap_or_default()
