@@ -78,7 +78,7 @@ impl SpendError {
             SpendError::Refused(Refusal::TooLargeToApprove { .. }) => "Nothing was forwarded or parked.",
             SpendError::Refused(Refusal::TooManyPending(_)) => "Nothing was forwarded or parked; retry once a person has decided.",
             SpendError::Refused(Refusal::OverCap { .. }) => "Nothing was forwarded. An operator can raise the cap in the route's [routes.spend].",
-            SpendError::Refused(Refusal::Pending { .. }) => "Nothing was sent. Charge again later with the same request: once a person approves it, it goes out, once.",
+            SpendError::Refused(Refusal::Pending { .. }) => "Nothing was sent. Ask again later with the same request: once a person approves it, it goes out, once.",
             SpendError::Refused(Refusal::Denied { .. }) => "Nothing was forwarded, and every retry gets this answer.",
             SpendError::Refused(Refusal::Mismatch { .. }) => "Nothing was forwarded: an approval covers exactly the request the person saw; send that one, or a different payment under a new key.",
             SpendError::Refused(Refusal::Store(_)) => "Nothing was forwarded; retry later.",
