@@ -27,7 +27,10 @@ fn start(store: &StoreFixture, routes: &str) -> Proxy {
         store,
         &format!("{routes}\n[admin]\ntoken_env = \"IDEMPROXY_ADMIN_TOKEN\"\n"),
     )
-    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
+    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n")
+    // Dozens of approvals opened in a row on a machine the whole suite shares: the store is
+    // given time, this suite is not about its deadline.
+    .replace("op_timeout = \"500ms\"", "op_timeout = \"5s\"");
     Proxy::start_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)])
 }
 
