@@ -10,6 +10,7 @@ pub mod hex;
 pub mod http;
 pub mod idempotency;
 pub mod identity;
+pub mod mcp;
 pub mod metrics;
 pub mod providers;
 pub mod proxy;

@@ -14,6 +14,7 @@ pub mod error;
 pub mod headers;
 pub mod limits;
 pub mod lookup;
+pub mod mcp;
 pub mod outgoing;
 pub mod passthrough;
 pub mod pipeline;

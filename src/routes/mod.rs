@@ -12,6 +12,7 @@ use crate::idempotency::policy::Policy;
 use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
 use crate::identity::{Identity, RouteIdentity};
+use crate::mcp::McpRules;
 use crate::providers::{ErrorShape, KeyLimits};
 use crate::proxy::lookup::Lookup;
 use crate::proxy::upstream::UpstreamClient;
@@ -68,6 +69,8 @@ pub struct Route {
     pub side_doors: &'static [&'static str],
     /// What the provider's paths may hold beyond the proxy's grammar.
     pub path: PathRules,
+    /// `protocol = "mcp"`: every POST is a JSON-RPC message, and the operation a tool call.
+    pub mcp: Option<McpRules>,
 }
 
 /// `[routes.spend]`, built.
