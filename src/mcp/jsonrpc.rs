@@ -152,6 +152,24 @@ impl Message {
     }
 }
 
+/// The id a refused body's refusal answers: the request's id where one object names one (a
+/// key named twice elsewhere still leaves the id readable); `null` otherwise. Only to address
+/// the refusal: nothing is ever decided on it.
+pub fn refusal_id(body: &[u8], error: &MessageError) -> Value {
+    if let MessageError::DuplicateKey(BodyError::DuplicateKey(path)) = error {
+        if path == "id" {
+            return Value::Null;
+        }
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(obj)) => match obj.get("id") {
+            Some(id @ (Value::String(_) | Value::Number(_))) => id.clone(),
+            _ => Value::Null,
+        },
+        _ => Value::Null,
+    }
+}
+
 /// A mirrored header's text: as sent, or decoded from `=?base64?…?=` (how values that are not
 /// plain header text are mirrored).
 fn decoded(value: &[u8]) -> String {

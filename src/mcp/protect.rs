@@ -25,10 +25,13 @@ pub enum Protection {
     ReadOnly(&'static str),
 }
 
+/// One server's tools, each with whether it is annotated read-only, and when it was read.
+type Listed = (Instant, BTreeMap<String, bool>);
+
 /// The read-only annotations servers gave, per (server, account).
 #[derive(Default)]
 pub struct Annotations {
-    lists: Mutex<HashMap<String, (Instant, BTreeMap<String, bool>)>>,
+    lists: Mutex<HashMap<String, Listed>>,
 }
 
 impl Annotations {

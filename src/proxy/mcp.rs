@@ -33,7 +33,7 @@ use crate::idempotency::record::Receipt;
 use crate::identity::account::AccountSpec;
 use crate::identity::scope::Place;
 use crate::mcp::identity::{self, CallIdentity};
-use crate::mcp::jsonrpc::{Message, MessageError};
+use crate::mcp::jsonrpc::{self, Message, MessageError};
 use crate::mcp::protect::{self, Protection};
 use crate::mcp::{replay, sse, McpRules};
 use crate::metrics::RequestOutcome;
@@ -109,7 +109,10 @@ async fn serve(
                 ProxyError::BadRequest(format!("the request body could not be read: {e}"))
             }
         })?;
-    let message = Message::read(&parts.headers, &body).map_err(refusal)?;
+    let message = Message::read(&parts.headers, &body).map_err(|e| {
+        *id = jsonrpc::refusal_id(&body, &e);
+        refusal(e)
+    })?;
     *id = message.id.clone();
     message.check_mirrored(&parts.headers).map_err(refusal)?;
     let outgoing = Outgoing::prepare(route, &parts, uri.clone(), body.clone(), tenant, None)?;

@@ -1,0 +1,549 @@
+//! Tool calls to a remote MCP server (Streamable HTTP), exactly once. The server is built with
+//! the official Python SDK (FastMCP, `tests/python/mcp_remote_server.py`) and serves TLS with
+//! a certificate for `mcp.tools.example`; its write tools count their effects in a file. The
+//! proxy runs the shipped `config/examples/mcp.toml` (only `connect_to` and `upstream_ca`
+//! changed), and every call is a new process of the official Python client
+//! (`tests/python/mcp_call.py`: defaults, no key) with only the setup `idemproxy env` prints.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::pki::TestPki;
+use crate::common::provider::{FakeProvider, ProviderOptions};
+use crate::common::worker::{python_script, Worker};
+
+const URL: &str = "https://mcp.tools.example/mcp";
+const HOST: &str = "mcp.tools.example";
+
+/// The stand-in MCP server, killed when dropped.
+struct McpServer {
+    child: Child,
+    port: u16,
+    effects: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+#[derive(Clone, Copy)]
+enum Framing {
+    Json,
+    Sse,
+}
+
+impl McpServer {
+    async fn start(pki: &TestPki, framing: Framing, auth: bool) -> McpServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stem = dir.path().join("server");
+        pki.write_leaf(&[HOST], &stem);
+        let port = crate::common::free_port();
+        let effects = dir.path().join("effects.jsonl");
+        let mut cmd = Command::new("python3");
+        cmd.arg(python_script("mcp_remote_server.py"))
+            .args(["--port", &port.to_string()])
+            .arg("--cert")
+            .arg(stem.with_extension("pem"))
+            .arg("--key")
+            .arg(stem.with_extension("key"))
+            .arg("--effects")
+            .arg(&effects)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if matches!(framing, Framing::Json) {
+            cmd.arg("--json");
+        }
+        if auth {
+            cmd.arg("--auth");
+        }
+        let child = cmd
+            .spawn()
+            .expect("start the MCP server (python3 with mcp)");
+        let server = McpServer {
+            child,
+            port,
+            effects,
+            _dir: dir,
+        };
+        crate::common::eventually_async(
+            "the MCP server listens",
+            Duration::from_secs(30),
+            || async {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .ok()
+                    .map(|_| ())
+            },
+        )
+        .await;
+        server
+    }
+
+    /// Every effect so far: `{"tool", "args"}`.
+    fn effects(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.effects)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    fn count(&self, tool: &str) -> usize {
+        self.effects().iter().filter(|e| e["tool"] == tool).count()
+    }
+}
+
+impl Drop for McpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The shipped example, its MCP route dialled to `server`, its REST route to `rest`.
+fn worker(pki: &TestPki, server: &McpServer, rest: &FakeProvider) -> Worker {
+    Worker::start(
+        "mcp.toml",
+        &[("tools-mcp", server.port), ("payments", rest.port())],
+        pki,
+    )
+}
+
+async fn rest_provider(pki: &TestPki) -> FakeProvider {
+    FakeProvider::start_https(
+        ProviderOptions::default(),
+        pki.server_config(&["api.payments.example"]),
+    )
+    .await
+}
+
+/// One tool call: a new process of the official client.
+async fn call(w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value {
+    let script = python_script("mcp_call.py");
+    let args = args.to_string();
+    let creds: Vec<(&str, &str)> = token.map(|t| ("MCP_TOKEN", t)).into_iter().collect();
+    w.run("python3", &[&script, URL, tool, &args], &creds).await
+}
+
+fn ok(v: &Value) -> &Value {
+    assert!(v.get("error").is_none(), "the call failed: {v}");
+    v
+}
+
+/// The same calls on a server answering with JSON bodies and on one answering with streams.
+async fn rerun_is_one_effect(framing: Framing) {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, framing, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+
+    // A write tool re-run: one effect, the first result.
+    let first = call(
+        &w,
+        "create_customer",
+        json!({"email": "a@example.com"}),
+        None,
+    )
+    .await;
+    let rerun = call(
+        &w,
+        "create_customer",
+        json!({"email": "a@example.com"}),
+        None,
+    )
+    .await;
+    assert_eq!(server.count("create_customer"), 1, "{first} / {rerun}");
+    assert_eq!(ok(&first)["structured"], ok(&rerun)["structured"]);
+    assert_eq!(first["text"], rerun["text"]);
+    assert_eq!(
+        (first["replayed"].clone(), rerun["replayed"].clone()),
+        (json!(false), json!(true))
+    );
+    // Other arguments: another call.
+    ok(&call(
+        &w,
+        "create_customer",
+        json!({"email": "b@example.com"}),
+        None,
+    )
+    .await);
+    assert_eq!(server.count("create_customer"), 2);
+
+    // A read-only tool (listed in the example) is never cached: the second call sees the
+    // effects made since.
+    let before = ok(&call(&w, "get_balance", json!({}), None).await).clone();
+    ok(&call(&w, "send_email", json!({"to": "x@example.com"}), None).await);
+    let after = ok(&call(&w, "get_balance", json!({}), None).await).clone();
+    assert_eq!(after["replayed"], json!(false));
+    assert_eq!(
+        after["structured"]["effects_so_far"].as_i64(),
+        before["structured"]["effects_so_far"]
+            .as_i64()
+            .map(|n| n + 1),
+        "{before} / {after}"
+    );
+
+    // An annotation that lies (readOnlyHint on a write): the route does not trust annotations,
+    // so the tool is protected.
+    let paid = call(&w, "mark_paid", json!({"invoice": "in_1"}), None).await;
+    let again = call(&w, "mark_paid", json!({"invoice": "in_1"}), None).await;
+    assert_eq!(server.count("mark_paid"), 1, "{paid} / {again}");
+    assert_eq!(ok(&again)["replayed"], json!(true));
+
+    // A per-tool template: the same charge with another reason is the same refund.
+    let r1 = call(
+        &w,
+        "create_refund",
+        json!({"charge": "ch_1", "amount": 500, "reason": "duplicate"}),
+        None,
+    )
+    .await;
+    let r2 = call(
+        &w,
+        "create_refund",
+        json!({"charge": "ch_1", "amount": 500, "reason": "customer asked"}),
+        None,
+    )
+    .await;
+    assert_eq!(server.count("create_refund"), 1, "{r1} / {r2}");
+    assert_eq!(ok(&r1)["structured"], ok(&r2)["structured"]);
+
+    // An isError result executed (the proxy cannot read "nothing happened" from free text):
+    // kept and replayed.
+    let f1 = call(&w, "failing_transfer", json!({"account": "acct_1"}), None).await;
+    let f2 = call(&w, "failing_transfer", json!({"account": "acct_1"}), None).await;
+    assert_eq!(
+        (f1["isError"].clone(), f2["isError"].clone()),
+        (json!(true), json!(true)),
+        "{f1} / {f2}"
+    );
+    assert_eq!(f1["text"], f2["text"]);
+    assert_eq!(server.count("failing_transfer"), 1);
+
+    // The REST route of the same deployment keeps its protection.
+    rest_twice(&w, &rest).await;
+}
+
+/// Two identical POSTs to the REST route through the worker's proxy: one effect.
+async fn rest_twice(w: &Worker, rest: &FakeProvider) {
+    let body = r#"{"invoice":"in_7","amount":100}"#;
+    let post = || {
+        Command::new("curl")
+            .args([
+                "-sS",
+                "-i",
+                "--max-time",
+                "20",
+                "-x",
+                w.var("HTTPS_PROXY"),
+                "--cacert",
+            ])
+            .arg(&w.ca.cert)
+            .args(["-H", "content-type: application/json", "-d", body])
+            .arg("https://api.payments.example/v1/payments")
+            .output()
+            .expect("curl")
+    };
+    let (a, b) = (post(), post());
+    let (a, b) = (
+        String::from_utf8_lossy(&a.stdout),
+        String::from_utf8_lossy(&b.stdout),
+    );
+    assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+    assert!(
+        b.to_ascii_lowercase().contains("idempotent-replayed: true"),
+        "{b}"
+    );
+    assert_eq!(rest.effects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_answers_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_answers_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Framing::Sse).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_passes_live_and_a_replay_is_the_final_result_only() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Sse, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let first = ok(&call(&w, "slow_refund", json!({"charge": "ch_9"}), None).await).clone();
+    assert_eq!(first["progress"], json!([0.0, 1.0, 2.0]), "{first}");
+    let rerun = ok(&call(&w, "slow_refund", json!({"charge": "ch_9"}), None).await).clone();
+    assert_eq!(
+        rerun["progress"],
+        json!([]),
+        "a replay holds no notifications: {rerun}"
+    );
+    assert_eq!(rerun["structured"], first["structured"]);
+    assert_eq!(server.count("slow_refund"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_cuts_the_connection_after_executing_never_executes_twice() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let first = call(&w, "crash_after", json!({"charge": "ch_3"}), None).await;
+    assert!(first.get("error").is_some(), "{first}");
+    assert_eq!(server.count("crash_after"), 1);
+    // The same server comes back (a restart); the re-run is held, not executed again.
+    let port = server.port;
+    let effects = server.effects.clone();
+    let mut again = Command::new("python3");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stem = dir.path().join("server");
+    pki.write_leaf(&[HOST], &stem);
+    let mut revived = again
+        .arg(python_script("mcp_remote_server.py"))
+        .args(["--port", &port.to_string(), "--json"])
+        .arg("--cert")
+        .arg(stem.with_extension("pem"))
+        .arg("--key")
+        .arg(stem.with_extension("key"))
+        .arg("--effects")
+        .arg(&effects)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("restart the server");
+    crate::common::eventually_async(
+        "the MCP server is back",
+        Duration::from_secs(30),
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+    let rerun = call(&w, "crash_after", json!({"charge": "ch_3"}), None).await;
+    let _ = revived.kill();
+    let _ = revived.wait();
+    assert_eq!(
+        server.count("crash_after"),
+        1,
+        "never a second effect: {rerun}"
+    );
+    assert_eq!(
+        rerun["error"]["data"]["slug"],
+        json!("outcome-unknown"),
+        "{rerun}"
+    );
+}
+
+/// An unsigned JWT, as an OAuth server would mint it (the proxy reads, never verifies).
+fn jwt(claims: Value) -> String {
+    use base64::Engine as _;
+    let enc = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+    format!(
+        "{}.{}.c2ln",
+        enc(r#"{"alg":"RS256"}"#),
+        enc(&claims.to_string())
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_token_then_a_fresh_one_executes_and_a_refreshed_token_is_the_same_account() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Json, true).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let args = json!({"to": "ops@example.com"});
+    let refused = call(&w, "send_email", args.clone(), Some("expired")).await;
+    assert!(refused.get("error").is_some(), "{refused}");
+    assert_eq!(server.count("send_email"), 0);
+    let today =
+        jwt(json!({"iss": "https://auth.example", "sub": "agent-7", "iat": 1, "exp": 3601}));
+    let first = ok(&call(&w, "send_email", args.clone(), Some(&today)).await).clone();
+    assert_eq!(
+        server.count("send_email"),
+        1,
+        "the 401 was not kept: the retry executed"
+    );
+    let tomorrow =
+        jwt(json!({"iss": "https://auth.example", "sub": "agent-7", "iat": 90000, "exp": 93600}));
+    let rerun = ok(&call(&w, "send_email", args.clone(), Some(&tomorrow)).await).clone();
+    assert_eq!(
+        server.count("send_email"),
+        1,
+        "a refreshed token is the same account"
+    );
+    assert_eq!(rerun["structured"], first["structured"]);
+    let someone_else = jwt(json!({"iss": "https://auth.example", "sub": "agent-8", "iat": 1}));
+    ok(&call(&w, "send_email", args, Some(&someone_else)).await);
+    assert_eq!(
+        server.count("send_email"),
+        2,
+        "another subject is another account"
+    );
+}
+
+/// A raw POST through the worker's proxy: (status, headers and body as text).
+fn raw(w: &Worker, path: &str, headers: &[&str], body: &str) -> String {
+    let mut cmd = Command::new("curl");
+    cmd.args([
+        "-sS",
+        "-i",
+        "--max-time",
+        "20",
+        "-x",
+        w.var("HTTPS_PROXY"),
+        "--cacert",
+    ])
+    .arg(&w.ca.cert)
+    .args([
+        "-H",
+        "content-type: application/json",
+        "-H",
+        "accept: application/json, text/event-stream",
+    ]);
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    let out = cmd
+        .args(["-d", body])
+        .arg(format!("https://{HOST}{path}"))
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json_of(reply: &str) -> Value {
+    // After the proxy's answer to CONNECT, the server's (or the proxy's) head, then the body.
+    let body = reply.rsplit("\r\n\r\n").next().unwrap_or_default();
+    let body = body
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap_or(body);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {reply}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_duplicate_keys_mismatched_headers_and_other_paths_are_never_unprotected() {
+    let pki = TestPki::new("mcp");
+    // Stateless JSON: every POST stands alone, as in the 2026-07-28 revision.
+    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let session = {
+        let init = raw(
+            &w,
+            "/mcp",
+            &[],
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#,
+        );
+        init.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("mcp-session-id")
+                    .then(|| v.trim().to_string())
+            })
+            .unwrap_or_else(|| panic!("no session: {init}"))
+    };
+    let sid = format!("mcp-session-id: {session}");
+    let call = r#"{"jsonrpc":"2.0","id":"a-1","method":"tools/call","params":{"name":"send_email","arguments":{"to":"raw@example.com"}}}"#;
+
+    let batch = raw(&w, "/mcp", &[&sid], &format!("[{call}]"));
+    assert_eq!(
+        json_of(&batch)["error"]["data"]["slug"],
+        json!("ambiguous-request"),
+        "{batch}"
+    );
+    let twice = raw(
+        &w,
+        "/mcp",
+        &[&sid],
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"send_email","arguments":{"to":"a@x","to":"b@x"}}}"#,
+    );
+    assert_eq!(
+        json_of(&twice)["error"]["data"]["slug"],
+        json!("ambiguous-request"),
+        "{twice}"
+    );
+    assert_eq!(
+        json_of(&twice)["id"],
+        json!(2),
+        "the refusal answers the request's id"
+    );
+    let mirrored = raw(&w, "/mcp", &[&sid, "mcp-name: get_balance"], call);
+    assert_eq!(
+        json_of(&mirrored)["error"]["data"]["slug"],
+        json!("ambiguous-request"),
+        "{mirrored}"
+    );
+    let unreadable = raw(&w, "/mcp", &[&sid], "{\"jsonrpc\":");
+    assert_eq!(
+        json_of(&unreadable)["error"]["code"],
+        json!(-32700),
+        "{unreadable}"
+    );
+    assert_eq!(
+        server.count("send_email"),
+        0,
+        "nothing refused reached the server"
+    );
+
+    // The call, then the same call under another id (a string kept a string, a number a
+    // number): one effect, the re-run answered with its own id.
+    let first = raw(&w, "/mcp", &[&sid], call);
+    assert_eq!(json_of(&first)["id"], json!("a-1"), "{first}");
+    let again = raw(
+        &w,
+        "/mcp",
+        &[&sid],
+        &call.replace(r#""id":"a-1""#, r#""id":41"#),
+    );
+    let again_json = json_of(&again);
+    assert_eq!(again_json["id"], json!(41), "{again}");
+    assert_eq!(
+        again_json["result"]["_meta"]["io.idemproxy/replay"]["replayed"],
+        json!(true)
+    );
+    assert!(
+        again
+            .to_ascii_lowercase()
+            .contains("idempotent-replayed: true"),
+        "{again}"
+    );
+    assert_eq!(
+        json_of(&first)["result"]["content"],
+        again_json["result"]["content"]
+    );
+    // Another path on the server's host (the legacy transport's /messages, a trailing slash):
+    // still a tool call, still claimed — answered from the receipt, never run again.
+    for path in ["/messages", "/mcp/"] {
+        let other = raw(&w, path, &[&sid], call);
+        assert_eq!(
+            json_of(&other)["result"]["_meta"]["io.idemproxy/replay"]["replayed"],
+            json!(true),
+            "{path}: {other}"
+        );
+    }
+    assert_eq!(server.count("send_email"), 1);
+    // A client's own idempotencyKey with other arguments: refused (the 422 analogue).
+    let keyed = |to: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"name":"send_email","idempotencyKey":"k-1","arguments":{{"to":"{to}"}}}}}}"#
+        )
+    };
+    ok_json(&raw(&w, "/mcp", &[&sid], &keyed("k@example.com")));
+    let reused = raw(&w, "/mcp", &[&sid], &keyed("other@example.com"));
+    assert_eq!(
+        json_of(&reused)["error"]["data"]["slug"],
+        json!("idempotency-key-reused"),
+        "{reused}"
+    );
+    assert_eq!(server.count("send_email"), 2);
+}
+
+fn ok_json(reply: &str) {
+    assert!(json_of(reply).get("result").is_some(), "{reply}");
+}

@@ -1,0 +1,131 @@
+"""A remote MCP server over Streamable HTTP and TLS, built with the official SDK (FastMCP), whose
+write tools count their effects in a file (one JSON line per effect). Started by
+tests/it/mcp.rs: --json answers calls with one JSON body, otherwise with an event stream;
+--auth refuses the bearer token `expired` with 401, as an OAuth resource server does."""
+import argparse
+import asyncio
+import json
+import os
+
+import uvicorn
+from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types import ToolAnnotations
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int, required=True)
+parser.add_argument("--cert", required=True)
+parser.add_argument("--key", required=True)
+parser.add_argument("--effects", required=True)
+parser.add_argument("--json", action="store_true")
+parser.add_argument("--auth", action="store_true")
+opts = parser.parse_args()
+
+server = FastMCP(
+    "tools",
+    json_response=opts.json,
+    log_level="WARNING",
+    transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+)
+
+
+def effect(tool: str, args: dict) -> int:
+    with open(opts.effects, "a") as f:
+        f.write(json.dumps({"tool": tool, "args": args}) + "\n")
+    with open(opts.effects) as f:
+        return sum(1 for _ in f)
+
+
+def effects() -> int:
+    try:
+        with open(opts.effects) as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+@server.tool()
+def create_refund(charge: str, amount: int, reason: str = "") -> dict:
+    """Refunds a charge."""
+    n = effect("create_refund", {"charge": charge, "amount": amount, "reason": reason})
+    return {"refund": f"re_{n}", "charge": charge, "amount": amount}
+
+
+@server.tool()
+def create_customer(email: str) -> dict:
+    """Creates a customer."""
+    n = effect("create_customer", {"email": email})
+    return {"customer": f"cus_{n}", "email": email}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def get_balance() -> dict:
+    """Reads the balance: changes nothing."""
+    return {"effects_so_far": effects()}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def mark_paid(invoice: str) -> dict:
+    """Says it is read-only, but marks an invoice paid (a lying annotation)."""
+    n = effect("mark_paid", {"invoice": invoice})
+    return {"invoice": invoice, "paid": True, "n": n}
+
+
+@server.tool()
+def send_email(to: str) -> dict:
+    """Sends an e-mail."""
+    n = effect("send_email", {"to": to})
+    return {"message": f"msg_{n}", "to": to}
+
+
+@server.tool()
+async def slow_refund(charge: str, ctx: Context) -> dict:
+    """Refunds a charge, reporting progress on the way."""
+    for step in range(3):
+        await ctx.report_progress(step, 3, f"step {step}")
+        await asyncio.sleep(0.2)
+    n = effect("slow_refund", {"charge": charge})
+    return {"refund": f"re_{n}", "charge": charge}
+
+
+@server.tool()
+def failing_transfer(account: str) -> dict:
+    """Starts a transfer, then fails (an isError result: the proxy cannot know nothing happened)."""
+    effect("failing_transfer", {"account": account})
+    raise ValueError("the bank said no after the transfer was queued")
+
+
+@server.tool()
+def crash_after(charge: str) -> dict:
+    """Refunds, then the server dies before answering: the connection is cut."""
+    effect("crash_after", {"charge": charge})
+    os._exit(3)
+
+
+app = server.streamable_http_app()
+
+
+def with_auth(inner):
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"authorization") == b"Bearer expired":
+                body = b'{"error":"invalid_token"}'
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b'Bearer error="invalid_token"'),
+                    (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await inner(scope, receive, send)
+    return guarded
+
+
+uvicorn.run(
+    with_auth(app) if opts.auth else app,
+    host="127.0.0.1",
+    port=opts.port,
+    ssl_certfile=opts.cert,
+    ssl_keyfile=opts.key,
+    log_level="warning",
+)
