@@ -56,6 +56,16 @@ if ! "$venv/bin/python3" -c 'import requests, httpx, yaml, boto3, stripe, twilio
   "$venv/bin/python3" -m pip install -q --disable-pip-version-check \
     requests httpx pyyaml boto3 stripe twilio sendgrid alpaca-py aiohttp 'mcp>=1.30,<2' postmarker resend mailgun
 fi
+# The MCP suite (tests/it/mcp.rs) also runs the official MCP SDK 2.x, which speaks the
+# 2026-07-28 revision: in a second environment of its own, since CrewAI needs mcp < 2 above.
+venv_mcp2="$PWD/target/test-venv-mcp2"
+if [ ! -x "$venv_mcp2/bin/python3" ]; then
+  python3 -m venv "$venv_mcp2"
+fi
+if ! "$venv_mcp2/bin/python3" -c 'import mcp.server.mcpserver, uvicorn' >/dev/null 2>&1; then
+  echo "installing into $venv_mcp2: mcp 2.3.0"
+  "$venv_mcp2/bin/python3" -m pip install -q --disable-pip-version-check 'mcp==2.3.0'
+fi
 export VIRTUAL_ENV="$venv"
 export PATH="$venv/bin:$PATH"
 if [ ! -f tests/node/node_modules/.package-lock.json ] || [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; then

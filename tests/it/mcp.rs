@@ -32,14 +32,52 @@ enum Framing {
     Sse,
 }
 
+/// Which official Python SDK serves and calls: 1.x speaks the 2025-11-25 revision (initialize,
+/// sessions); 2.x also the 2026-07-28 one (`server/discover`, no sessions, mirrored headers).
+#[derive(Clone, Copy)]
+enum Sdk {
+    V1,
+    V2,
+}
+
+impl Sdk {
+    fn python(self) -> String {
+        match self {
+            Sdk::V1 => "python3".into(),
+            // A virtual environment of its own (scripts/test.sh makes it): the suite's main one
+            // pins mcp < 2 for CrewAI.
+            Sdk::V2 => {
+                let p = crate::common::worker::repo("target/test-venv-mcp2/bin/python3");
+                assert!(
+                    p.exists(),
+                    "{} is missing: run scripts/test.sh, which creates it with mcp 2.x",
+                    p.display()
+                );
+                p.display().to_string()
+            }
+        }
+    }
+
+    fn client(self) -> String {
+        python_script(match self {
+            Sdk::V1 => "mcp_call.py",
+            Sdk::V2 => "mcp2_call.py",
+        })
+    }
+}
+
 impl McpServer {
     async fn start(pki: &TestPki, framing: Framing, auth: bool) -> McpServer {
+        Self::start_with(Sdk::V1, pki, framing, auth).await
+    }
+
+    async fn start_with(sdk: Sdk, pki: &TestPki, framing: Framing, auth: bool) -> McpServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let stem = dir.path().join("server");
         pki.write_leaf(&[HOST], &stem);
         let port = crate::common::free_port();
         let effects = dir.path().join("effects.jsonl");
-        let mut cmd = Command::new("python3");
+        let mut cmd = Command::new(sdk.python());
         cmd.arg(python_script("mcp_remote_server.py"))
             .args(["--port", &port.to_string()])
             .arg("--cert")
@@ -117,12 +155,16 @@ async fn rest_provider(pki: &TestPki) -> FakeProvider {
     .await
 }
 
-/// One tool call: a new process of the official client.
+/// One tool call: a new process of the official client (1.x).
 async fn call(w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value {
-    let script = python_script("mcp_call.py");
+    call_with(Sdk::V1, w, tool, args, token).await
+}
+
+async fn call_with(sdk: Sdk, w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value {
+    let (python, script) = (sdk.python(), sdk.client());
     let args = args.to_string();
     let creds: Vec<(&str, &str)> = token.map(|t| ("MCP_TOKEN", t)).into_iter().collect();
-    w.run("python3", &[&script, URL, tool, &args], &creds).await
+    w.run(&python, &[&script, URL, tool, &args], &creds).await
 }
 
 fn ok(v: &Value) -> &Value {
@@ -131,9 +173,10 @@ fn ok(v: &Value) -> &Value {
 }
 
 /// The same calls on a server answering with JSON bodies and on one answering with streams.
-async fn rerun_is_one_effect(framing: Framing) {
+async fn rerun_is_one_effect(sdk: Sdk, framing: Framing) {
     let pki = TestPki::new("mcp");
-    let server = McpServer::start(&pki, framing, false).await;
+    let server = McpServer::start_with(sdk, &pki, framing, false).await;
+    let call = |w, tool, args, token| call_with(sdk, w, tool, args, token);
     let rest = rest_provider(&pki).await;
     let w = worker(&pki, &server, &rest);
 
@@ -153,6 +196,9 @@ async fn rerun_is_one_effect(framing: Framing) {
     )
     .await;
     assert_eq!(server.count("create_customer"), 1, "{first} / {rerun}");
+    if matches!(sdk, Sdk::V2) {
+        assert_eq!(first["protocol"], json!("2026-07-28"), "{first}");
+    }
     assert_eq!(ok(&first)["structured"], ok(&rerun)["structured"]);
     assert_eq!(first["text"], rerun["text"]);
     assert_eq!(
@@ -259,12 +305,12 @@ async fn rest_twice(w: &Worker, rest: &FakeProvider) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn json_answers_rerun_is_one_effect_and_read_only_tools_run_every_time() {
-    rerun_is_one_effect(Framing::Json).await;
+    rerun_is_one_effect(Sdk::V1, Framing::Json).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stream_answers_rerun_is_one_effect_and_read_only_tools_run_every_time() {
-    rerun_is_one_effect(Framing::Sse).await;
+    rerun_is_one_effect(Sdk::V1, Framing::Sse).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -546,4 +592,14 @@ async fn batches_duplicate_keys_mismatched_headers_and_other_paths_are_never_unp
 
 fn ok_json(reply: &str) {
     assert!(json_of(reply).get("result").is_some(), "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_2026_revision_json_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::V2, Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_2026_revision_stream_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::V2, Framing::Sse).await;
 }

@@ -1,4 +1,5 @@
-"""A remote MCP server over Streamable HTTP and TLS, built with the official SDK (FastMCP), whose
+"""A remote MCP server over Streamable HTTP and TLS, built with the official SDK (FastMCP in mcp 1.x,
+MCPServer in 2.x, which also serves the 2026-07-28 revision), whose
 write tools count their effects in a file (one JSON line per effect). Started by
 tests/it/mcp.rs: --json answers calls with one JSON body, otherwise with an event stream;
 --auth refuses the bearer token `expired` with 401, as an OAuth resource server does."""
@@ -8,9 +9,18 @@ import json
 import os
 
 import uvicorn
-from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
+
+try:  # mcp 1.x: the 2025-11-25 revision (initialize, sessions)
+    from mcp.server.fastmcp import Context, FastMCP
+
+    MODERN = False
+except ModuleNotFoundError:  # mcp 2.x: also the 2026-07-28 revision (server/discover, stateless)
+    from mcp.server.mcpserver import Context
+    from mcp.server.mcpserver import MCPServer as FastMCP
+
+    MODERN = True
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int, required=True)
@@ -21,12 +31,12 @@ parser.add_argument("--json", action="store_true")
 parser.add_argument("--auth", action="store_true")
 opts = parser.parse_args()
 
-server = FastMCP(
-    "tools",
-    json_response=opts.json,
-    log_level="WARNING",
-    transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-)
+# The Host header is the public name the client dialled through the proxy.
+security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+if MODERN:
+    server = FastMCP("tools", log_level="WARNING")
+else:
+    server = FastMCP("tools", json_response=opts.json, log_level="WARNING", transport_security=security)
 
 
 def effect(tool: str, args: dict) -> int:
@@ -102,7 +112,10 @@ def crash_after(charge: str) -> dict:
     os._exit(3)
 
 
-app = server.streamable_http_app()
+if MODERN:
+    app = server.streamable_http_app(json_response=opts.json, transport_security=security)
+else:
+    app = server.streamable_http_app()
 
 
 def with_auth(inner):
