@@ -131,24 +131,32 @@ impl Message {
                 if text != body {
                     return mismatch(name, &text, body);
                 }
-            } else if let Some(param) = name.strip_prefix("mcp-param-") {
-                let arguments = self.params.get("arguments").and_then(Value::as_object);
-                let argument = arguments.and_then(|args| {
-                    args.iter()
-                        .find(|(k, _)| k.eq_ignore_ascii_case(param))
-                        .map(|(_, v)| v)
-                });
-                let body = match argument {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(v) => v.to_string(),
-                    None => String::new(),
-                };
-                if argument.is_none() || text != body {
-                    return mismatch(name, &text, &body);
+            } else if name.starts_with("mcp-param-") {
+                // The header's name is a token the tool's schema assigns (`x-mcp-header`),
+                // not necessarily the argument's name, and it may mirror a nested property:
+                // what must hold is that some argument says what the header says.
+                let mut values = Vec::new();
+                if let Some(args) = self.params.get("arguments") {
+                    scalars(args, &mut values);
+                }
+                if !values.iter().any(|v| *v == text) {
+                    return mismatch(name, &text, "no argument with that value");
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// Every scalar of `v`, rendered as a client mirrors it into a header (`true`/`false`,
+/// numbers as written, strings as they are).
+fn scalars(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(map) => map.values().for_each(|v| scalars(v, out)),
+        Value::Array(items) => items.iter().for_each(|v| scalars(v, out)),
+        Value::String(s) => out.push(s.clone()),
+        Value::Null => {}
+        other => out.push(other.to_string()),
     }
 }
 
@@ -251,6 +259,8 @@ mod tests {
         ])
         .is_ok());
         assert!(read(&[("mcp-param-charge", "=?base64?Y2hfMQ==?=")]).is_ok());
+        // The token is the schema's (`x-mcp-header`), not the argument's name.
+        assert!(read(&[("mcp-param-charge-id", "ch_1")]).is_ok());
         assert!(read(&[("mcp-method", "tools/list")]).is_err());
         assert!(read(&[("mcp-name", "get_balance")]).is_err());
         assert!(read(&[("mcp-param-charge", "ch_2")]).is_err());
