@@ -603,3 +603,33 @@ async fn the_2026_revision_json_rerun_is_one_effect_and_read_only_tools_run_ever
 async fn the_2026_revision_stream_rerun_is_one_effect_and_read_only_tools_run_every_time() {
     rerun_is_one_effect(Sdk::V2, Framing::Sse).await;
 }
+
+/// An elicitation inside the call: in 2025 a server request inside the call's stream, answered
+/// by a POST the proxy passes unclaimed; in 2026 an `input_required` result (nothing executed,
+/// released), then the same call with `inputResponses`. Either way: one effect, and the re-run
+/// gets the result without asking the person again.
+async fn elicitation_is_answered_once(sdk: Sdk) {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start_with(sdk, &pki, Framing::Sse, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let first =
+        ok(&call_with(sdk, &w, "confirm_refund", json!({"charge": "ch_5"}), None).await).clone();
+    assert_eq!(first["asked"].as_array().map(Vec::len), Some(1), "{first}");
+    assert!(first["text"].to_string().contains("re_1"), "{first}");
+    let rerun =
+        ok(&call_with(sdk, &w, "confirm_refund", json!({"charge": "ch_5"}), None).await).clone();
+    assert_eq!(rerun["asked"], json!([]), "the re-run asks no one: {rerun}");
+    assert_eq!(rerun["text"], first["text"]);
+    assert_eq!(server.count("confirm_refund"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_elicitation_inside_the_stream_is_answered_and_the_call_runs_once() {
+    elicitation_is_answered_once(Sdk::V1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_2026_revision_input_required_then_answered_runs_once() {
+    elicitation_is_answered_once(Sdk::V2).await;
+}

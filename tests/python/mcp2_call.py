@@ -8,6 +8,7 @@ import os
 import sys
 
 from mcp import Client
+from mcp_types import ElicitResult
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
@@ -31,7 +32,13 @@ async def main() -> dict:
     async def on_progress(p, total, message):
         progress.append(p)
 
-    async with Client(target) as client:
+    asked = []
+
+    async def on_elicit(context, params):
+        asked.append(params.message)
+        return ElicitResult(action="accept", content={"ok": True})
+
+    async with Client(target, elicitation_callback=on_elicit) as client:
         result = await client.call_tool(tool, args, progress_callback=on_progress)
         meta = result.meta or {}
         return {
@@ -40,6 +47,7 @@ async def main() -> dict:
             "structured": result.structured_content,
             "replayed": "io.idemproxy/replay" in meta,
             "progress": progress,
+            "asked": asked,
             "protocol": str(getattr(client.session, "protocol_version", "")),
         }
 

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from mcp import ClientSession
+from mcp import ClientSession, types
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.shared.exceptions import McpError
 
@@ -26,8 +26,14 @@ async def main() -> dict:
     async def on_progress(p, total, message):
         progress.append(p)
 
+    asked = []
+
+    async def on_elicit(context, params):
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"ok": True})
+
     async with streamablehttp_client(url, headers=headers) as (read, write, _):
-        async with ClientSession(read, write) as session:
+        async with ClientSession(read, write, elicitation_callback=on_elicit) as session:
             await session.initialize()
             result = await session.call_tool(tool, args, progress_callback=on_progress)
             meta = result.meta or {}
@@ -37,6 +43,7 @@ async def main() -> dict:
                 "structured": result.structuredContent,
                 "replayed": "io.idemproxy/replay" in meta,
                 "progress": progress,
+                "asked": asked,
             }
 
 

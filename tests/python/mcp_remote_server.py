@@ -9,6 +9,7 @@ import json
 import os
 
 import uvicorn
+from pydantic import BaseModel
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 
@@ -96,6 +97,42 @@ async def slow_refund(charge: str, ctx: Context) -> dict:
         await asyncio.sleep(0.2)
     n = effect("slow_refund", {"charge": charge})
     return {"refund": f"re_{n}", "charge": charge}
+
+
+class Confirm(BaseModel):
+    ok: bool
+
+
+def refund_confirmed(charge: str) -> dict:
+    n = effect("confirm_refund", {"charge": charge})
+    return {"refunded": True, "refund": f"re_{n}", "charge": charge}
+
+
+if MODERN:
+    from typing import Annotated
+
+    from mcp.server.mcpserver import Elicit, Resolve
+
+    def ask(charge: str) -> Elicit[Confirm]:
+        return Elicit(f"Refund {charge}?", Confirm)
+
+    @server.tool()
+    def confirm_refund(charge: str, answer: Annotated[Confirm, Resolve(ask)]) -> dict:
+        """Asks the person before refunding: in 2026-07-28 an input_required result, then the
+        same call again with the answer; in 2025-11-25 an elicitation inside the call."""
+        if not answer.ok:
+            return {"refunded": False, "charge": charge}
+        return refund_confirmed(charge)
+
+else:
+
+    @server.tool()
+    async def confirm_refund(charge: str, ctx: Context) -> dict:
+        """Asks the person before refunding (an elicitation inside the call's stream)."""
+        answer = await ctx.elicit(f"Refund {charge}?", Confirm)
+        if answer.action != "accept" or not answer.data.ok:
+            return {"refunded": False, "charge": charge}
+        return refund_confirmed(charge)
 
 
 @server.tool()
