@@ -434,12 +434,17 @@ async fn a_refused_token_then_a_fresh_one_executes_and_a_refreshed_token_is_the_
 
 /// A raw POST through the worker's proxy: (status, headers and body as text).
 fn raw(w: &Worker, path: &str, headers: &[&str], body: &str) -> String {
+    raw_within(w, path, headers, body, "20")
+}
+
+/// The same, given up after `max_time` seconds (curl hangs up).
+fn raw_within(w: &Worker, path: &str, headers: &[&str], body: &str, max_time: &str) -> String {
     let mut cmd = Command::new("curl");
     cmd.args([
         "-sS",
         "-i",
         "--max-time",
-        "20",
+        max_time,
         "-x",
         w.var("HTTPS_PROXY"),
         "--cacert",
@@ -632,4 +637,64 @@ async fn an_elicitation_inside_the_stream_is_answered_and_the_call_runs_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_2026_revision_input_required_then_answered_runs_once() {
     elicitation_is_answered_once(Sdk::V2).await;
+}
+
+/// A 2025 session opened by hand (initialize), for raw POSTs: its `Mcp-Session-Id` header.
+fn open_session(w: &Worker) -> String {
+    let init = raw(
+        w,
+        "/mcp",
+        &[],
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#,
+    );
+    let id = init
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no session: {init}"));
+    format!("mcp-session-id: {id}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_hangs_up_mid_stream_does_not_abandon_the_call() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Sse, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let sid = open_session(&w);
+    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow_refund","arguments":{"charge":"ch_hang"},"_meta":{"progressToken":"p1"}}}"#;
+    // The tool takes 0.6 s; the client hangs up after 0.3 s, mid-stream.
+    let cut = raw_within(&w, "/mcp", &[&sid], call, "0.3");
+    assert!(
+        !cut.contains("re_1"),
+        "the client went away before the result: {cut}"
+    );
+    crate::common::eventually("the tool ran", Duration::from_secs(10), || {
+        (server.count("slow_refund") == 1).then_some(())
+    })
+    .await;
+    // The proxy read the stream on and settled: the re-run (another process, another id, no
+    // progress token) gets the result, and the tool ran once.
+    let rerun =
+        crate::common::eventually_async("the claim settled", Duration::from_secs(10), || async {
+            let r = raw(&w, "/mcp", &[&sid], &call.replace(r#""id":1"#, r#""id":2"#));
+            json_of(&r).get("result").is_some().then_some(r)
+        })
+        .await;
+    let replayed = json_of(&rerun);
+    assert_eq!(replayed["id"], json!(2));
+    assert_eq!(
+        replayed["result"]["_meta"]["io.idemproxy/replay"]["replayed"],
+        json!(true),
+        "{rerun}"
+    );
+    assert!(replayed["result"].to_string().contains("re_1"), "{rerun}");
+    assert!(
+        !rerun.contains("notifications/progress"),
+        "a replay holds the result only: {rerun}"
+    );
+    assert_eq!(server.count("slow_refund"), 1);
 }
