@@ -167,6 +167,14 @@ async fn call_with(sdk: Sdk, w: &Worker, tool: &str, args: Value, token: Option<
     w.run(&python, &[&script, URL, tool, &args], &creds).await
 }
 
+/// The tool's result object: its text content, parsed (the SDKs put a dict result there as JSON).
+fn result(v: &Value) -> Value {
+    let text = v["text"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text content: {v}"));
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {v}"))
+}
+
 fn ok(v: &Value) -> &Value {
     assert!(v.get("error").is_none(), "the call failed: {v}");
     v
@@ -199,7 +207,8 @@ async fn rerun_is_one_effect(sdk: Sdk, framing: Framing) {
     if matches!(sdk, Sdk::V2) {
         assert_eq!(first["protocol"], json!("2026-07-28"), "{first}");
     }
-    assert_eq!(ok(&first)["structured"], ok(&rerun)["structured"]);
+    assert_eq!(result(ok(&first)), result(ok(&rerun)));
+    assert_eq!(result(&first)["customer"], json!("cus_1"));
     assert_eq!(first["text"], rerun["text"]);
     assert_eq!(
         (first["replayed"].clone(), rerun["replayed"].clone()),
@@ -221,13 +230,12 @@ async fn rerun_is_one_effect(sdk: Sdk, framing: Framing) {
     ok(&call(&w, "send_email", json!({"to": "x@example.com"}), None).await);
     let after = ok(&call(&w, "get_balance", json!({}), None).await).clone();
     assert_eq!(after["replayed"], json!(false));
-    assert_eq!(
-        after["structured"]["effects_so_far"].as_i64(),
-        before["structured"]["effects_so_far"]
+    let seen = |v: &Value| {
+        result(v)["effects_so_far"]
             .as_i64()
-            .map(|n| n + 1),
-        "{before} / {after}"
-    );
+            .unwrap_or_else(|| panic!("{v}"))
+    };
+    assert_eq!(seen(&after), seen(&before) + 1, "{before} / {after}");
 
     // An annotation that lies (readOnlyHint on a write): the route does not trust annotations,
     // so the tool is protected.
@@ -252,7 +260,7 @@ async fn rerun_is_one_effect(sdk: Sdk, framing: Framing) {
     )
     .await;
     assert_eq!(server.count("create_refund"), 1, "{r1} / {r2}");
-    assert_eq!(ok(&r1)["structured"], ok(&r2)["structured"]);
+    assert_eq!(result(ok(&r1)), result(ok(&r2)));
 
     // An isError result executed (the proxy cannot read "nothing happened" from free text):
     // kept and replayed.
@@ -327,7 +335,7 @@ async fn progress_passes_live_and_a_replay_is_the_final_result_only() {
         json!([]),
         "a replay holds no notifications: {rerun}"
     );
-    assert_eq!(rerun["structured"], first["structured"]);
+    assert_eq!(result(&rerun), result(&first));
     assert_eq!(server.count("slow_refund"), 1);
 }
 
@@ -422,7 +430,7 @@ async fn a_refused_token_then_a_fresh_one_executes_and_a_refreshed_token_is_the_
         1,
         "a refreshed token is the same account"
     );
-    assert_eq!(rerun["structured"], first["structured"]);
+    assert_eq!(result(&rerun), result(&first));
     let someone_else = jwt(json!({"iss": "https://auth.example", "sub": "agent-8", "iat": 1}));
     ok(&call(&w, "send_email", args, Some(&someone_else)).await);
     assert_eq!(
@@ -697,4 +705,50 @@ async fn a_client_that_hangs_up_mid_stream_does_not_abandon_the_call() {
         "a replay holds the result only: {rerun}"
     );
     assert_eq!(server.count("slow_refund"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trusted_annotations_leave_read_only_tools_unclaimed_and_everything_else_protected() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    // The example with trust_annotations on, and nothing listed read-only.
+    let trusting = |cfg: &mut toml::Table| {
+        let routes = cfg.get_mut("routes").and_then(|r| r.as_array_mut());
+        for route in routes
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_table_mut())
+        {
+            if let Some(mcp) = route.get_mut("mcp").and_then(|m| m.as_table_mut()) {
+                mcp.insert("trust_annotations".into(), true.into());
+                mcp.insert("read_only".into(), toml::Value::Array(vec![]));
+            }
+        }
+    };
+    let w = Worker::start_edited(
+        "mcp.toml",
+        &[("tools-mcp", server.port), ("payments", rest.port())],
+        &pki,
+        None,
+        &trusting,
+    );
+    // get_balance says readOnlyHint (and is): executed every time, never replayed.
+    let a = ok(&call(&w, "get_balance", json!({}), None).await).clone();
+    ok(&call(&w, "send_email", json!({"to": "t@example.com"}), None).await);
+    let b = ok(&call(&w, "get_balance", json!({}), None).await).clone();
+    assert_eq!(b["replayed"], json!(false), "{b}");
+    assert_eq!(
+        result(&b)["effects_so_far"].as_i64(),
+        result(&a)["effects_so_far"].as_i64().map(|n| n + 1),
+        "the second read saw the write"
+    );
+    // mark_paid says readOnlyHint and writes: a route that trusts annotations takes the
+    // server at its word (the documented risk), so it runs twice.
+    call(&w, "mark_paid", json!({"invoice": "in_9"}), None).await;
+    call(&w, "mark_paid", json!({"invoice": "in_9"}), None).await;
+    assert_eq!(server.count("mark_paid"), 2);
+    // A tool without the hint stays protected.
+    ok(&call(&w, "send_email", json!({"to": "t@example.com"}), None).await);
+    assert_eq!(server.count("send_email"), 1);
 }
