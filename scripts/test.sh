@@ -69,7 +69,7 @@ fi
 export VIRTUAL_ENV="$venv"
 export PATH="$venv/bin:$PATH"
 if [ ! -f tests/node/node_modules/.package-lock.json ] || [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; then
-  echo "installing: node stripe, axios, undici (tests/node)"
+  echo "installing: node stripe, axios, undici, @modelcontextprotocol/sdk (tests/node)"
   (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 fi
 

@@ -38,12 +38,14 @@ enum Framing {
 enum Sdk {
     V1,
     V2,
+    /// The TypeScript SDK's client (`tests/node/mcp_call.mjs`) against the 1.x server.
+    Node,
 }
 
 impl Sdk {
     fn python(self) -> String {
         match self {
-            Sdk::V1 => "python3".into(),
+            Sdk::V1 | Sdk::Node => "python3".into(),
             // A virtual environment of its own (scripts/test.sh makes it): the suite's main one
             // pins mcp < 2 for CrewAI.
             Sdk::V2 => {
@@ -58,11 +60,18 @@ impl Sdk {
         }
     }
 
-    fn client(self) -> String {
-        python_script(match self {
-            Sdk::V1 => "mcp_call.py",
-            Sdk::V2 => "mcp2_call.py",
-        })
+    /// The program and the script that make one call.
+    fn client(self) -> (String, String) {
+        match self {
+            Sdk::V1 => (self.python(), python_script("mcp_call.py")),
+            Sdk::V2 => (self.python(), python_script("mcp2_call.py")),
+            Sdk::Node => (
+                "node".into(),
+                crate::common::worker::repo("tests/node/mcp_call.mjs")
+                    .display()
+                    .to_string(),
+            ),
+        }
     }
 }
 
@@ -161,10 +170,10 @@ async fn call(w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value
 }
 
 async fn call_with(sdk: Sdk, w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value {
-    let (python, script) = (sdk.python(), sdk.client());
+    let (program, script) = sdk.client();
     let args = args.to_string();
     let creds: Vec<(&str, &str)> = token.map(|t| ("MCP_TOKEN", t)).into_iter().collect();
-    w.run(&python, &[&script, URL, tool, &args], &creds).await
+    w.run(&program, &[&script, URL, tool, &args], &creds).await
 }
 
 /// The tool's result object: its text content, parsed (the SDKs put a dict result there as JSON).
@@ -751,4 +760,19 @@ async fn trusted_annotations_leave_read_only_tools_unclaimed_and_everything_else
     // A tool without the hint stays protected.
     ok(&call(&w, "send_email", json!({"to": "t@example.com"}), None).await);
     assert_eq!(server.count("send_email"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typescript_client_json_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::Node, Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typescript_client_stream_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::Node, Framing::Sse).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typescript_client_elicitation_inside_the_stream_runs_once() {
+    elicitation_is_answered_once(Sdk::Node).await;
 }
