@@ -40,12 +40,14 @@ enum Sdk {
     V2,
     /// The TypeScript SDK's client (`tests/node/mcp_call.mjs`) against the 1.x server.
     Node,
+    /// The OpenAI Agents SDK's MCP adapter (over the 1.x client) against the 1.x server.
+    Agents,
 }
 
 impl Sdk {
     fn python(self) -> String {
         match self {
-            Sdk::V1 | Sdk::Node => "python3".into(),
+            Sdk::V1 | Sdk::Node | Sdk::Agents => "python3".into(),
             // A virtual environment of its own (scripts/test.sh makes it): the suite's main one
             // pins mcp < 2 for CrewAI.
             Sdk::V2 => {
@@ -65,6 +67,7 @@ impl Sdk {
         match self {
             Sdk::V1 => (self.python(), python_script("mcp_call.py")),
             Sdk::V2 => (self.python(), python_script("mcp2_call.py")),
+            Sdk::Agents => (self.python(), python_script("agents_mcp_call.py")),
             Sdk::Node => (
                 "node".into(),
                 crate::common::worker::repo("tests/node/mcp_call.mjs")
@@ -775,4 +778,14 @@ async fn typescript_client_stream_rerun_is_one_effect_and_read_only_tools_run_ev
 #[tokio::test(flavor = "multi_thread")]
 async fn typescript_client_elicitation_inside_the_stream_runs_once() {
     elicitation_is_answered_once(Sdk::Node).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_agents_adapter_json_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::Agents, Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_agents_adapter_stream_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::Agents, Framing::Sse).await;
 }
