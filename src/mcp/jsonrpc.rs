@@ -139,7 +139,7 @@ impl Message {
                 if let Some(args) = self.params.get("arguments") {
                     scalars(args, &mut values);
                 }
-                if !values.iter().any(|v| *v == text) {
+                if !values.contains(&text) {
                     return mismatch(name, &text, "no argument with that value");
                 }
             }
