@@ -161,7 +161,7 @@ fn valid_key(k: &str) -> bool {
 }
 
 /// The account's hash, as the module's comment orders the ways of reading it.
-fn account(template: Option<&Template>, req: &Request<'_>) -> Result<String, CallError> {
+pub fn account(template: Option<&Template>, req: &Request<'_>) -> Result<String, CallError> {
     if let Some(t) = template {
         let spec = AccountSpec::Template(t.clone());
         return Ok(spec.fingerprint(req, &[], Derivation::CURRENT)?);

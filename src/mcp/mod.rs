@@ -9,6 +9,7 @@ pub mod identity;
 pub mod jsonrpc;
 pub mod protect;
 pub mod replay;
+pub mod resume;
 pub mod sse;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,6 +27,8 @@ pub struct McpRules {
     pub templates: BTreeMap<String, Template>,
     /// What the route's servers said about their tools.
     pub annotations: protect::Annotations,
+    /// Calls waiting for their result on a resumed stream.
+    pub resumptions: resume::Resumptions,
 }
 
 impl McpRules {
@@ -48,6 +51,7 @@ impl McpRules {
             trust_annotations,
             templates,
             annotations: protect::Annotations::default(),
+            resumptions: resume::Resumptions::default(),
         })
     }
 }

@@ -51,6 +51,11 @@ pub async fn to_route(
         // Every POST, whatever its path: one JSON-RPC message, judged by what it says.
         return Box::pin(mcp::run(app, route, rules, req, path_and_query, tenant)).await;
     }
+    if route.mcp.is_some() && req.method() == http::Method::GET {
+        app.metrics
+            .request(&route.name, RequestOutcome::Passthrough);
+        return mcp::resumed(route, req, path_and_query, tenant).await;
+    }
     if route.protects(req.method()) && route.mcp.is_none() {
         let target = match target(route, path, query, path_and_query) {
             Ok(target) => target,

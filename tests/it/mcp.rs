@@ -84,6 +84,10 @@ impl McpServer {
     }
 
     async fn start_with(sdk: Sdk, pki: &TestPki, framing: Framing, auth: bool) -> McpServer {
+        Self::start_flags(sdk, pki, framing, if auth { &["--auth"] } else { &[] }).await
+    }
+
+    async fn start_flags(sdk: Sdk, pki: &TestPki, framing: Framing, flags: &[&str]) -> McpServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let stem = dir.path().join("server");
         pki.write_leaf(&[HOST], &stem);
@@ -103,9 +107,7 @@ impl McpServer {
         if matches!(framing, Framing::Json) {
             cmd.arg("--json");
         }
-        if auth {
-            cmd.arg("--auth");
-        }
+        cmd.args(flags);
         let child = cmd
             .spawn()
             .expect("start the MCP server (python3 with mcp)");
@@ -788,4 +790,21 @@ async fn openai_agents_adapter_json_rerun_is_one_effect_and_read_only_tools_run_
 #[tokio::test(flavor = "multi_thread")]
 async fn openai_agents_adapter_stream_rerun_is_one_effect_and_read_only_tools_run_every_time() {
     rerun_is_one_effect(Sdk::Agents, Framing::Sse).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_closed_early_settles_from_the_resumed_get_one_effect_nothing_held() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start_flags(Sdk::V1, &pki, Framing::Sse, &["--resumable"]).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    // The server closes the call's stream after a progress event; the client resumes it with a
+    // GET and Last-Event-ID, where the result arrives.
+    let first = ok(&call(&w, "polled_refund", json!({"charge": "ch_poll"}), None).await).clone();
+    assert_eq!(result(&first)["refund"], json!("re_1"), "{first}");
+    // The result on the resumed GET settled the claim: the re-run is a replay, not held.
+    let rerun = call(&w, "polled_refund", json!({"charge": "ch_poll"}), None).await;
+    assert_eq!(ok(&rerun)["replayed"], json!(true), "{rerun}");
+    assert_eq!(result(&rerun), result(&first));
+    assert_eq!(server.count("polled_refund"), 1);
 }

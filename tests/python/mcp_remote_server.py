@@ -30,14 +30,44 @@ parser.add_argument("--key", required=True)
 parser.add_argument("--effects", required=True)
 parser.add_argument("--json", action="store_true")
 parser.add_argument("--auth", action="store_true")
+parser.add_argument("--resumable", action="store_true")
 opts = parser.parse_args()
+
+class MemoryEvents:
+    """Events kept for resumption (`--resumable`, 2025-11-25 SSE polling): a POST stream the
+    server closes early is resumed by the client with a GET carrying Last-Event-ID."""
+
+    def __init__(self):
+        self.events = []  # (event id, stream id, message)
+
+    async def store_event(self, stream_id, message):
+        event_id = str(len(self.events) + 1)
+        self.events.append((event_id, stream_id, message))
+        return event_id
+
+    async def replay_events_after(self, last_event_id, send_callback):
+        from mcp.server.streamable_http import EventMessage
+
+        stream = next((s for e, s, _ in self.events if e == last_event_id), None)
+        if stream is None:
+            return None
+        after = False
+        for event_id, stream_id, message in self.events:
+            if after and stream_id == stream and message is not None:
+                await send_callback(EventMessage(message, event_id))
+            after = after or event_id == last_event_id
+        return stream
+
 
 # The Host header is the public name the client dialled through the proxy.
 security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
 if MODERN:
     server = FastMCP("tools", log_level="WARNING")
 else:
-    server = FastMCP("tools", json_response=opts.json, log_level="WARNING", transport_security=security)
+    resumable = {"event_store": MemoryEvents(), "retry_interval": 200} if opts.resumable else {}
+    server = FastMCP(
+        "tools", json_response=opts.json, log_level="WARNING", transport_security=security, **resumable
+    )
 
 
 def effect(tool: str, args: dict) -> int:
@@ -133,6 +163,17 @@ else:
         if answer.action != "accept" or not answer.data.ok:
             return {"refunded": False, "charge": charge}
         return refund_confirmed(charge)
+
+
+@server.tool()
+async def polled_refund(charge: str, ctx: Context) -> dict:
+    """Refunds a charge slowly, closing its stream early (SSE polling): the result arrives on
+    the client's resumed GET."""
+    await ctx.report_progress(0, 2, "started")
+    await ctx.close_sse_stream()
+    await asyncio.sleep(0.5)
+    n = effect("polled_refund", {"charge": charge})
+    return {"refund": f"re_{n}", "charge": charge}
 
 
 @server.tool()

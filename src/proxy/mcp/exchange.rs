@@ -38,6 +38,13 @@ struct Toward {
     whole: oneshot::Sender<(http::response::Parts, Bytes)>,
 }
 
+/// The call's JSON-RPC id, and where its result is awaited if its stream closes before it
+/// (`mcp::resume`; `None` without a session).
+pub(super) struct Answering {
+    pub id: Value,
+    pub resume: Option<String>,
+}
+
 /// How the server's answer reaches the client, once its head is in.
 enum Head {
     /// A JSON body (or an HTTP error), read whole: answered once the claim is settled.
@@ -55,8 +62,9 @@ pub(super) async fn forward(
     policy: Arc<Policy>,
     request: Request<Body>,
     admitted: Admitted,
-    id: Value,
+    answering: Answering,
 ) -> (Result<Response<Body>, ProxyError>, RequestOutcome) {
+    let Answering { id, resume } = answering;
     let (head, head_rx) = oneshot::channel();
     let (live, live_rx) = mpsc::channel::<Bytes>(LIVE_EVENTS);
     let (whole, whole_rx) = oneshot::channel();
@@ -75,7 +83,12 @@ pub(super) async fn forward(
                         .forget(&format!("{}|", route_held.upstream.authority));
                 }
             };
-            let exchange = call(&client, request, &id, max, toward, &list_changed);
+            let resume = route_held
+                .mcp
+                .as_ref()
+                .zip(resume.as_deref())
+                .and_then(|(rules, key)| rules.resumptions.wait(key));
+            let exchange = call(&client, request, &id, max, toward, &list_changed, resume);
             tokio::time::timeout(deadline, exchange)
                 .await
                 .unwrap_or(Err(UpstreamError::Timeout(deadline)))
@@ -179,6 +192,7 @@ async fn call(
     max: usize,
     toward: Toward,
     list_changed: &(dyn Fn() + Send + Sync),
+    resumed: Option<oneshot::Receiver<Vec<u8>>>,
 ) -> Result<Receipt, UpstreamError> {
     let Toward { head, live, whole } = toward;
     let resp = client.send(request).await?;
@@ -186,7 +200,18 @@ async fn call(
     let framing = content_type(&parts.headers);
     if parts.status.is_success() && framing == replay::SSE {
         let _ = head.send(Head::Streaming(parts));
-        return follow_stream(body, id, max, live, list_changed).await;
+        let on_stream = follow_stream(body, id, max, live, list_changed).await;
+        return match (on_stream, resumed) {
+            (Ok(Followed::Result(receipt)), _) => Ok(receipt),
+            // Closed after an event the server stored: the client resumes with a GET, and the
+            // result arriving there settles the call (within the route's timeout).
+            (Ok(Followed::Closed { resumable: true }), Some(rx)) => match rx.await {
+                Ok(message) => Ok(kept(Bytes::from(message), replay::SSE)),
+                Err(_) => Err(ended_early()),
+            },
+            (Ok(Followed::Closed { .. }), _) => Err(ended_early()),
+            (Err(e), _) => Err(e),
+        };
     }
     let _ = head.send(Head::Whole);
     let bytes = read_limited(body, max).await.map_err(|e| match e {
@@ -214,8 +239,9 @@ async fn follow_stream(
     max: usize,
     live: mpsc::Sender<Bytes>,
     list_changed: &(dyn Fn() + Send + Sync),
-) -> Result<Receipt, UpstreamError> {
+) -> Result<Followed, UpstreamError> {
     let mut reader = sse::Reader::default();
+    let mut resumable = false;
     let mut frames = body.into_data_stream();
     let mut read = 0usize;
     while let Some(chunk) = frames.next().await {
@@ -231,6 +257,7 @@ async fn follow_stream(
             let _ = live.send(chunk).await;
         }
         for event in events {
+            resumable |= event.id.is_some();
             let Ok(message) = serde_json::from_str::<Value>(&event.data) else {
                 continue;
             };
@@ -240,13 +267,27 @@ async fn follow_stream(
                 list_changed();
             }
             if replay::answers(&message, id) {
-                return Ok(kept(Bytes::from(event.data.into_bytes()), replay::SSE));
+                return Ok(Followed::Result(kept(
+                    Bytes::from(event.data.into_bytes()),
+                    replay::SSE,
+                )));
             }
         }
     }
-    Err(UpstreamError::Failed(
-        "the event stream ended before the call's result".into(),
-    ))
+    Ok(Followed::Closed { resumable })
+}
+
+/// Where a call's event stream left it.
+enum Followed {
+    /// Its final response.
+    Result(Receipt),
+    /// Closed before it; `resumable` when the server numbered its events (it stored them,
+    /// and the client may resume).
+    Closed { resumable: bool },
+}
+
+fn ended_early() -> UpstreamError {
+    UpstreamError::Failed("the event stream ended before the call's result".into())
 }
 
 /// A final response as kept: status 200, its framing, the message.

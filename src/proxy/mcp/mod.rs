@@ -28,7 +28,7 @@ use crate::identity::scope::Place;
 use crate::mcp::identity;
 use crate::mcp::jsonrpc::{self, Message, MessageError};
 use crate::mcp::protect::Protection;
-use crate::mcp::{replay, McpRules};
+use crate::mcp::{replay, resume, sse, McpRules};
 use crate::metrics::RequestOutcome;
 use crate::proxy::error::ProxyError;
 use crate::proxy::headers::strip_hop_by_hop;
@@ -184,16 +184,17 @@ async fn serve(
         }
     };
     let request = outgoing.request(None);
-    let forwarded = exchange::forward(
-        app,
-        route,
-        claim,
-        policy,
-        request,
-        admitted,
-        message.id.clone(),
-    )
-    .await;
+    let resume = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|session| resume::key(&call.account, session, &message.id));
+    let answering = exchange::Answering {
+        id: message.id.clone(),
+        resume,
+    };
+    let forwarded =
+        exchange::forward(app, route, claim, policy, request, admitted, answering).await;
     *outcome = forwarded.1;
     tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "executed a tool call");
     forwarded.0
@@ -246,4 +247,67 @@ fn content_type(headers: &http::HeaderMap) -> String {
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase()
+}
+
+/// A GET on an MCP route: passed through; when it resumes a session's stream (`Last-Event-ID`),
+/// the results on it also reach calls waiting for them (`mcp::resume`). The bytes pass
+/// untouched.
+pub async fn resumed(
+    route: &Arc<Route>,
+    req: Request<Incoming>,
+    path_and_query: &str,
+    tenant: &str,
+) -> Response<Body> {
+    let uri = match route.upstream_uri(path_and_query) {
+        Ok(uri) => uri,
+        Err(e) => {
+            return ProxyError::BadRequest(format!("the request path cannot be forwarded: {e}"))
+                .into_response(route.errors)
+        }
+    };
+    let tap = match (
+        req.headers().get("last-event-id"),
+        req.headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok()),
+    ) {
+        (Some(_), Some(session)) => {
+            let view = Read::new(req.method(), "/", "/", req.headers(), b"", tenant);
+            let template = match &route.identity.account {
+                AccountSpec::Template(t) => Some(t),
+                AccountSpec::Parts(_) => None,
+            };
+            identity::account(template, &view)
+                .ok()
+                .map(|account| (account, session.to_string()))
+        }
+        _ => None,
+    };
+    let resp = super::passthrough::forward_for(route, tenant, req, uri).await;
+    let Some((account, session)) = tap else {
+        return resp;
+    };
+    if content_type(resp.headers()) != replay::SSE {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let route = route.clone();
+    let mut reader = sse::Reader::default();
+    let tapped = http_body_util::BodyExt::map_frame(body, move |frame| {
+        if let (Some(data), Some(rules)) = (frame.data_ref(), &route.mcp) {
+            for event in reader.feed(data) {
+                let Ok(message) = serde_json::from_str::<Value>(&event.data) else {
+                    continue;
+                };
+                let is_answer = message.get("method").is_none()
+                    && (message.get("result").is_some() || message.get("error").is_some());
+                if let (true, Some(id)) = (is_answer, message.get("id")) {
+                    let key = resume::key(&account, &session, id);
+                    rules.resumptions.deliver(&key, event.data.into_bytes());
+                }
+            }
+        }
+        frame
+    });
+    Response::from_parts(parts, http_body_util::BodyExt::boxed(tapped))
 }
