@@ -2,8 +2,9 @@
 //! JSON-RPC messages a client posts. The operation is the tool call — not the HTTP request —
 //! so this module says which message is a tool call (`jsonrpc`), who makes it and which
 //! operation it is (`identity`), whether it is claimed at all (`protect`), how a server's
-//! event stream is read (`sse`) and how a kept result answers a re-run (`replay`). It knows no
-//! route, store or claim: `proxy::mcp` runs the stages.
+//! event stream is read (`sse`), where a call whose stream closed early waits for the result a
+//! resumed GET carries (`resume`), and how a kept result answers a re-run (`replay`). It knows
+//! no route, store or claim: `proxy::mcp` runs the stages.
 
 pub mod identity;
 pub mod jsonrpc;
