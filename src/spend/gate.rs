@@ -54,7 +54,7 @@ pub enum Refusal {
 }
 
 /// What the gate needs to know about one executing attempt.
-pub struct Ask<'a> {
+pub struct Charge<'a> {
     /// The operation's claim scope: one approval per operation.
     pub scope: &'a str,
     pub who: Spender<'a>,
@@ -213,7 +213,7 @@ impl Gate {
     pub async fn admit(
         &self,
         budget: &Budget,
-        ask: &Ask<'_>,
+        ask: &Charge<'_>,
         mut approved: bool,
     ) -> Result<Admission, Refusal> {
         let price = match &ask.cost {
@@ -308,7 +308,7 @@ impl Gate {
 
     fn admitted(
         &self,
-        ask: &Ask<'_>,
+        ask: &Charge<'_>,
         added: bool,
         price: Option<Price>,
         shadowed: Option<CapName>,
@@ -326,7 +326,7 @@ impl Gate {
     /// In shadow mode: logs and counts what would have been refused, and lets it pass.
     fn refuse_unless_shadow(
         &self,
-        ask: &Ask<'_>,
+        ask: &Charge<'_>,
         cap: CapName,
         refusal: Refusal,
     ) -> Result<Option<CapName>, Refusal> {
@@ -339,13 +339,13 @@ impl Gate {
         Ok(Some(cap))
     }
 
-    fn shadow(&self, ask: &Ask<'_>, cap: CapName) {
+    fn shadow(&self, ask: &Charge<'_>, cap: CapName) {
         self.events.shadow(ask.who.route, cap);
     }
 
     fn over(
         &self,
-        _ask: &Ask<'_>,
+        _ask: &Charge<'_>,
         cap: CapName,
         limit: String,
         spent: String,
@@ -363,7 +363,7 @@ impl Gate {
     fn over_counter(
         &self,
         budget: &Budget,
-        ask: &Ask<'_>,
+        ask: &Charge<'_>,
         name: CapName,
         spent: i64,
         price: Option<Price>,
@@ -397,7 +397,7 @@ impl Gate {
     async fn approval(
         &self,
         budget: &Budget,
-        ask: &Ask<'_>,
+        ask: &Charge<'_>,
         price: Price,
         why: String,
     ) -> Result<Decided, Refusal> {
@@ -548,7 +548,13 @@ fn denied(a: Approval) -> Refusal {
 }
 
 /// The approval this request would open: pending, until `approval_expires` from `now`.
-fn fresh_approval(budget: &Budget, ask: &Ask<'_>, price: Price, why: &str, now: u64) -> Approval {
+fn fresh_approval(
+    budget: &Budget,
+    ask: &Charge<'_>,
+    price: Price,
+    why: &str,
+    now: u64,
+) -> Approval {
     let asked = price.asked;
     Approval {
         id: approval_id(ask.scope),

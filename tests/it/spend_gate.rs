@@ -29,7 +29,7 @@ fn start(store: &StoreFixture, routes: &str) -> Proxy {
         &format!("{routes}\n[admin]\ntoken_env = \"IDEMPROXY_ADMIN_TOKEN\"\n"),
     )
     .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
-    Proxy::start_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)])
+    Proxy::in_process_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)])
 }
 
 /// `POST /v1/payments` costs `{body.amount}` cents of `{body.currency}`; `options` go on the

@@ -14,16 +14,16 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::content_type;
 use crate::http::body::{full, read_limited, Body, BoxError, ReadError};
+use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{Claim, Executed};
 use crate::idempotency::policy::Policy;
 use crate::idempotency::record::Receipt;
 use crate::mcp::{replay, sse};
 use crate::metrics::RequestOutcome;
+use crate::outbound::receipt::REPLAYED;
+use crate::outbound::upstream::{UpstreamClient, UpstreamError};
 use crate::proxy::admission::Admitted;
 use crate::proxy::error::ProxyError;
-use crate::proxy::headers::strip_hop_by_hop;
-use crate::proxy::receipt::REPLAYED;
-use crate::proxy::upstream::{UpstreamClient, UpstreamError};
 use crate::proxy::App;
 use crate::routes::Route;
 
@@ -147,9 +147,10 @@ pub(super) async fn forward(
                         .insert(REPLAYED, HeaderValue::from_static("false"));
                     (Ok(resp), outcome)
                 }
-                (Ok(receipt), None) => {
-                    (Ok(crate::proxy::receipt::respond(&receipt, false)), outcome)
-                }
+                (Ok(receipt), None) => (
+                    Ok(crate::outbound::receipt::respond(&receipt, false)),
+                    outcome,
+                ),
                 (Err(error), _) => (
                     Err(ProxyError::Upstream {
                         error,
@@ -225,7 +226,7 @@ async fn call(
             _ => not_an_answer(),
         }
     } else {
-        crate::proxy::receipt::from_response(&parts, bytes.clone())
+        crate::outbound::receipt::from_response(&parts, bytes.clone())
     };
     let _ = whole.send((parts, bytes));
     Ok(receipt)

@@ -18,9 +18,9 @@ use hyper::body::Incoming;
 use serde_json::Value;
 
 use super::outgoing::Outgoing;
-use super::receipt::REPLAYED;
 use crate::http::body::{full, read_limited, stream, Body, ReadError};
-use crate::idempotency::claims::{Acquired, ClaimRequest};
+use crate::http::headers::strip_hop_by_hop;
+use crate::idempotency::claims::{Acquired, ClaimRequest, Found};
 use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::record::Receipt;
 use crate::identity::account::AccountSpec;
@@ -30,8 +30,8 @@ use crate::mcp::jsonrpc::{self, Message, MessageError};
 use crate::mcp::protect::Protection;
 use crate::mcp::{replay, resume, sse, McpRules};
 use crate::metrics::RequestOutcome;
+use crate::outbound::receipt::REPLAYED;
 use crate::proxy::error::ProxyError;
-use crate::proxy::headers::strip_hop_by_hop;
 use crate::proxy::App;
 use crate::request::Request as Read;
 use crate::routes::Route;
@@ -165,20 +165,20 @@ async fn serve(
     .map_err(ProxyError::StoreUnavailable)?;
     let claim = match acquired {
         Acquired::Execute(claim) => claim,
-        Acquired::Replay { receipt, .. } => {
+        Acquired::Found(Found::Replay { receipt, .. }) => {
             *outcome = RequestOutcome::Replayed;
             tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), "replayed a tool call's kept result");
             return Ok(replayed(&receipt, &message.id, &parts.headers));
         }
-        Acquired::Mismatch => {
+        Acquired::Found(Found::Mismatch) => {
             *outcome = RequestOutcome::Mismatch;
             return Err(ProxyError::KeyReused);
         }
-        Acquired::InFlight { retry_after } => {
+        Acquired::Found(Found::InFlight { retry_after }) => {
             *outcome = RequestOutcome::Conflict;
             return Err(ProxyError::InFlight { retry_after });
         }
-        Acquired::Held { retry_after, .. } => {
+        Acquired::Found(Found::Held { retry_after, .. }) => {
             *outcome = RequestOutcome::Unknown;
             return Err(ProxyError::OutcomeUnknown { retry_after });
         }

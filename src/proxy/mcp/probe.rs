@@ -11,8 +11,8 @@ use crate::http::body::{read_limited, Body};
 use crate::mcp::identity::CallIdentity;
 use crate::mcp::protect::{self, Protection};
 use crate::mcp::{replay, sse, McpRules};
+use crate::outbound::upstream::UpstreamClient;
 use crate::proxy::outgoing::Outgoing;
-use crate::proxy::upstream::UpstreamClient;
 use crate::proxy::App;
 use crate::routes::Route;
 
