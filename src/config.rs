@@ -468,6 +468,47 @@ pub struct RouteConfig {
     /// When the store is unreachable, forward unprotected instead of answering 503.
     #[serde(default)]
     pub fail_open: bool,
+    /// What the route speaks: `http` (the default: each request is an operation) or `mcp` (a
+    /// remote MCP server over Streamable HTTP: each tool call is an operation).
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// `[routes.mcp]`: which tools are read-only and how a tool call is identified.
+    pub mcp: Option<McpConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    #[default]
+    Http,
+    Mcp,
+}
+
+/// `[routes.mcp]`: a route to a remote MCP server.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// How long two calls of one tool with the same arguments (and no template or client key)
+    /// count as one call. Default: 24 hours.
+    pub window: Option<Dur>,
+    /// Tools that change nothing: never claimed. Every other tool is protected.
+    #[serde(default)]
+    pub read_only: Vec<String>,
+    /// Leave unclaimed a tool the server's own `tools/list` marks `readOnlyHint: true`. Off by
+    /// default: a server's annotations are hints, and a wrong one would execute twice.
+    #[serde(default)]
+    pub trust_annotations: bool,
+    /// Per tool: `[routes.mcp.tools.create_refund] key = "refund:{args.charge}"`.
+    #[serde(default)]
+    pub tools: std::collections::BTreeMap<String, McpToolConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolConfig {
+    /// The operation a call names, from its arguments (`{args.NAME}`) and the request
+    /// (`{header.NAME}`, `{bearer.CLAIM}`, `{tenant}`), instead of all its arguments.
+    pub key: Option<String>,
 }
 
 /// A provider's "key already used" answer: this status with this top-level JSON `code`.

@@ -17,6 +17,7 @@ mod first_five;
 mod https;
 mod identity;
 mod image;
+mod mcp;
 mod ops;
 mod postgres_store;
 mod providers;
