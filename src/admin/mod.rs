@@ -8,6 +8,7 @@ mod audit;
 pub mod cli;
 pub mod client;
 mod console;
+mod freezes;
 mod held_cache;
 mod keys;
 mod listener;
@@ -235,6 +236,10 @@ impl Admin {
                 Err(resp) => *resp,
                 Ok(who) => approvals::handle(&self, &who, req).await,
             },
+            (_, p) if p.starts_with("/v1/freezes") => match self.bearer(&req) {
+                Err(resp) => *resp,
+                Ok(who) => freezes::handle(&self, &who, req).await,
+            },
             (_, "/healthz" | "/readyz" | "/metrics") => problem(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
@@ -243,7 +248,7 @@ impl Admin {
             _ => problem(
                 StatusCode::NOT_FOUND,
                 "not-found",
-                "Admin endpoints: /healthz, /readyz, /metrics, /console/, /v1/keys (show, resolve, reconcile), /v1/approvals (approve, deny), /v1/reload.",
+                "Admin endpoints: /healthz, /readyz, /metrics, /console/, /v1/keys (show, resolve, reconcile), /v1/approvals (approve, deny), /v1/freezes (freeze, unfreeze), /v1/reload.",
             ),
         };
         Ok(resp)

@@ -9,7 +9,7 @@ use rust_decimal::Decimal;
 
 pub use super::cost::Cost;
 use super::money::{Currency, Money, MoneyError, Unit};
-use super::port::{CapName, Counter, Reservation};
+use super::port::{CapName, Counter, FreezeTarget, Reservation};
 use crate::request::body::{BodyError, Field as BodyField, Parsed};
 use crate::request::template::Template;
 use crate::request::Request;
@@ -374,6 +374,7 @@ impl Budget {
                 .run_window
                 .max(self.tenant_window)
                 .max(self.route_window)),
+            frozen: FreezeTarget::covering(who.route, who.tenant, who.run),
         }
     }
 

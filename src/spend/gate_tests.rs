@@ -36,6 +36,9 @@ impl SpendEvents for Events {
             .expect("events")
             .push(format!("shadow {}", cap.as_str()));
     }
+    fn frozen(&self, _: &str) {
+        self.0.lock().expect("events").push("frozen".into());
+    }
 }
 
 struct World {

@@ -443,6 +443,7 @@ fn reservation(token: &str, amount: i64, cap: i64, now: u64) -> Reservation {
         enforce: true,
         now_ms: now,
         keep_ms: 10_000,
+        frozen: vec![],
     }
 }
 

@@ -56,6 +56,8 @@ const MIGRATIONS: &[&str] = &[
      );",
     // 3: reservations per attempt, in one round trip (functions in `spend.rs`).
     super::spend::MIGRATION,
+    // 4: freezes, checked by the reservation (which takes them as one more argument).
+    super::spend::FREEZE_MIGRATION,
 ];
 
 /// Now on the database's clock, in milliseconds; one value for the whole statement.

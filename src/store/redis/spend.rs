@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use super::connection::{Effect, Lua};
 use super::RedisStore;
 use crate::idempotency::store::{now_ms, StoreError};
-use crate::spend::port::{Approval, Opened, Reservation, Reserved, SpendStore};
+use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore};
 use crate::store::approvals::{self, Cells};
 
 // A counter is four keys under `PREFIX .. name`: `:win` (sorted set: the attempts reserved
@@ -67,12 +67,18 @@ end
 
 /// KEYS: the attempt's `res` key. ARGV: prefix, token, now, keep, enforce (1/0), the token it
 /// replaces ('' for none), n, then (counter, cap or '', since, add) per counter, then m and
-/// (counter index, threshold) per approval threshold. Sums leave out the replaced attempt's
-/// reservation.
+/// (counter index, threshold) per approval threshold, then f and the freeze targets to check
+/// (fields of the `freezes` hash). Sums leave out the replaced attempt's reservation.
 const RESERVE: &str = r#"
 local prefix, token, now, keep = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local enforce, replaces, n = ARGV[5] == '1', ARGV[6], tonumber(ARGV[7])
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'existing', 0, 0} end
+local fat = 4 * n + 9 + 2 * tonumber(ARGV[4 * n + 8])
+for k = 1, tonumber(ARGV[fat]) do
+  if redis.call('HEXISTS', prefix .. 'freezes', ARGV[fat + k]) == 1 then
+    return {'frozen', k - 1, 0}
+  end
+end
 local names, caps, adds, sums = {}, {}, {}, {}
 for i = 1, n do
   local a = 4 * i + 4
@@ -158,6 +164,12 @@ impl RedisStore {
     fn approvals_key(&self) -> String {
         self.conn.key("approvals")
     }
+
+    /// Freezes: one hash, target → the freeze. In the spend slot, so the reserve script
+    /// checks it in the same step as the counters.
+    fn freezes_key(&self) -> String {
+        format!("{}freezes", self.spend_prefix())
+    }
 }
 
 /// Approvals are fields of one hash, swapped by a script that compares the bytes read.
@@ -203,6 +215,8 @@ impl SpendStore for RedisStore {
         for (index, above) in &r.approvals {
             args.extend([index.to_string(), above.to_string()]);
         }
+        args.push(r.frozen.len().to_string());
+        args.extend(r.frozen.iter().cloned());
         let (verdict, index, spent): (String, i64, i64) = self
             .conn
             .script(&RESERVE_SCRIPT, &keys, &args, Effect::Wrote)
@@ -217,6 +231,9 @@ impl SpendStore for RedisStore {
             "approval" => Reserved::NeedsApproval {
                 index: index as usize,
                 spent,
+            },
+            "frozen" => Reserved::Frozen {
+                index: index as usize,
             },
             other => {
                 return Err(StoreError::Unavailable(format!(
@@ -295,6 +312,32 @@ impl SpendStore for RedisStore {
         all.retain(|a| a.expires_ms >= gone_before);
         all.sort_by_key(|a| std::cmp::Reverse(a.created_ms));
         all.truncate(limit);
+        Ok(all)
+    }
+
+    async fn freeze(&self, f: &Freeze) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(self.freezes_key()).arg(&f.target).arg(f.encode());
+        let _: i64 = self.conn.query(cmd, Effect::Wrote).await?;
+        Ok(())
+    }
+
+    async fn unfreeze(&self, target: &str) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(self.freezes_key()).arg(target);
+        let gone: i64 = self.conn.query(cmd, Effect::Wrote).await?;
+        Ok(gone > 0)
+    }
+
+    async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
+        let mut cmd = redis::cmd("HVALS");
+        cmd.arg(self.freezes_key());
+        let raw: Vec<Vec<u8>> = self.conn.query(cmd, Effect::Read).await?;
+        let mut all = raw
+            .iter()
+            .map(|r| Freeze::decode(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        all.sort_by(|a, b| a.target.cmp(&b.target));
         Ok(all)
     }
 }

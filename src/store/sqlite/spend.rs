@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use super::SqliteStore;
 use crate::idempotency::store::StoreError;
 use crate::spend::port::{
-    decide, opening, updating, Approval, Opened, Reservation, Reserved, SpendStore,
+    decide, opening, updating, Approval, Freeze, Opened, Reservation, Reserved, SpendStore,
 };
 
 /// A spend operation, as the writer thread runs it.
@@ -22,6 +22,9 @@ pub(super) enum Op {
     Approval { id: String },
     UpdateApproval(Approval),
     Approvals { limit: usize },
+    Freeze(Freeze),
+    Unfreeze { target: String },
+    Freezes,
 }
 
 pub(super) enum Reply {
@@ -33,6 +36,7 @@ pub(super) enum Reply {
     Found(Option<Vec<u8>>),
     Updated(bool),
     Listed(Vec<Vec<u8>>),
+    Unfrozen(bool),
 }
 
 /// An operation answered with a reply of another operation's kind: a bug, said as such.
@@ -57,6 +61,10 @@ pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
          CREATE TABLE IF NOT EXISTS spend_totals (
              counter TEXT PRIMARY KEY,
              total   INTEGER NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS spend_freezes (
+             target TEXT PRIMARY KEY,
+             value  BLOB NOT NULL
          );
          CREATE TABLE IF NOT EXISTS approvals (
              id         TEXT PRIMARY KEY,
@@ -152,6 +160,15 @@ fn reserve(tx: &Transaction<'_>, r: &Reservation) -> rusqlite::Result<Reserved> 
         .query_row(params![r.token], |_| Ok(()))
         .optional()?
         .is_some();
+    let mut frozen = Vec::with_capacity(r.frozen.len());
+    for target in &r.frozen {
+        frozen.push(
+            tx.prepare_cached("SELECT 1 FROM spend_freezes WHERE target = ?1")?
+                .query_row(params![target], |_| Ok(()))
+                .optional()?
+                .is_some(),
+        );
+    }
     let mut sums = Vec::with_capacity(r.counters.len());
     for c in &r.counters {
         age(tx, &c.key, c.since_ms as i64)?;
@@ -161,7 +178,12 @@ fn reserve(tx: &Transaction<'_>, r: &Reservation) -> rusqlite::Result<Reserved> 
         };
         sums.push(total(tx, &c.key)? - replaced);
     }
-    let verdict = decide(r, existing, |i| sums.get(i).copied().unwrap_or(0));
+    let verdict = decide(
+        r,
+        existing,
+        |i| frozen.get(i).copied().unwrap_or(false),
+        |i| sums.get(i).copied().unwrap_or(0),
+    );
     if verdict.counts(r.enforce) {
         if let Some(old) = &r.replaces {
             release(tx, old)?;
@@ -262,6 +284,24 @@ pub(super) fn apply(tx: &Transaction<'_>, op: Op) -> rusqlite::Result<Reply> {
                 .query_map(params![limit as i64], |row| row.get(0))?
                 .collect::<rusqlite::Result<_>>()?,
         ),
+        Op::Freeze(f) => {
+            tx.prepare_cached(
+                "INSERT INTO spend_freezes (target, value) VALUES (?1, ?2)
+                 ON CONFLICT(target) DO UPDATE SET value = excluded.value",
+            )?
+            .execute(params![f.target, f.encode()])?;
+            Reply::Unfrozen(true)
+        }
+        Op::Unfreeze { target } => Reply::Unfrozen(
+            tx.prepare_cached("DELETE FROM spend_freezes WHERE target = ?1")?
+                .execute(params![target])?
+                > 0,
+        ),
+        Op::Freezes => Reply::Listed(
+            tx.prepare_cached("SELECT value FROM spend_freezes ORDER BY target")?
+                .query_map([], |row| row.get(0))?
+                .collect::<rusqlite::Result<_>>()?,
+        ),
     })
 }
 
@@ -328,6 +368,30 @@ impl SpendStore for SqliteStore {
     async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
         match self.spend(Op::Approvals { limit }).await? {
             Reply::Listed(rows) => rows.iter().map(|raw| Approval::decode(raw)).collect(),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn freeze(&self, f: &Freeze) -> Result<(), StoreError> {
+        match self.spend(Op::Freeze(f.clone())).await? {
+            Reply::Unfrozen(_) => Ok(()),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn unfreeze(&self, target: &str) -> Result<bool, StoreError> {
+        let op = Op::Unfreeze {
+            target: target.to_string(),
+        };
+        match self.spend(op).await? {
+            Reply::Unfrozen(found) => Ok(found),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
+        match self.spend(Op::Freezes).await? {
+            Reply::Listed(rows) => rows.iter().map(|raw| Freeze::decode(raw)).collect(),
             _ => Err(mismatched()),
         }
     }
