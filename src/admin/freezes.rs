@@ -39,18 +39,17 @@ pub(super) async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
-    let freeze = match (method, path.as_str()) {
-        (Method::GET, "/v1/freezes") => return list(admin).await,
-        (Method::POST, "/v1/freezes/freeze") => true,
-        (Method::POST, "/v1/freezes/unfreeze") => false,
-        _ => {
-            return problem(
+    let freeze =
+        match (method, path.as_str()) {
+            (Method::GET, "/v1/freezes") => return list(admin).await,
+            (Method::POST, "/v1/freezes/freeze") => true,
+            (Method::POST, "/v1/freezes/unfreeze") => false,
+            _ => return problem(
                 StatusCode::NOT_FOUND,
                 "not-found",
                 "Freezes API: GET /v1/freezes, POST /v1/freezes/freeze, POST /v1/freezes/unfreeze.",
-            )
-        }
-    };
+            ),
+        };
     if let Err(resp) = super::require(who, Role::Operator) {
         return *resp;
     }
@@ -112,14 +111,17 @@ pub(super) fn target(admin: &Admin, o: &Order) -> Result<FreezeTarget, Problem> 
     };
     let name_ok = |field: &str, v: &str| {
         if v.len() > crate::proxy::spending::MAX_RUN_LEN * 2 || v.contains(['/', ':']) {
-            Err(bad(format!("{field}: `{v}` is not a name the proxy gives out")))
+            Err(bad(format!(
+                "{field}: `{v}` is not a name the proxy gives out"
+            )))
         } else {
             Ok(())
         }
     };
     match o.scope.trim() {
         "tenant" => {
-            let t = given(&o.tenant).ok_or_else(|| bad("tenant: name the tenant to freeze".into()))?;
+            let t =
+                given(&o.tenant).ok_or_else(|| bad("tenant: name the tenant to freeze".into()))?;
             name_ok("tenant", &t)?;
             Ok(FreezeTarget::Tenant(t))
         }
@@ -134,7 +136,8 @@ pub(super) fn target(admin: &Admin, o: &Order) -> Result<FreezeTarget, Problem> 
             Ok(FreezeTarget::Run { tenant, run })
         }
         "route" => {
-            let route = given(&o.route).ok_or_else(|| bad("route: name the route to freeze".into()))?;
+            let route =
+                given(&o.route).ok_or_else(|| bad("route: name the route to freeze".into()))?;
             if !admin.app.routes.all().iter().any(|r| r.name == route) {
                 return Err(Problem::new(
                     StatusCode::NOT_FOUND,
@@ -144,9 +147,7 @@ pub(super) fn target(admin: &Admin, o: &Order) -> Result<FreezeTarget, Problem> 
             }
             Ok(FreezeTarget::Route(route))
         }
-        other => Err(bad(format!(
-            "scope: `{other}` is not tenant, run or route"
-        ))),
+        other => Err(bad(format!("scope: `{other}` is not tenant, run or route"))),
     }
 }
 
@@ -191,9 +192,15 @@ pub(super) async fn apply(
             at_ms: now,
         };
         store.freeze(&f).await.map_err(unavailable)?;
-        admin
-            .audit
-            .record(&audit::about_freeze("spend.frozen", who, by, via, now, &f.reason, &target));
+        admin.audit.record(&audit::about_freeze(
+            "spend.frozen",
+            who,
+            by,
+            via,
+            now,
+            &f.reason,
+            &target,
+        ));
         tracing::warn!(target = %key, %by, "spend frozen");
         Ok(serde_json::json!({"frozen": true, "freeze": view(&f)}))
     } else {
@@ -206,10 +213,18 @@ pub(super) async fn apply(
             ));
         }
         let why = reason.unwrap_or_default();
-        admin
-            .audit
-            .record(&audit::about_freeze("spend.unfrozen", who, by, via, now, &why, &target));
+        admin.audit.record(&audit::about_freeze(
+            "spend.unfrozen",
+            who,
+            by,
+            via,
+            now,
+            &why,
+            &target,
+        ));
         tracing::warn!(target = %key, %by, "spend freeze lifted");
-        Ok(serde_json::json!({"frozen": false, "target": key, "what": FreezeTarget::describe(&key)}))
+        Ok(
+            serde_json::json!({"frozen": false, "target": key, "what": FreezeTarget::describe(&key)}),
+        )
     }
 }

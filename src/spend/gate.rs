@@ -15,9 +15,7 @@ use sha2::{Digest, Sha256};
 
 use super::budget::{Attempt, Budget, Cost, Price, Spender};
 use super::money::Money;
-use super::port::{
-    Approval, ApprovalState, CapName, FreezeTarget, Opened, Reserved, SpendStore,
-};
+use super::port::{Approval, ApprovalState, CapName, FreezeTarget, Opened, Reserved, SpendStore};
 use crate::idempotency::claims::Claims;
 use crate::idempotency::store::StoreError;
 
@@ -357,12 +355,18 @@ impl Gate {
     /// again: only refusals pay for it).
     async fn frozen(&self, ask: &Ask<'_>, target: &str) -> Refusal {
         self.events.frozen(ask.who.route);
-        let found = self.store.freezes().await.ok().and_then(|all| {
-            all.into_iter().find(|f| f.target == target)
-        });
+        let found = self
+            .store
+            .freezes()
+            .await
+            .ok()
+            .and_then(|all| all.into_iter().find(|f| f.target == target));
         Refusal::Frozen {
             what: FreezeTarget::describe(target),
-            by: found.as_ref().map(|f| f.by.clone()).unwrap_or_else(|| "an operator".into()),
+            by: found
+                .as_ref()
+                .map(|f| f.by.clone())
+                .unwrap_or_else(|| "an operator".into()),
             reason: found
                 .map(|f| f.reason)
                 .unwrap_or_else(|| "lifted or changed since".into()),

@@ -88,14 +88,19 @@ impl SpendStore for MemorySpend {
     async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
         let mut inner = self.lock();
         let existing = inner.counters.values().any(|m| m.contains_key(&r.token));
-        let verdict = decide(r, existing, |i| inner.freezes.contains_key(&r.frozen[i]), |i| {
-            let c = &r.counters[i];
-            sum(
-                inner.counters.get(&c.key),
-                r.replaces.as_deref(),
-                c.since_ms,
-            )
-        });
+        let verdict = decide(
+            r,
+            existing,
+            |i| inner.freezes.contains_key(&r.frozen[i]),
+            |i| {
+                let c = &r.counters[i];
+                sum(
+                    inner.counters.get(&c.key),
+                    r.replaces.as_deref(),
+                    c.since_ms,
+                )
+            },
+        );
         if verdict.counts(r.enforce) {
             if let Some(old) = &r.replaces {
                 inner.release(old);

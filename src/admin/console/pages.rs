@@ -564,7 +564,9 @@ impl FreezeRow {
     fn of(target: &FreezeTarget, frozen: Option<&Freeze>) -> FreezeRow {
         let (scope, tenant, run, route) = match target {
             FreezeTarget::Tenant(t) => ("tenant", t.clone(), String::new(), String::new()),
-            FreezeTarget::Run { tenant, run } => ("run", tenant.clone(), run.clone(), String::new()),
+            FreezeTarget::Run { tenant, run } => {
+                ("run", tenant.clone(), run.clone(), String::new())
+            }
             FreezeTarget::Route(r) => ("route", String::new(), String::new(), r.clone()),
         };
         FreezeRow {
@@ -710,7 +712,12 @@ async fn route_budgets(
     let mut rows = Vec::new();
     for w in wanted {
         let window_ms = w.window.as_millis() as u64;
-        let spent = admin.app.spend.store().spent(&w.key, window_ms, now).await?;
+        let spent = admin
+            .app
+            .spend
+            .store()
+            .spent(&w.key, window_ms, now)
+            .await?;
         let shown = |v: i64| {
             if w.counts {
                 format!("{v} executions")
@@ -729,7 +736,11 @@ async fn route_budgets(
             percent: w
                 .cap
                 .filter(|c| *c > 0)
-                .map(|c| ((spent.max(0) as f64 / c as f64) * 100.0).round().min(999.0) as u32)
+                .map(|c| {
+                    ((spent.max(0) as f64 / c as f64) * 100.0)
+                        .round()
+                        .min(999.0) as u32
+                })
                 .unwrap_or(0),
             freeze: FreezeRow::of(&w.target, freezes.iter().find(|f| f.target == key)),
         });
@@ -783,7 +794,10 @@ pub async fn spend(
         let Some(spend) = &route.spend else { continue };
         let target = FreezeTarget::Route(route.name.clone());
         let key = target.key();
-        routes.push(FreezeRow::of(&target, freezes.iter().find(|f| f.target == key)));
+        routes.push(FreezeRow::of(
+            &target,
+            freezes.iter().find(|f| f.target == key),
+        ));
         let mut runs: Vec<(String, String)> = approvals
             .iter()
             .filter(|a| a.route == route.name)
@@ -852,7 +866,11 @@ pub async fn freeze(
     if !may(session, Role::Operator) {
         return forbidden(session, "freeze or unfreeze spend");
     }
-    let field = |k: &str| form.get(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let field = |k: &str| {
+        form.get(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
     let order = crate::admin::freezes::Order {
         scope: field("scope").unwrap_or_default(),
         tenant: field("tenant"),
@@ -875,6 +893,12 @@ pub async fn freeze(
                 .finish();
             redirect_to(format!("/console/spend?{q}"))
         }
-        Err(p) => message(Some(session), p.status, p.title, &p.detail, "/console/spend"),
+        Err(p) => message(
+            Some(session),
+            p.status,
+            p.title,
+            &p.detail,
+            "/console/spend",
+        ),
     }
 }
