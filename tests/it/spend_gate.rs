@@ -718,6 +718,94 @@ async fn a_freeze_stops_a_tenant_a_run_or_a_route_until_lifted(backend: Backend)
     assert_eq!(provider.effects(), 4);
 }
 
+/// Caps per calendar day in a stated IANA zone (issue 24): a zone that is not one, or a zone
+/// with no calendar-day window, is refused at start naming the field and the file; a route
+/// that counts per calendar day in a real zone starts, caps, and shows its window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_day_windows_name_their_zone_or_are_refused() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let check = |spend: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("daily.toml");
+        std::fs::write(
+            &file,
+            config_on(&store, &pay_route("pay", &provider, "", spend)),
+        )
+        .expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .args(["check-config", "--config"])
+            .arg(&file)
+            .output()
+            .expect("run check-config");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, said) = check("per_tenant = \"1.00\"\ntenant_window = \"calendar-day\"\ntime_zone = \"Mars/Olympus_Mons\"");
+    assert!(
+        !ok && said.contains("spend.time_zone")
+            && said.contains("daily.toml")
+            && said.contains("Mars/Olympus_Mons"),
+        "{said}"
+    );
+    let (ok, said) = check("per_tenant = \"1.00\"\ntime_zone = \"Europe/Berlin\"");
+    assert!(
+        !ok && said.contains("spend.time_zone") && said.contains("calendar-day"),
+        "{said}"
+    );
+    let (ok, said) = check("per_tenant = \"1.00\"\ntenant_window = \"daily\"");
+    assert!(!ok && said.contains("spend.tenant_window"), "{said}");
+    let (ok, said) = check(
+        "per_tenant = \"1.00\"\ntenant_window = \"calendar-day\"\ntime_zone = \"Asia/Kolkata\"",
+    );
+    assert!(ok, "{said}");
+
+    let proxy = start(
+        &store,
+        &pay_route(
+            "pay",
+            &provider,
+            "",
+            "per_tenant = \"1.00\"\ntenant_window = \"calendar-day\"\ntime_zone = \"Asia/Kolkata\"",
+        ),
+    );
+    assert_eq!(
+        post(
+            &proxy,
+            "/pay/v1/payments",
+            Some("d1"),
+            "r",
+            &payment(60, "")
+        )
+        .await
+        .status,
+        200
+    );
+    let over = post(
+        &proxy,
+        "/pay/v1/payments",
+        Some("d2"),
+        "r",
+        &payment(60, ""),
+    )
+    .await;
+    // The one case the cap may not hold: the two requests straddle midnight in Kolkata.
+    let day = 24 * 3_600_000u128;
+    let local = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+        + 19_800_000)
+        % day;
+    if local > 10_000 {
+        assert_eq!(slug(&over), "spend-cap-exceeded", "{}", over.text());
+        assert_eq!(provider.effects(), 1);
+    }
+}
+
 /// Runs one async test body on each store with its own spend scripts: SQLite, Redis (plain,
 /// and a Cluster for the scripts' hash tags), PostgreSQL.
 macro_rules! spend_stores {

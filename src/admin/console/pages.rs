@@ -605,7 +605,7 @@ struct Wanted {
     key: String,
     cap: Option<i64>,
     counts: bool,
-    window: std::time::Duration,
+    window: crate::spend::budget::Window,
     target: FreezeTarget,
 }
 
@@ -711,7 +711,8 @@ async fn route_budgets(
     }
     let mut rows = Vec::new();
     for w in wanted {
-        let window_ms = w.window.as_millis() as u64;
+        // What the gate counts: since the window's start (a rolling span, or midnight).
+        let window_ms = now.saturating_sub(b.since(w.window, now));
         let spent = admin
             .app
             .spend
@@ -732,7 +733,7 @@ async fn route_budgets(
             kind: if w.counts { "count" } else { "money" },
             spent: shown(spent),
             cap: w.cap.map(shown).unwrap_or_else(|| "no cap".into()),
-            window: views::span(window_ms),
+            window: b.describe(w.window),
             percent: w
                 .cap
                 .filter(|c| *c > 0)
