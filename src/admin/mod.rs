@@ -318,17 +318,10 @@ impl Admin {
                 tracing::debug!("cannot count UNKNOWN claims for /metrics; keeping the last value")
             }
         }
-        {
-            let now = self.app.claims.clock().now_ms();
-            if let Ok(all) = self.app.spend.store().approvals(self.list_limit).await {
-                let pending = all
-                    .iter()
-                    .filter(|a| {
-                        a.state == crate::spend::port::ApprovalState::Pending && !a.expired(now)
-                    })
-                    .count();
-                self.app.metrics.approvals_pending.set(pending as i64);
-            }
+        // From the store's index of pending approvals: a scrape never loads a parked body.
+        let now = self.app.claims.clock().now_ms();
+        if let Ok(pending) = self.app.spend.store().pending(now).await {
+            self.app.metrics.approvals_pending.set(pending.len() as i64);
         }
         if let Some(leaves) = &self.app.connect.leaves {
             let entries = leaves.entries().await;

@@ -502,12 +502,10 @@ impl Gate {
     }
 
     /// `Some(why)` when the tenant or the run already has as many approvals pending as it
-    /// may (counted from the store's list, which holds no more than the caps allow).
+    /// may (counted from the store's index of pending approvals: no body is read).
     async fn pending_full(&self, fresh: &Approval, now: u64) -> Result<Option<String>, StoreError> {
-        let all = self.store.approvals(1000).await?;
-        let pending = all
-            .iter()
-            .filter(|a| a.state == ApprovalState::Pending && !a.expired(now) && a.id != fresh.id);
+        let all = self.store.pending(now).await?;
+        let pending = all.iter().filter(|a| a.id != fresh.id);
         let (mut tenant, mut run) = (0, 0);
         for a in pending.filter(|a| a.route == fresh.route && a.tenant == fresh.tenant) {
             tenant += 1;

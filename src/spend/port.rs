@@ -244,6 +244,43 @@ impl Approval {
     }
 }
 
+/// A pending approval without its body: what counting and capping pending approvals need
+/// (metrics, the per-tenant and per-run caps). Each store keeps these beside the approvals,
+/// written in the same step, so a count never loads a parked body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub id: String,
+    pub route: String,
+    pub tenant: String,
+    pub run: String,
+    pub expires_ms: u64,
+}
+
+impl Waiting {
+    /// What the index keeps for `a`: `Some` while it is pending, `None` once decided.
+    pub fn of(a: &Approval) -> Option<Waiting> {
+        (a.state == ApprovalState::Pending).then(|| Waiting {
+            id: a.id.clone(),
+            route: a.route.clone(),
+            tenant: a.tenant.clone(),
+            run: a.run.clone(),
+            expires_ms: a.expires_ms,
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Waiting, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Corrupt(crate::idempotency::record::DecodeError(format!(
+                "a pending approval's index entry: {e}"
+            )))
+        })
+    }
+}
+
 /// An operator's stop on every capped operation of a tenant, a run or a route, until lifted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Freeze {
@@ -372,6 +409,10 @@ pub trait SpendStore: Send + Sync + 'static {
 
     /// Up to `limit` approvals, newest first.
     async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError>;
+
+    /// The approvals pending and not expired at `now_ms`, without their bodies (read from an
+    /// index the store keeps with them: never the approvals themselves).
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError>;
 
     /// Stops every capped operation `f.target` covers, at once on every proxy sharing the
     /// store (replaces an earlier freeze of the same target).

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::port::{
     decide, opening, updating, Approval, ApprovalState, Freeze, Opened, Reservation, Reserved,
-    SpendStore,
+    SpendStore, Waiting,
 };
 use crate::idempotency::store::StoreError;
 
@@ -168,6 +168,16 @@ impl SpendStore for MemorySpend {
         all.sort_by_key(|a| std::cmp::Reverse(a.created_ms));
         all.truncate(limit);
         Ok(all)
+    }
+
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError> {
+        Ok(self
+            .lock()
+            .approvals
+            .values()
+            .filter_map(Waiting::of)
+            .filter(|w| w.expires_ms > now_ms)
+            .collect())
     }
 
     async fn freeze(&self, f: &Freeze) -> Result<(), StoreError> {

@@ -14,7 +14,7 @@ use super::seal::{self, Sealer};
 use crate::idempotency::record::{Fence, Record, State};
 use crate::idempotency::store::{Expiry, SettleSink, Store, StoreError};
 use crate::metrics::{Metrics, StoreOp};
-use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore};
+use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting};
 
 /// Every store operation, as the metrics label it. (`Approvals` stays last: it sizes the
 /// table of series.)
@@ -34,6 +34,7 @@ enum Op {
     Approval,
     UpdateApproval,
     Approvals,
+    Pending,
     Freeze,
 }
 
@@ -56,6 +57,7 @@ impl Op {
             Op::Approval => "approval",
             Op::UpdateApproval => "update_approval",
             Op::Approvals => "approvals",
+            Op::Pending => "pending",
             Op::Freeze => "freeze",
         }
     }
@@ -246,6 +248,10 @@ impl<S: SpendStore + ?Sized> SpendStore for Guard<S> {
             .collect()
     }
 
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError> {
+        self.call(Op::Pending, self.inner.pending(now_ms)).await
+    }
+
     async fn freeze(&self, f: &Freeze) -> Result<(), StoreError> {
         self.call(Op::Freeze, self.inner.freeze(f)).await
     }
@@ -324,6 +330,9 @@ mod tests {
                 Ok(false)
             }
             async fn approvals(&self, _: usize) -> Result<Vec<Approval>, StoreError> {
+                Ok(vec![])
+            }
+            async fn pending(&self, _: u64) -> Result<Vec<Waiting>, StoreError> {
                 Ok(vec![])
             }
             async fn freeze(&self, _: &Freeze) -> Result<(), StoreError> {

@@ -18,6 +18,7 @@ mod https;
 mod identity;
 mod image;
 mod ops;
+mod parked_payments;
 mod postgres_store;
 mod providers;
 mod readme;

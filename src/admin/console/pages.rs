@@ -472,13 +472,13 @@ pub async fn overview(admin: &Admin, session: &Session) -> Response<Body> {
         .collect();
     let (counts, since_ms) = admin.traffic.last_hour(&admin.app.metrics);
     let (outcomes, traffic, unprotected) = traffic_table(&counts);
-    let pending = approvals::all(admin)
+    let pending = admin
+        .app
+        .spend
+        .store()
+        .pending(now)
         .await
-        .map(|all| {
-            all.iter()
-                .filter(|a| a.state == ApprovalState::Pending && !a.expired(now))
-                .count()
-        })
+        .map(|p| p.len())
         .unwrap_or(0);
     let held = admin
         .held

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use super::connection::{unavailable, NOW};
 use super::PostgresStore;
 use crate::idempotency::store::StoreError;
-use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore};
+use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting};
 use crate::store::approvals::{self, Cells};
 
 /// Schema step 3: the attempt index and the two functions every reservation and release is.
@@ -198,6 +198,24 @@ END;
 $f$;
 "#;
 
+/// Schema step 5: the index of pending approvals (no bodies), filled from the approvals
+/// already stored and written with them from then on.
+pub(super) const PENDING_MIGRATION: &str = r#"
+CREATE TABLE IF NOT EXISTS idemproxy_approvals_pending (
+  id         text COLLATE "C" PRIMARY KEY,
+  expires_at bigint NOT NULL,
+  value      bytea NOT NULL
+);
+INSERT INTO idemproxy_approvals_pending (id, expires_at, value)
+SELECT id, expires_at, convert_to(jsonb_build_object(
+    'id', v->>'id', 'route', v->>'route', 'tenant', v->>'tenant', 'run', v->>'run',
+    'expires_ms', (v->>'expires_ms')::bigint)::text, 'UTF8')
+FROM (SELECT id, expires_at, convert_from(value, 'UTF8')::jsonb AS v
+      FROM idemproxy_approvals) a
+WHERE v->>'state' = 'pending'
+ON CONFLICT (id) DO NOTHING;
+"#;
+
 impl PostgresStore {
     fn counter(&self, key: &str) -> String {
         format!("{}:{key}", self.namespace)
@@ -237,25 +255,34 @@ impl Cells for PostgresStore {
         let key = self.approval_key(&new.id);
         let (created, expires, value) =
             (new.created_ms as i64, new.expires_ms as i64, new.encode());
+        let entry: Option<Vec<u8>> = Waiting::of(new).map(|w| w.encode());
+        // The approval and its index entry in one statement: both or neither.
+        let index = "p AS (INSERT INTO idemproxy_approvals_pending (id, expires_at, value)
+                 SELECT id, $3, $5::bytea FROM w WHERE $5::bytea IS NOT NULL
+                 ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at,
+                     value = excluded.value),
+             d AS (DELETE FROM idemproxy_approvals_pending
+                 WHERE $5::bytea IS NULL AND id IN (SELECT id FROM w))
+             SELECT count(*) FROM w";
         let written = match seen {
             None => {
                 client
-                    .execute(
-                        "INSERT INTO idemproxy_approvals (id, created_ms, expires_at, value)
-                     VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
-                        &[&key, &created, &expires, &value],
+                    .query_one(
+                        &format!("WITH w AS (INSERT INTO idemproxy_approvals (id, created_ms, expires_at, value)
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING RETURNING id), {index}"),
+                        &[&key, &created, &expires, &value, &entry],
                     )
                     .await
             }
             Some(seen) => client
-                .execute(
-                    "UPDATE idemproxy_approvals SET created_ms = $2, expires_at = $3, value = $4
-                     WHERE id = $1 AND value = $5",
-                    &[&key, &created, &expires, &value, &seen],
+                .query_one(
+                    &format!("WITH w AS (UPDATE idemproxy_approvals SET created_ms = $2, expires_at = $3, value = $4
+                     WHERE id = $1 AND value = $6 RETURNING id), {index}"),
+                    &[&key, &created, &expires, &value, &entry, &seen],
                 )
                 .await,
         };
-        Ok(written.map_err(unavailable)? == 1)
+        Ok(written.map_err(unavailable)?.get::<_, i64>(0) == 1)
     }
 }
 
@@ -388,6 +415,29 @@ impl SpendStore for PostgresStore {
             .map_err(unavailable)?;
         rows.iter()
             .map(|r| Approval::decode(&r.get::<_, Vec<u8>>(0)))
+            .collect()
+    }
+
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError> {
+        let client = self.conn.client().await?;
+        let prefix = format!("{}:", self.namespace);
+        let now = now_ms as i64;
+        client
+            .execute(
+                "DELETE FROM idemproxy_approvals_pending WHERE starts_with(id, $1) AND expires_at <= $2",
+                &[&prefix, &now],
+            )
+            .await
+            .map_err(unavailable)?;
+        let rows = client
+            .query(
+                "SELECT value FROM idemproxy_approvals_pending WHERE starts_with(id, $1)",
+                &[&prefix],
+            )
+            .await
+            .map_err(unavailable)?;
+        rows.iter()
+            .map(|r| Waiting::decode(&r.get::<_, Vec<u8>>(0)))
             .collect()
     }
 

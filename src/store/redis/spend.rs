@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use super::connection::{Effect, Lua};
 use super::RedisStore;
 use crate::idempotency::store::{now_ms, StoreError};
-use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore};
+use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting};
 use crate::store::approvals::{self, Cells};
 
 // A counter is four keys under `PREFIX .. name`: `:win` (sorted set: the attempts reserved
@@ -135,12 +135,50 @@ end
 return sum
 "#;
 
-/// KEYS: the approvals hash. ARGV: id, the value read ('' for none), the new value.
+/// KEYS: the approvals hash, the pending index. ARGV: id, the value read ('' for none), the
+/// new value, its index entry ('' once decided).
 const SWAP: &str = r#"
 local now = redis.call('HGET', KEYS[1], ARGV[1]) or ''
 if now ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
 return 1
+"#;
+
+/// KEYS: the approvals hash, the pending index. ARGV: now. Builds the index from the
+/// approvals once (a store written before it existed), drops expired entries, and returns the
+/// live ones. The `_built` field marks a built index and is never deleted.
+const PENDING: &str = r#"
+if redis.call('HEXISTS', KEYS[2], '_built') == 0 then
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local ok, a = pcall(cjson.decode, all[i + 1])
+    if ok and a.state == 'pending' then
+      redis.call('HSET', KEYS[2], all[i], string.format(
+        '{"id":%s,"route":%s,"tenant":%s,"run":%s,"expires_ms":%.0f}',
+        cjson.encode(a.id), cjson.encode(a.route), cjson.encode(a.tenant),
+        cjson.encode(a.run), a.expires_ms))
+    end
+  end
+  redis.call('HSET', KEYS[2], '_built', '1')
+end
+local live, now = {}, tonumber(ARGV[1])
+local entries = redis.call('HGETALL', KEYS[2])
+for i = 1, #entries, 2 do
+  if entries[i] ~= '_built' then
+    local ok, w = pcall(cjson.decode, entries[i + 1])
+    if ok and tonumber(w.expires_ms) > now then
+      table.insert(live, entries[i + 1])
+    else
+      redis.call('HDEL', KEYS[2], entries[i])
+    end
+  end
+end
+return live
 "#;
 
 /// The scripts with the helpers they use, and their digests, computed once.
@@ -148,6 +186,7 @@ static RESERVE_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{HELPE
 static RELEASE_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{HELPERS}{RELEASE}")));
 static SPENT_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(SPENT_READ.into()));
 static SWAP_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(SWAP.into()));
+static PENDING_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(PENDING.into()));
 
 impl RedisStore {
     /// Where every spend key starts: one hash tag for all of them (one Cluster slot).
@@ -163,6 +202,12 @@ impl RedisStore {
 
     fn approvals_key(&self) -> String {
         self.conn.key("approvals")
+    }
+
+    /// The pending approvals' index (id → [`Waiting`]): tagged with the approvals hash's
+    /// whole name, so a Cluster keeps both in one slot and one script writes both.
+    fn pending_key(&self) -> String {
+        format!("{{{}}}:pending", self.approvals_key())
     }
 
     /// Freezes: one hash, target → the freeze. In the spend slot, so the reserve script
@@ -182,10 +227,12 @@ impl Cells for RedisStore {
 
     async fn swap(&self, seen: Option<&[u8]>, new: &Approval) -> Result<bool, StoreError> {
         let encoded = new.encode();
-        let args: [&[u8]; 3] = [new.id.as_bytes(), seen.unwrap_or(b""), &encoded];
+        let entry = Waiting::of(new).map(|w| w.encode()).unwrap_or_default();
+        let args: [&[u8]; 4] = [new.id.as_bytes(), seen.unwrap_or(b""), &encoded, &entry];
+        let keys = [self.approvals_key(), self.pending_key()];
         let swapped: i64 = self
             .conn
-            .script(&SWAP_SCRIPT, &[self.approvals_key()], &args, Effect::Wrote)
+            .script(&SWAP_SCRIPT, &keys, &args, Effect::Wrote)
             .await?;
         Ok(swapped == 1)
     }
@@ -313,6 +360,15 @@ impl SpendStore for RedisStore {
         all.sort_by_key(|a| std::cmp::Reverse(a.created_ms));
         all.truncate(limit);
         Ok(all)
+    }
+
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError> {
+        let keys = [self.approvals_key(), self.pending_key()];
+        let raw: Vec<Vec<u8>> = self
+            .conn
+            .script(&PENDING_SCRIPT, &keys, &[now_ms], Effect::Wrote)
+            .await?;
+        raw.iter().map(|r| Waiting::decode(r)).collect()
     }
 
     async fn freeze(&self, f: &Freeze) -> Result<(), StoreError> {

@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use super::SqliteStore;
 use crate::idempotency::store::StoreError;
 use crate::spend::port::{
-    decide, opening, updating, Approval, Freeze, Opened, Reservation, Reserved, SpendStore,
+    decide, opening, updating, Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting,
 };
 
 /// A spend operation, as the writer thread runs it.
@@ -25,6 +25,7 @@ pub(super) enum Op {
     Freeze(Freeze),
     Unfreeze { target: String },
     Freezes,
+    Pending { now_ms: u64 },
 }
 
 pub(super) enum Reply {
@@ -44,8 +45,12 @@ fn mismatched() -> StoreError {
     StoreError::Unavailable("the SQLite store answered with the wrong kind of reply".into())
 }
 
-/// The spend port's tables: reservations, running totals, approvals.
+/// The spend port's tables: reservations, running totals, approvals, freezes, and the index
+/// of pending approvals (filled from the approvals when a file from before it is opened).
 pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    let indexed: bool = conn
+        .prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approvals_pending'")?
+        .exists([])?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS spend (
              counter    TEXT NOT NULL,
@@ -71,8 +76,47 @@ pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
              created_ms INTEGER NOT NULL,
              expires_at INTEGER NOT NULL,
              value      BLOB NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS approvals_pending (
+             id         TEXT PRIMARY KEY,
+             expires_at INTEGER NOT NULL,
+             value      BLOB NOT NULL
          );",
-    )
+    )?;
+    if !indexed {
+        let mut rows = Vec::new();
+        {
+            let mut stmt = conn.prepare("SELECT value FROM approvals")?;
+            let mut found = stmt.query([])?;
+            while let Some(row) = found.next()? {
+                let raw: Vec<u8> = row.get(0)?;
+                if let Some(w) = Approval::decode(&raw).ok().as_ref().and_then(Waiting::of) {
+                    rows.push(w);
+                }
+            }
+        }
+        for w in rows {
+            index_pending(conn, &w.id.clone(), Some(&w))?;
+        }
+    }
+    Ok(())
+}
+
+/// Keeps `id` in the pending index while `waiting` says it is pending; out of it otherwise.
+fn index_pending(conn: &Connection, id: &str, waiting: Option<&Waiting>) -> rusqlite::Result<()> {
+    match waiting {
+        Some(w) => conn
+            .prepare_cached(
+                "INSERT INTO approvals_pending (id, expires_at, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(id) DO UPDATE SET expires_at = excluded.expires_at,
+                     value = excluded.value",
+            )?
+            .execute(params![id, w.expires_ms as i64, w.encode()])?,
+        None => conn
+            .prepare_cached("DELETE FROM approvals_pending WHERE id = ?1")?
+            .execute(params![id])?,
+    };
+    Ok(())
 }
 
 /// Deletes reservations and approvals past their time (with the claims' sweep).
@@ -89,6 +133,12 @@ pub(super) fn sweep(conn: &Connection, now: i64) {
             conn.execute(
                 "DELETE FROM approvals WHERE expires_at <= ?1",
                 params![now - day],
+            )
+        })
+        .and_then(|_| {
+            conn.execute(
+                "DELETE FROM approvals_pending WHERE expires_at <= ?1",
+                params![now],
             )
         });
     if let Err(e) = result {
@@ -219,7 +269,7 @@ fn store_approval(tx: &Transaction<'_>, a: &Approval) -> rusqlite::Result<()> {
         a.expires_ms as i64,
         a.encode()
     ])?;
-    Ok(())
+    index_pending(tx, &a.id, Waiting::of(a).as_ref())
 }
 
 /// Gives back attempt `token`'s reservation on every counter it is on.
@@ -297,6 +347,11 @@ pub(super) fn apply(tx: &Transaction<'_>, op: Op) -> rusqlite::Result<Reply> {
                 .execute(params![target])?
                 > 0,
         ),
+        Op::Pending { now_ms } => Reply::Listed(
+            tx.prepare_cached("SELECT value FROM approvals_pending WHERE expires_at > ?1")?
+                .query_map(params![now_ms as i64], |row| row.get(0))?
+                .collect::<rusqlite::Result<_>>()?,
+        ),
         Op::Freezes => Reply::Listed(
             tx.prepare_cached("SELECT value FROM spend_freezes ORDER BY target")?
                 .query_map([], |row| row.get(0))?
@@ -368,6 +423,13 @@ impl SpendStore for SqliteStore {
     async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
         match self.spend(Op::Approvals { limit }).await? {
             Reply::Listed(rows) => rows.iter().map(|raw| Approval::decode(raw)).collect(),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError> {
+        match self.spend(Op::Pending { now_ms }).await? {
+            Reply::Listed(rows) => rows.iter().map(|raw| Waiting::decode(raw)).collect(),
             _ => Err(mismatched()),
         }
     }
