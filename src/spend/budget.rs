@@ -150,9 +150,7 @@ impl Budget {
         let [tenant_window, run_window, route_window] = windows;
         let (tenant_window, run_window, route_window) =
             (tenant_window?, run_window?, route_window?);
-        let calendar = [tenant_window, run_window, route_window]
-            .iter()
-            .any(|w| *w == Window::CalendarDay);
+        let calendar = [tenant_window, run_window, route_window].contains(&Window::CalendarDay);
         let time_zone = match t.time_zone {
             None => TimeZone::UTC,
             Some(_) if !calendar => {
