@@ -31,6 +31,7 @@ mod shared_redis;
 mod side_doors;
 mod signed_providers;
 mod spend;
+mod spend_chaos;
 mod spend_gate;
 mod store_conformance;
 mod stripe_sdk;
