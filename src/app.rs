@@ -9,11 +9,11 @@ use crate::config::{Config, ConfigError};
 use crate::idempotency::claims::Claims;
 use crate::identity::minted_keys::MintedKeys;
 use crate::metrics::Metrics;
-use crate::proxy::admission::Admission;
-use crate::proxy::announce::Webhook;
+use crate::outbound::announce::Webhook;
+use crate::outbound::egress::Egress;
+use crate::outbound::upstream::{ClientOptions, UpstreamClient};
+use crate::proxy::admission::ForwardLimit;
 use crate::proxy::connect::policy::ConnectPolicy;
-use crate::proxy::egress::Egress;
-use crate::proxy::upstream::{ClientOptions, UpstreamClient};
 use crate::proxy::App;
 use crate::routes::{RouteTable, Routes};
 use crate::spend::gate::{Announcer, Gate};
@@ -62,7 +62,7 @@ impl Parts {
             connect: ConnectPolicy::build(config)?,
             tenants: Tenants::build(config)?,
             egress,
-            sealer: Sealer::load(&config.encryption)
+            sealer: Sealer::load(&config.encryption, &config.env)
                 .map_err(|e| config.invalid(e.field, e.message))?
                 .map(Arc::new),
             admin,
@@ -168,7 +168,7 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
         metrics,
         tenants: parts.tenants,
         egress: parts.egress,
-        admission: Admission::new(
+        admission: ForwardLimit::new(
             config.server.max_forwards,
             config.server.max_forward_bytes,
             config.server.max_body_bytes,

@@ -53,7 +53,7 @@ impl Tenants {
     }
 
     pub fn build(config: &Config) -> Result<Tenants, ConfigError> {
-        Self::build_with_env(config, |name| std::env::var(name).ok())
+        Self::build_with_env(config, |name| config.env.var(name))
     }
 
     pub fn build_with_env(

@@ -59,6 +59,40 @@ pub struct Config {
     /// Where the file was read from, for messages that name it.
     #[serde(skip)]
     pub source: PathBuf,
+    /// Where its `*_env` settings are read: the process's environment.
+    #[serde(skip)]
+    pub env: Environment,
+}
+
+/// The environment variables a config's `*_env` settings name (tokens, secrets, keys): the
+/// process's, with any set over them for one proxy alone (a proxy run inside a test
+/// process, where the process's environment is every test's).
+#[derive(Clone, Default)]
+pub struct Environment {
+    set: std::sync::Arc<std::collections::BTreeMap<String, String>>,
+}
+
+impl Environment {
+    /// The process's environment with `vars` set over it.
+    pub fn with(vars: impl IntoIterator<Item = (String, String)>) -> Environment {
+        Environment {
+            set: std::sync::Arc::new(vars.into_iter().collect()),
+        }
+    }
+
+    pub fn var(&self, name: &str) -> Option<String> {
+        match self.set.get(name) {
+            Some(v) => Some(v.clone()),
+            None => std::env::var(name).ok(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Environment {
+    /// Names only: the values are secrets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.set.keys()).finish()
+    }
 }
 
 /// `[identity]`: which derivation of scopes, accounts and fingerprints to claim under, and for

@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use idemproxy::config::{parse_listen, Config};
-use idemproxy::proxy::server::{serve, ServerOptions};
+use idemproxy::config::Config;
 use idemproxy::reload::Reloader;
 use idemproxy::tls::init::InitOptions;
 
@@ -64,7 +63,7 @@ enum Command {
     },
     /// Print the worker setup (environment, files to mount) that makes provider SDKs as
     /// shipped go through the proxy, for every runtime; writes the files into <dir>/worker/.
-    Env(Box<idemproxy::tls::worker_env::EnvArgs>),
+    Env(Box<idemproxy::worker::EnvArgs>),
     /// The CA that signs the certificates of intercepted HTTPS hosts.
     Ca {
         #[command(subcommand)]
@@ -126,7 +125,7 @@ fn main() -> ExitCode {
             idemproxy::admin::cli::healthcheck(&url).await?;
             Ok(())
         }),
-        Command::Env(args) => idemproxy::tls::worker_env::run(&args)
+        Command::Env(args) => idemproxy::worker::run(&args)
             .map(|text| print!("{text}"))
             .map_err(Into::into),
         Command::Ca {
@@ -197,28 +196,6 @@ fn ca_init(opts: InitOptions) -> anyhow::Result<()> {
     let written = idemproxy::tls::init::init(&opts)?;
     print!("{}", idemproxy::tls::init::instructions(&written, &opts));
     Ok(())
-}
-
-/// `server.worker_threads` threads, by default one per CPU this process may run on. With
-/// one (a container with one CPU, `taskset`), the single-threaded scheduler does the same
-/// work without the work-stealing machinery, which there only costs (about 15% of
-/// throughput in the benchmark).
-fn runtime_for(config: &Config) -> anyhow::Result<tokio::runtime::Runtime> {
-    let threads = match config.server.worker_threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    };
-    let mut builder = if threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(threads);
-        b
-    };
-    builder
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
 }
 
 /// A fresh run of the demo's config: the CA if the config names one that does not exist yet,
@@ -295,7 +272,7 @@ type OnListening = Box<
 
 fn run_serve(path: PathBuf, on_listening: Option<OnListening>) -> anyhow::Result<()> {
     let config = Config::load(&path)?;
-    let runtime = runtime_for(&config)?;
+    let runtime = idemproxy::serve::runtime(&config).context("cannot start the async runtime")?;
     runtime.block_on(serve_config(path, config, on_listening))
 }
 
@@ -304,79 +281,22 @@ async fn serve_config(
     config: Config,
     on_listening: Option<OnListening>,
 ) -> anyhow::Result<()> {
-    let (app, admin_settings) = idemproxy::app::build(&config).await?;
-    if let Some(warning) = app.claims.store().durability_warning().await {
-        tracing::warn!("{warning}");
-    }
-    if let Some(warning) =
-        idemproxy::app::interception_warning(&config, app.connect.leaves.is_some())
-    {
-        tracing::warn!("{warning}");
-    }
-    let reloader = Arc::new(Reloader::new(path.clone(), app.clone(), config.clone()));
+    let listening = idemproxy::serve::listen(path, config).await?;
     // Before the listening line: until then SIGHUP would still end the process.
-    reload_on_sighup(reloader.clone());
-    let addr =
-        parse_listen(&config.server.listen).map_err(|m| config.invalid("server.listen", m))?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("{}: server.listen: cannot listen on {addr}", path.display()))?;
-    let local = listener
-        .local_addr()
-        .context("listener has no local address")?;
-    let admin = idemproxy::admin::Admin::new(app.clone(), admin_settings).with_reload(reloader);
-    let admin_addr = start_admin(&config, &path, admin).await?;
+    reload_on_sighup(listening.reloader.clone());
     // Tests and scripts read this line to find the ports when the config asks for port 0.
-    match admin_addr {
-        Some(admin) => println!("idemproxy listening proxy={local} admin={admin}"),
-        None => println!("idemproxy listening proxy={local}"),
+    match listening.admin {
+        Some(admin) => println!(
+            "idemproxy listening proxy={} admin={admin}",
+            listening.proxy
+        ),
+        None => println!("idemproxy listening proxy={}", listening.proxy),
     }
-    tracing::info!(%local, store = %config.store.url, routes = config.routes.len(), "idemproxy started");
     if let Some(hook) = on_listening {
-        hook(local).await?;
+        hook(listening.proxy).await?;
     }
-    let opts = ServerOptions {
-        header_read_timeout: config.server.header_read_timeout.0,
-        shutdown_grace: config.server.shutdown_grace.0,
-        max_connections: config.server.max_connections,
-        max_header_bytes: config.server.max_header_bytes,
-    };
-    let grace = opts.shutdown_grace;
-    serve(app.clone(), listener, opts, shutdown_signal()).await;
-    // Intercepted HTTPS connections are not the listener's; let their requests settle too.
-    if !app.connect.drain_intercepted(grace).await {
-        tracing::warn!("grace period over for intercepted HTTPS connections; unsettled claims become UNKNOWN when their leases run out");
-    }
+    listening.serve(shutdown_signal()).await;
     Ok(())
-}
-
-/// The admin listener, when the config names one; returns its address.
-async fn start_admin(
-    config: &Config,
-    path: &std::path::Path,
-    admin: idemproxy::admin::Admin,
-) -> anyhow::Result<Option<std::net::SocketAddr>> {
-    let Some(listen) = &config.server.admin_listen else {
-        return Ok(None);
-    };
-    let addr = parse_listen(listen).map_err(|m| config.invalid("server.admin_listen", m))?;
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
-        format!(
-            "{}: server.admin_listen: cannot listen on {addr}",
-            path.display()
-        )
-    })?;
-    let local = listener
-        .local_addr()
-        .context("admin listener has no local address")?;
-    if !admin.key_api_enabled() {
-        tracing::warn!("admin key API and console disabled: no token in admin.token_env / admin.token_sha256 / [[admin.tokens]]");
-    }
-    for warning in idemproxy::admin::warnings(config) {
-        tracing::warn!("{warning}");
-    }
-    tokio::spawn(idemproxy::admin::serve(Arc::new(admin), listener));
-    Ok(Some(local))
 }
 
 /// SIGHUP re-reads the config file (see `idemproxy::reload`).

@@ -58,7 +58,9 @@ impl Reloader {
     /// Reads, checks and applies the file; returns the names of the routes now in effect.
     pub fn reload(&self) -> Result<Vec<String>, ReloadError> {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let config = Config::load(&self.path)?;
+        let mut config = Config::load(&self.path)?;
+        // The environment is the one the proxy started in, as a process's would be.
+        config.env = running.env.clone();
         let parts = Parts::check(&config)?;
         let sections = restart_only_changes(&running, &config);
         if !sections.is_empty() {

@@ -5,7 +5,7 @@
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Environment};
 use crate::spend::money::{Currency, Money, Unit};
 
 /// What a token may do. Each role may do everything the ones before it may.
@@ -78,7 +78,7 @@ impl Access {
             Some(h) => Some(parse_hash(h).ok_or_else(|| {
                 config.invalid("admin.token_sha256", "must be 64 hex digits (a SHA-256)")
             })?),
-            None => env_hash(&admin.token_env),
+            None => env_hash(&config.env, &admin.token_env),
         };
         if let Some(hash) = shared {
             entries.push(Entry {
@@ -113,7 +113,7 @@ impl Access {
                 (Some(h), None) => parse_hash(h).ok_or_else(|| {
                     config.invalid(field("sha256"), "must be 64 hex digits (a SHA-256)")
                 })?,
-                (None, Some(var)) => match env_hash(var) {
+                (None, Some(var)) => match env_hash(&config.env, var) {
                     Some(hash) => hash,
                     None => {
                         tracing::warn!(token = %t.name, variable = %var, "admin token variable is unset or empty: that token cannot log in");
@@ -204,9 +204,8 @@ fn parse_hash(h: &str) -> Option<[u8; 32]> {
         .and_then(|b| <[u8; 32]>::try_from(b).ok())
 }
 
-fn env_hash(var: &str) -> Option<[u8; 32]> {
-    std::env::var(var)
-        .ok()
+fn env_hash(env: &Environment, var: &str) -> Option<[u8; 32]> {
+    env.var(var)
         .filter(|t| !t.is_empty())
         .map(|t| Sha256::digest(t.as_bytes()).into())
 }

@@ -20,7 +20,7 @@ const MAX_LIST: usize = 1000;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Decision {
+struct DecisionBody {
     id: String,
     /// Who decides (a name or an email): recorded with the decision. Needed with the shared
     /// token; a named token decides as its name.
@@ -81,7 +81,7 @@ pub(super) async fn handle(
     }
 }
 
-async fn decision(req: Request<Incoming>) -> Result<Decision, Response<Body>> {
+async fn decision(req: Request<Incoming>) -> Result<DecisionBody, Response<Body>> {
     let bytes = read_limited(req.into_body(), MAX_REQUEST)
         .await
         .map_err(|e| bad(&format!("cannot read the request body: {e}")))?;

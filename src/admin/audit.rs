@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::access::Principal;
 use crate::idempotency::record::ResolvedBy;
-use crate::proxy::announce::Webhook;
+use crate::outbound::announce::Webhook;
 use crate::spend::port::{Approval, FreezeTarget};
 
 /// One decision.

@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand};
 use http::Method;
 
-use super::client::{call, ClientError};
+use super::client::{call, AdminClientError};
 
 /// Where the admin API is, and the token for it: before or after the subcommand
 /// (`idemproxy approvals list --admin URL`), as `--help` lists them there.
@@ -120,7 +120,7 @@ pub enum CliError {
         error: std::io::Error,
     },
     #[error(transparent)]
-    Client(#[from] ClientError),
+    Client(#[from] AdminClientError),
     #[error("the admin API answered {status}: {body}")]
     Refused { status: u16, body: String },
 }
@@ -381,7 +381,9 @@ pub async fn list_freezes(target: AdminTarget) -> Result<String, CliError> {
 
 /// `idemproxy healthcheck`: exit 0 when `url` answers 200.
 pub async fn healthcheck(url: &str) -> Result<(), CliError> {
-    let uri: http::Uri = url.parse().map_err(|_| ClientError::Url(url.to_string()))?;
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| AdminClientError::Url(url.to_string()))?;
     let base = format!(
         "{}://{}",
         uri.scheme_str().unwrap_or("http"),

@@ -9,7 +9,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub enum AdminClientError {
     #[error("`{0}` is not an http:// URL with a host and port")]
     Url(String),
     #[error("cannot reach the admin API at {addr}: {message}")]
@@ -32,18 +32,18 @@ pub async fn call(
     path: &str,
     token: Option<&str>,
     body: Option<serde_json::Value>,
-) -> Result<Answer, ClientError> {
+) -> Result<Answer, AdminClientError> {
     let url = format!("{}{}", base.trim_end_matches('/'), path);
     let uri: Uri = url
         .parse()
-        .map_err(|_| ClientError::Url(base.to_string()))?;
+        .map_err(|_| AdminClientError::Url(base.to_string()))?;
     if uri.scheme_str() != Some("http") {
-        return Err(ClientError::Url(base.to_string()));
+        return Err(AdminClientError::Url(base.to_string()));
     }
     let authority = uri
         .authority()
         .cloned()
-        .ok_or_else(|| ClientError::Url(base.to_string()))?;
+        .ok_or_else(|| AdminClientError::Url(base.to_string()))?;
     let addr = format!(
         "{}:{}",
         authority.host(),
@@ -54,13 +54,13 @@ pub async fn call(
         let stream =
             tokio::net::TcpStream::connect(&addr)
                 .await
-                .map_err(|e| ClientError::Connect {
+                .map_err(|e| AdminClientError::Connect {
                     addr: addr.clone(),
                     message: e.to_string(),
                 })?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| ClientError::Exchange(e.to_string()))?;
+            .map_err(|e| AdminClientError::Exchange(e.to_string()))?;
         tokio::spawn(conn);
         let mut req = Request::builder()
             .method(method)
@@ -78,21 +78,21 @@ pub async fn call(
         };
         let req = req
             .body(Full::new(payload))
-            .map_err(|e| ClientError::Exchange(e.to_string()))?;
+            .map_err(|e| AdminClientError::Exchange(e.to_string()))?;
         let resp = sender
             .send_request(req)
             .await
-            .map_err(|e| ClientError::Exchange(e.to_string()))?;
+            .map_err(|e| AdminClientError::Exchange(e.to_string()))?;
         let status = resp.status().as_u16();
         let body = resp
             .into_body()
             .collect()
             .await
-            .map_err(|e| ClientError::Exchange(e.to_string()))?
+            .map_err(|e| AdminClientError::Exchange(e.to_string()))?
             .to_bytes();
         Ok(Answer { status, body })
     };
     tokio::time::timeout(timeout, exchange)
         .await
-        .unwrap_or(Err(ClientError::Timeout(timeout)))
+        .unwrap_or(Err(AdminClientError::Timeout(timeout)))
 }

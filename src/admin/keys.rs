@@ -22,9 +22,8 @@ use crate::http::problem::Problem;
 use crate::idempotency::claims::{Resolution, Resolved, Verdict};
 use crate::idempotency::record::{Receipt, Record, ResolvedBy, State};
 use crate::idempotency::store::StoreError;
-use crate::identity::scope::Place;
 use crate::identity::Identity;
-use crate::proxy::lookup::{Asking, Lookup};
+use crate::outbound::lookup::{Asking, Lookup};
 use crate::request::Request as Read;
 use crate::routes::Route;
 
@@ -657,12 +656,7 @@ fn scope_of(admin: &Admin, l: LookupFields) -> Result<String, Box<Response<Body>
         .account
         .fingerprint(&view, &ignore, route.identity.derivations.primary)
         .map_err(|e| refuse(&format!("credentials: {e}")))?;
-    let place = Place {
-        namespace: &admin.app.namespace,
-        tenant: &l.tenant,
-        route: &route.name,
-        upstream_host: &route.upstream.host,
-    };
+    let place = route.place(&admin.app.namespace, &l.tenant);
     Ok(place.scope(&account, &Identity::Client(key).scope_key("")))
 }
 

@@ -32,7 +32,7 @@ use crate::config::{Config, ConfigError};
 use crate::http::body::{full, Body};
 use crate::http::problem::Problem;
 use crate::idempotency::record::State;
-use crate::proxy::announce::Webhook;
+use crate::outbound::announce::Webhook;
 use crate::proxy::App;
 
 /// The admin listener's settings, checked when the config is.

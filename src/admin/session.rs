@@ -63,8 +63,8 @@ impl Sessions {
                     "give session_key_env or session_key_file, not both",
                 ))
             }
-            (Some(var), None) => match std::env::var(var) {
-                Ok(v) if !v.trim().is_empty() => Some((v, "admin.session_key_env")),
+            (Some(var), None) => match config.env.var(var) {
+                Some(v) if !v.trim().is_empty() => Some((v, "admin.session_key_env")),
                 _ => {
                     return Err(config.invalid(
                         "admin.session_key_env",

@@ -101,6 +101,16 @@ impl<'a> ClaimRequest<'a> {
 pub enum Acquired {
     /// We hold the claim: forward the request.
     Execute(Claim),
+    /// A claim is there already: it answers the request, which is never forwarded under it.
+    Found(Found),
+}
+
+/// A claim found under the request's scope, and what it answers the request with.
+// A replay carries its receipt inline: it is moved once, into the response, so boxing it
+// would only add an allocation to every replay.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Found {
     /// `differs`: the receipt is a derived operation's, produced by a request that was not
     /// byte for byte this one.
     Replay {
@@ -519,12 +529,12 @@ impl Claims {
             }
         };
         Some(if same || !req.strict {
-            Acquired::Replay {
+            Acquired::Found(Found::Replay {
                 receipt: hit.receipt.clone(),
                 differs: !same,
-            }
+            })
         } else {
-            Acquired::Mismatch
+            Acquired::Found(Found::Mismatch)
         })
     }
 
@@ -550,10 +560,12 @@ impl Claims {
                     if !found.body.declined {
                         self.remember(scope, &found.body, &receipt, policy);
                     }
-                    Acquired::Replay { receipt, differs }
+                    Acquired::Found(Found::Replay { receipt, differs })
                 }
-                Decision::Mismatch => Acquired::Mismatch,
-                Decision::InFlight { retry_after } => Acquired::InFlight { retry_after },
+                Decision::Mismatch => Acquired::Found(Found::Mismatch),
+                Decision::InFlight { retry_after } => {
+                    Acquired::Found(Found::InFlight { retry_after })
+                }
                 Decision::Held { retry_after } => {
                     let mut held = found.clone();
                     if found.state == State::Pending {
@@ -561,10 +573,10 @@ impl Claims {
                             held = unknown;
                         }
                     }
-                    Acquired::Held {
+                    Acquired::Found(Found::Held {
                         retry_after,
                         reconcilable: self.reconcilable(scope, held, policy),
-                    }
+                    })
                 }
                 Decision::TakeOver { attempt, restore } => {
                     let mut ours = claim.clone();
@@ -624,7 +636,7 @@ impl Claims {
             // Registered before the read, so a settle landing in between still wakes us.
             let mut watch = self.waiters.watch(req.scope);
             let acquired = self.acquire(req, policy).await?;
-            let Acquired::InFlight { retry_after } = acquired else {
+            let Acquired::Found(Found::InFlight { retry_after }) = acquired else {
                 return Ok(acquired);
             };
             let left = deadline.saturating_duration_since(Instant::now());
@@ -667,13 +679,17 @@ impl Claims {
             // Not ours: the insert did not land (and, on a connection that failed, cannot
             // land later). What is there answers this request as it would any retry.
             Ok(Some(found)) => match decide(&found, req.ask(&found), self.clock.now_ms(), policy) {
-                Decision::Replay { receipt, differs } => Ok(Acquired::Replay { receipt, differs }),
-                Decision::Mismatch => Ok(Acquired::Mismatch),
-                Decision::InFlight { retry_after } => Ok(Acquired::InFlight { retry_after }),
-                Decision::Held { retry_after } => Ok(Acquired::Held {
+                Decision::Replay { receipt, differs } => {
+                    Ok(Acquired::Found(Found::Replay { receipt, differs }))
+                }
+                Decision::Mismatch => Ok(Acquired::Found(Found::Mismatch)),
+                Decision::InFlight { retry_after } => {
+                    Ok(Acquired::Found(Found::InFlight { retry_after }))
+                }
+                Decision::Held { retry_after } => Ok(Acquired::Found(Found::Held {
                     retry_after,
                     reconcilable: None,
-                }),
+                })),
                 Decision::TakeOver { .. } => Err(StoreError::Unavailable(format!(
                     "the claim's insert failed ({failure}); retry to take over the unsettled claim"
                 ))),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::claims::{Acquired, ClaimRequest, Claims, Reconciled, Recorded, Verdict};
+use super::claims::{Acquired, ClaimRequest, Claims, Found, Reconciled, Recorded, Verdict};
 use super::outcome::{CallFailure, Outcome};
 use super::policy::{Hold, OnInFlight, Policy, StatusSet};
 use super::record::Receipt;
@@ -106,7 +106,7 @@ async fn a_slow_call_keeps_its_claim_past_the_lease() {
     tokio::time::sleep(Duration::from_secs(7)).await;
     assert!(matches!(
         acquire(&c, &req, &p).await,
-        Acquired::InFlight { .. }
+        Acquired::Found(Found::InFlight { .. })
     ));
     let done = running.await.expect("task").expect("executed");
     assert_eq!(
@@ -115,7 +115,7 @@ async fn a_slow_call_keeps_its_claim_past_the_lease() {
     );
     assert!(matches!(
         acquire(&c, &req, &p).await,
-        Acquired::Replay { differs: false, .. }
+        Acquired::Found(Found::Replay { differs: false, .. })
     ));
 }
 
@@ -128,16 +128,19 @@ async fn a_holder_that_died_is_held_until_its_call_deadline_plus_the_hold() {
     // The holder dies: no renewal, no settle. Past its lease the outcome is unknown, held
     // from its call deadline (10 s) for the hold (30 s).
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let Acquired::Held {
+    let Acquired::Found(Found::Held {
         retry_after: Some(after),
         ..
-    } = acquire(&c, &req, &p).await
+    }) = acquire(&c, &req, &p).await
     else {
         panic!("held");
     };
     assert_eq!(after.as_secs(), 35);
     tokio::time::sleep(Duration::from_secs(34)).await;
-    assert!(matches!(acquire(&c, &req, &p).await, Acquired::Held { .. }));
+    assert!(matches!(
+        acquire(&c, &req, &p).await,
+        Acquired::Found(Found::Held { .. })
+    ));
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(matches!(acquire(&c, &req, &p).await, Acquired::Execute(_)));
 }
@@ -152,7 +155,7 @@ async fn an_insert_whose_answer_was_lost_is_read_back_and_executes_once() {
     assert!(matches!(acquire(&c, &req, &p).await, Acquired::Execute(_)));
     assert!(matches!(
         acquire(&c, &req, &p).await,
-        Acquired::InFlight { .. }
+        Acquired::Found(Found::InFlight { .. })
     ));
     assert_eq!(store.calls()[..2], [Op::Insert, Op::Get]);
 }
@@ -192,10 +195,10 @@ async fn a_settle_the_store_missed_is_retried_until_it_lands() {
     // Meanwhile the claim is still PENDING: a retry is in flight, never executed again.
     assert!(matches!(
         acquire(&c, &req, &p).await,
-        Acquired::InFlight { .. }
+        Acquired::Found(Found::InFlight { .. })
     ));
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let Acquired::Replay { receipt: r, .. } = acquire(&c, &req, &p).await else {
+    let Acquired::Found(Found::Replay { receipt: r, .. }) = acquire(&c, &req, &p).await else {
         panic!("the retried settle landed");
     };
     assert_eq!(r.status, 201);
@@ -219,7 +222,7 @@ async fn a_decline_is_put_back_when_the_corrected_attempt_is_released() {
     // The same card again: the decline. Another card: a new attempt.
     assert!(matches!(
         acquire(&c, &first, &p).await,
-        Acquired::Replay { differs: false, .. }
+        Acquired::Found(Found::Replay { differs: false, .. })
     ));
     let corrected = request("s", "card-2", false);
     let Acquired::Execute(claim) = acquire(&c, &corrected, &p).await else {
@@ -232,7 +235,7 @@ async fn a_decline_is_put_back_when_the_corrected_attempt_is_released() {
         .await
         .expect("executed");
     assert_eq!(done.outcome, Outcome::Released);
-    let Acquired::Replay { receipt: r, .. } = acquire(&c, &first, &p).await else {
+    let Acquired::Found(Found::Replay { receipt: r, .. }) = acquire(&c, &first, &p).await else {
         panic!("the decline is back");
     };
     assert_eq!(r.status, 402);
@@ -268,7 +271,10 @@ async fn a_waiting_duplicate_is_answered_by_the_first_ones_receipt() {
         .await
         .expect("executed");
     let answer = waiter.await.expect("task").expect("store");
-    assert!(matches!(answer, Acquired::Replay { .. }), "{answer:?}");
+    assert!(
+        matches!(answer, Acquired::Found(Found::Replay { .. })),
+        "{answer:?}"
+    );
 }
 
 /// A policy whose UNKNOWN outcomes may be looked up 5 s after they became unknown.
@@ -305,26 +311,26 @@ async fn an_unknown_may_be_looked_up_only_once_it_is_old_enough() {
     // Too young: an order placed a moment ago may not show at the provider yet.
     assert!(matches!(
         acquire(&c, &req, &p).await,
-        Acquired::Held {
+        Acquired::Found(Found::Held {
             reconcilable: None,
             ..
-        }
+        })
     ));
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(matches!(
         acquire(&c, &req, &p).await,
-        Acquired::Held {
+        Acquired::Found(Found::Held {
             reconcilable: Some(_),
             ..
-        }
+        })
     ));
     // Without a lookup on the route it is never offered.
     assert!(matches!(
         acquire(&c, &req, &policy(false)).await,
-        Acquired::Held {
+        Acquired::Found(Found::Held {
             reconcilable: None,
             ..
-        }
+        })
     ));
 }
 
@@ -335,10 +341,10 @@ async fn a_found_operation_becomes_the_receipt_every_retry_replays() {
     let req = request("s", "fp", true);
     unknown(&c, &req, &p).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let Acquired::Held {
+    let Acquired::Found(Found::Held {
         reconcilable: Some(held),
         ..
-    } = acquire(&c, &req, &p).await
+    }) = acquire(&c, &req, &p).await
     else {
         panic!("reconcilable");
     };
@@ -347,7 +353,7 @@ async fn a_found_operation_becomes_the_receipt_every_retry_replays() {
         .await
         .expect("store");
     assert!(matches!(found, Reconciled::Replay(ref r) if r.status == 200));
-    let Acquired::Replay { receipt: r, .. } = acquire(&c, &req, &p).await else {
+    let Acquired::Found(Found::Replay { receipt: r, .. }) = acquire(&c, &req, &p).await else {
         panic!("committed");
     };
     assert_eq!(r.body, receipt(200).body);
@@ -364,10 +370,10 @@ async fn two_retries_that_both_found_nothing_execute_once() {
     // fenced on the token they saw, so only the first takes it.
     let mut held = Vec::new();
     for _ in 0..2 {
-        let Acquired::Held {
+        let Acquired::Found(Found::Held {
             reconcilable: Some(h),
             ..
-        } = acquire(&c, &req, &p).await
+        }) = acquire(&c, &req, &p).await
         else {
             panic!("reconcilable");
         };
@@ -396,7 +402,7 @@ async fn two_retries_that_both_found_nothing_execute_once() {
     assert_eq!(executing, 1);
     assert!(matches!(
         acquire(&c, &req, &p).await,
-        Acquired::InFlight { .. }
+        Acquired::Found(Found::InFlight { .. })
     ));
 }
 
@@ -407,10 +413,10 @@ async fn an_unclear_lookup_leaves_the_operation_held() {
     let req = request("s", "fp", true);
     unknown(&c, &req, &p).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let Acquired::Held {
+    let Acquired::Found(Found::Held {
         reconcilable: Some(held),
         ..
-    } = acquire(&c, &req, &p).await
+    }) = acquire(&c, &req, &p).await
     else {
         panic!("reconcilable");
     };
@@ -421,10 +427,10 @@ async fn an_unclear_lookup_leaves_the_operation_held() {
     assert!(matches!(answer, Reconciled::Held { .. }));
     assert!(matches!(
         acquire(&c, &req, &p).await,
-        Acquired::Held {
+        Acquired::Found(Found::Held {
             reconcilable: Some(_),
             ..
-        }
+        })
     ));
 }
 
@@ -469,7 +475,7 @@ async fn a_retry_after_an_upgrade_is_answered_by_the_other_derivation_s_record()
     let retry = with_other(request("v2-scope", "fp2", true), "v1-scope", "fp1");
     assert!(matches!(
         acquire(&c, &retry, &p).await,
-        Acquired::Replay { differs: false, .. }
+        Acquired::Found(Found::Replay { differs: false, .. })
     ));
     assert!(store.get("v2-scope").await.expect("get").is_none());
     let kept = store.get("v1-scope").await.expect("get").expect("kept");
@@ -487,7 +493,7 @@ async fn two_derivations_claiming_at_once_never_both_execute() {
     let second = with_other(request("v2-scope", "fp2", true), "v1-scope", "fp1");
     assert!(matches!(
         acquire(&c, &second, &p).await,
-        Acquired::InFlight { .. }
+        Acquired::Found(Found::InFlight { .. })
     ));
 }
 
@@ -507,7 +513,7 @@ async fn one_scope_two_fingerprints_is_compared_by_the_record_s_derivation() {
     let retry = with_other(request("s", "fp-as-read", true), "s", "fp-as-sent");
     assert!(matches!(
         acquire(&c, &retry, &p).await,
-        Acquired::Replay { differs: false, .. }
+        Acquired::Found(Found::Replay { differs: false, .. })
     ));
     // Without the other derivation the strict client key sees another request: 422.
     let c = claims(memory());
@@ -517,7 +523,7 @@ async fn one_scope_two_fingerprints_is_compared_by_the_record_s_derivation() {
     commit(&c, claim, &p).await;
     assert!(matches!(
         acquire(&c, &request("s", "fp-as-read", true), &p).await,
-        Acquired::Mismatch
+        Acquired::Found(Found::Mismatch)
     ));
 }
 
@@ -532,10 +538,10 @@ async fn a_held_claim_found_under_the_other_derivation_is_executed_there() {
     unknown(&c, &old, &p).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let retry = with_other(request("v2-scope", "fp2", true), "v1-scope", "fp1");
-    let Acquired::Held {
+    let Acquired::Found(Found::Held {
         reconcilable: Some(held),
         ..
-    } = acquire(&c, &retry, &p).await
+    }) = acquire(&c, &retry, &p).await
     else {
         panic!("held under the other derivation's scope, reconcilable");
     };

@@ -163,11 +163,7 @@ impl Identity {
             Identity::Request if attempt == 0 => format!("request {fingerprint}"),
             Identity::Request => format!("request {fingerprint}~{attempt}"),
         };
-        if tenant == DEFAULT_TENANT {
-            k
-        } else {
-            format!("{tenant}:{k}")
-        }
+        provider_key::in_tenant(tenant, &k)
     }
 
     pub fn source(&self) -> KeySource {

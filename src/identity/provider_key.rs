@@ -16,6 +16,18 @@ use crate::request::body::{self, Field};
 use crate::request::form::{self, decode, encode as percent_encode};
 use crate::request::{FieldError, Request};
 
+/// A provider key as `tenant` passes it down: outside the default tenant it carries the
+/// tenant, because tenants sharing one provider account must never have the provider
+/// deduplicate one tenant's request against another's. Every key the proxy passes down or
+/// on (ours, or a client's own) goes through here.
+pub fn in_tenant(tenant: &str, key: &str) -> String {
+    if tenant == super::DEFAULT_TENANT {
+        key.to_string()
+    } else {
+        format!("{tenant}:{key}")
+    }
+}
+
 /// Where a provider takes its idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyField {

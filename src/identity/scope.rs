@@ -6,6 +6,8 @@
 
 use sha2::{Digest, Sha256};
 
+use super::Derived;
+
 /// Where an operation is claimed.
 #[derive(Debug, Clone, Copy)]
 pub struct Place<'a> {
@@ -29,6 +31,11 @@ impl Place<'_> {
             self.tenant,
             crate::hex::lower(&h.finalize())
         )
+    }
+
+    /// The scope an operation claims as derivation `d` identified it.
+    pub fn scope_of(&self, d: &Derived) -> String {
+        self.scope(&d.account, &d.scope_key())
     }
 }
 

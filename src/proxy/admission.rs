@@ -13,7 +13,7 @@ use crate::proxy::error::ProxyError;
 /// Bodies are counted in KiB: a semaphore holds at most `u32::MAX` permits per acquire.
 const UNIT: u64 = 1024;
 
-pub struct Admission {
+pub struct ForwardLimit {
     forwards: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
     max_body_bytes: usize,
@@ -26,9 +26,9 @@ pub struct Admitted {
     _bytes: OwnedSemaphorePermit,
 }
 
-impl Admission {
-    pub fn new(max_forwards: usize, max_forward_bytes: u64, max_body_bytes: usize) -> Admission {
-        Admission {
+impl ForwardLimit {
+    pub fn new(max_forwards: usize, max_forward_bytes: u64, max_body_bytes: usize) -> ForwardLimit {
+        ForwardLimit {
             forwards: Arc::new(Semaphore::new(max_forwards)),
             bytes: Arc::new(Semaphore::new(
                 (max_forward_bytes / UNIT).min(Semaphore::MAX_PERMITS as u64) as usize,
@@ -74,7 +74,7 @@ mod tests {
     #[test]
     fn counts_and_bytes_are_bounded_and_given_back() {
         let m = Metrics::new();
-        let a = Admission::new(2, 10 * 1024, 4 * 1024);
+        let a = ForwardLimit::new(2, 10 * 1024, 4 * 1024);
         let one = a.admit(Some(100), &m).expect("first");
         let _two = a.admit(Some(100), &m).expect("second");
         assert!(matches!(
@@ -84,7 +84,7 @@ mod tests {
             })
         ));
         drop(one);
-        let b = Admission::new(10, 10 * 1024, 4 * 1024);
+        let b = ForwardLimit::new(10, 10 * 1024, 4 * 1024);
         let _x = b.admit(None, &m).expect("4 KiB reserved");
         let _y = b.admit(Some(4096), &m).expect("4 KiB");
         assert!(matches!(

@@ -9,13 +9,13 @@ use std::time::Duration;
 use http::{HeaderValue, Response, StatusCode};
 
 use super::spending::SpendError;
-use super::upstream::UpstreamError;
 use crate::http::body::Body;
 use crate::http::problem::Problem;
 use crate::idempotency::claims::Recorded;
 use crate::idempotency::outcome::Outcome;
 use crate::idempotency::store::StoreError;
 use crate::identity::IdentityError;
+use crate::outbound::upstream::UpstreamError;
 use crate::providers::ErrorShape;
 use crate::spend::gate::Refusal;
 

@@ -1,27 +1,20 @@
-//! The proxy: listener, dispatch to routes, CONNECT (interception and tunnels), the
-//! idempotency pipeline, passthrough and the upstream client.
+//! The inbound side: the listener, dispatch to routes, CONNECT (interception and tunnels),
+//! the idempotency pipeline and passthrough. What goes out to a provider is `outbound`'s.
 
 pub mod admission;
-pub mod announce;
-pub mod app;
+pub mod state;
 
 pub mod connect;
 pub mod connection;
 pub mod dispatch;
 pub mod drain;
-pub mod egress;
 pub mod error;
-pub mod headers;
 pub mod limits;
-pub mod lookup;
 pub mod outgoing;
 pub mod passthrough;
 pub mod pipeline;
-pub mod receipt;
 pub mod routed;
 pub mod server;
 pub mod spending;
-pub mod tls_advice;
-pub mod upstream;
 
-pub use self::app::App;
+pub use self::state::App;

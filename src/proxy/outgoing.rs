@@ -7,8 +7,8 @@
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, Uri, Version};
 
-use super::headers::for_upstream;
 use crate::http::body::{full, Body};
+use crate::http::headers::for_upstream;
 use crate::identity::account::sigv4_signed_headers;
 use crate::identity::provider_key::{BodySlot, KeyField};
 use crate::identity::Signing;

@@ -3,11 +3,11 @@
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
-use super::headers::{for_upstream, strip_hop_by_hop};
-use super::upstream::UpstreamClient;
 use crate::http::body::{stream, Body};
-use crate::identity::provider_key::KeyField;
+use crate::http::headers::{for_upstream, strip_hop_by_hop};
+use crate::identity::provider_key::{in_tenant, KeyField};
 use crate::identity::DEFAULT_TENANT;
+use crate::outbound::upstream::UpstreamClient;
 use crate::providers::ErrorShape;
 use crate::proxy::error::ProxyError;
 use crate::routes::Route;
@@ -27,7 +27,7 @@ pub async fn forward_for(
                 .headers()
                 .get(name)
                 .and_then(|v| v.to_str().ok())
-                .map(|k| route.forward_key_limits.fit(&format!("{tenant}:{k}")))
+                .map(|k| route.forward_key_limits.fit(&in_tenant(tenant, k)))
                 .and_then(|k| http::HeaderValue::from_str(&k).ok());
             if let Some(v) = namespaced {
                 req.headers_mut().insert(name.clone(), v);

@@ -14,27 +14,25 @@ use http::{header, HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use super::admission::Admitted;
-use super::headers::strip_hop_by_hop;
-use super::lookup::{Asking, Lookup};
 use super::outgoing::Outgoing;
-use super::receipt;
-use super::routed::Target;
 use super::spending;
-use super::upstream::{UpstreamClient, UpstreamError};
 use crate::http::body::{read_limited, stream, Body, ReadError};
+use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{
-    Acquired, Claim, ClaimRequest, Executed, HeldClaim, OtherDerivation, Reconciled, Recorded,
-    Verdict,
+    Acquired, Claim, ClaimRequest, Executed, Found, HeldClaim, OtherDerivation, Reconciled,
+    Recorded, Verdict,
 };
 use crate::idempotency::outcome::{CallFailure, Outcome};
 use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
 use crate::idempotency::record::Receipt;
-use crate::identity::provider_key::KeyField;
-use crate::identity::scope::Place;
+use crate::identity::provider_key::{in_tenant, KeyField};
 use crate::identity::DEFAULT_TENANT;
 use crate::identity::{Derived, Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
+use crate::outbound::lookup::{Asking, Lookup};
+use crate::outbound::receipt;
+use crate::outbound::upstream::{UpstreamClient, UpstreamError};
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::request::ambiguity;
@@ -42,6 +40,13 @@ use crate::request::body::BodyError;
 use crate::request::{AsSent, Request as Read};
 use crate::routes::{Route, RouteSpend};
 use crate::spend::gate::{Admission, Ticket};
+
+/// Where a protected request goes upstream, in the one grammar, and where it would have gone
+/// as the client spelled it (when that differs).
+pub struct Target {
+    pub uri: Uri,
+    pub as_sent: Option<Uri>,
+}
 
 /// Says on a response that the proxy forwarded it without protection, and why.
 pub const WARNING: http::HeaderName = http::HeaderName::from_static("x-idemproxy-warning");
@@ -158,7 +163,7 @@ impl ReadRequest<'_> {
 
 /// A protected request once identified: what it is, the scope it claims (and the other
 /// derivation's, during an upgrade's window), and the policy its claim follows.
-struct Operation {
+struct Scoped {
     identified: Box<Identified>,
     scope: String,
     other_scope: Option<String>,
@@ -168,7 +173,7 @@ struct Operation {
     priced: Option<String>,
 }
 
-impl Operation {
+impl Scoped {
     /// The derivation a claim on `scope` was made under: the operation's own, or the other
     /// one when the claim was found under its scope.
     fn derived_for(&self, scope: &str) -> &Derived {
@@ -227,18 +232,12 @@ fn scope(
     tenant: &str,
     identified: Box<Identified>,
     plan: Option<&(&RouteSpend, spending::Plan)>,
-) -> Operation {
-    let place = Place {
-        namespace: &app.namespace,
-        tenant,
-        route: &route.name,
-        upstream_host: &route.upstream.host,
-    };
-    let scope_of = |d: &Derived| place.scope(&d.account, &d.scope_key());
-    let scope = scope_of(&identified.derived);
-    let other_scope = identified.other.as_ref().map(scope_of);
+) -> Scoped {
+    let place = route.place(&app.namespace, tenant);
+    let scope = place.scope_of(&identified.derived);
+    let other_scope = identified.other.as_ref().map(|d| place.scope_of(d));
     let policy = route.policy_for(&identified.derived.identity);
-    Operation {
+    Scoped {
         identified,
         scope,
         other_scope,
@@ -353,7 +352,7 @@ async fn gated(
     app: &App,
     route: &Route,
     req: &Read<'_>,
-    op: &Operation,
+    op: &Scoped,
     outgoing: &Outgoing<'_>,
     plan: Option<(&RouteSpend, spending::Plan)>,
     trace: &mut Trace,
@@ -418,7 +417,7 @@ async fn gated(
 /// charges within the window are one, and the client learns it rather than a silent merge.
 fn said_if_merged(
     mut resp: Response<Body>,
-    op: &Operation,
+    op: &Scoped,
     plan: &Option<(&RouteSpend, spending::Plan)>,
 ) -> Response<Body> {
     let replayed = resp
@@ -553,16 +552,16 @@ async fn claim(
     app: &App,
     route: &Route,
     req: &Read<'_>,
-    op: &Operation,
+    op: &Scoped,
     outgoing: &Outgoing<'_>,
     trace: &mut Trace,
 ) -> Result<Claimed, ProxyError> {
     let claim = match acquire(app, route, op).await {
         Ok(Acquired::Execute(claim)) => claim,
-        Ok(Acquired::Held {
+        Ok(Acquired::Found(Found::Held {
             reconcilable: Some(held),
             ..
-        }) => match reconcile(app, route, held, req, op, trace).await? {
+        })) => match reconcile(app, route, held, req, op, trace).await? {
             Reconciled::Execute(claim) => *claim,
             Reconciled::Replay(receipt) => {
                 return Ok(Claimed::Answered(receipt::respond(&receipt, true)))
@@ -572,7 +571,9 @@ async fn claim(
             }
             Reconciled::Mismatch => return Err(ProxyError::KeyReused),
         },
-        Ok(answered) => return answer(app, route, answered, trace).map(Claimed::Answered),
+        Ok(Acquired::Found(found)) => {
+            return answer(app, route, found, trace).map(Claimed::Answered)
+        }
         Err(e) if op.policy.fail_open && e.is_unreachable() => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
             trace.outcome = Some(RequestOutcome::Unprotected);
@@ -590,7 +591,7 @@ async fn claim(
 
 /// The claim on the operation's scope, as the store gives it, with the other derivation's
 /// scope during an upgrade's window.
-fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
+fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
     let derived = &op.identified.derived;
     let other = match (&op.identified.other, &op.other_scope) {
         (Some(other), Some(scope)) => Some(OtherDerivation {
@@ -615,7 +616,7 @@ fn claim_request<'a>(route: &'a Route, op: &'a Operation) -> ClaimRequest<'a> {
 async fn acquire(
     app: &App,
     route: &Route,
-    op: &Operation,
+    op: &Scoped,
 ) -> Result<Acquired, crate::idempotency::store::StoreError> {
     let req = claim_request(route, op);
     match op.policy.on_in_flight {
@@ -632,11 +633,11 @@ async fn acquire(
 fn answer(
     app: &App,
     route: &Route,
-    acquired: Acquired,
+    found: Found,
     trace: &mut Trace,
 ) -> Result<Response<Body>, ProxyError> {
-    match acquired {
-        Acquired::Replay { receipt, differs } => {
+    match found {
+        Found::Replay { receipt, differs } => {
             trace.outcome = Some(RequestOutcome::Replayed);
             if differs {
                 app.metrics.replay_of_reworded_request(&route.name);
@@ -644,12 +645,9 @@ fn answer(
             }
             Ok(receipt::respond(&receipt, true))
         }
-        Acquired::Mismatch => Err(ProxyError::KeyReused),
-        Acquired::InFlight { retry_after } => Err(ProxyError::InFlight { retry_after }),
-        Acquired::Held { retry_after, .. } => Err(ProxyError::OutcomeUnknown { retry_after }),
-        Acquired::Execute(_) => Err(ProxyError::BadRequest(
-            "internal: a claim reached the answer stage".into(),
-        )),
+        Found::Mismatch => Err(ProxyError::KeyReused),
+        Found::InFlight { retry_after } => Err(ProxyError::InFlight { retry_after }),
+        Found::Held { retry_after, .. } => Err(ProxyError::OutcomeUnknown { retry_after }),
     }
 }
 
@@ -660,7 +658,7 @@ async fn reconcile(
     route: &Route,
     held: HeldClaim,
     retry: &Read<'_>,
-    op: &Operation,
+    op: &Scoped,
     trace: &mut Trace,
 ) -> Result<Reconciled, ProxyError> {
     let Some(lookup) = &route.lookup else {
@@ -749,7 +747,7 @@ impl PassedDown {
 fn passed_down(
     route: &Route,
     tenant: &str,
-    op: &Operation,
+    op: &Scoped,
     claim_scope: &str,
     attempt: u32,
 ) -> PassedDown {
@@ -761,7 +759,7 @@ fn passed_down(
             PassedDown::Clients(own.clone())
         }
         (Identity::Client(_), Some(own)) => {
-            PassedDown::Ours(route.forward_key_limits.fit(&format!("{tenant}:{own}")))
+            PassedDown::Ours(route.forward_key_limits.fit(&in_tenant(tenant, own)))
         }
         (identity, _) => PassedDown::Ours(route.forward_key_limits.fit(&identity.provider_key(
             tenant,
@@ -775,13 +773,7 @@ fn passed_down(
 /// client's own retries; namespaced outside the default tenant: tenants sharing a provider
 /// account must never have one's key deduplicated against another's.
 fn tenant_key(route: &Route, tenant: &str, client_key: Option<&str>) -> Option<String> {
-    client_key.map(|k| {
-        if tenant == DEFAULT_TENANT {
-            route.forward_key_limits.fit(k)
-        } else {
-            route.forward_key_limits.fit(&format!("{tenant}:{k}"))
-        }
-    })
+    client_key.map(|k| route.forward_key_limits.fit(&in_tenant(tenant, k)))
 }
 
 /// Forwards under the claim and settles it (`Claims::execute`); the trace gets how long that

@@ -5,11 +5,12 @@
 
 use std::sync::Arc;
 
-use http::{Request, Response, Uri};
+use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::error::ProxyError;
-use super::{passthrough, pipeline};
+use super::passthrough;
+use super::pipeline::{self, Target};
 use crate::http::body::Body;
 use crate::identity::Signing;
 use crate::metrics::RequestOutcome;
@@ -17,13 +18,6 @@ use crate::proxy::App;
 use crate::request::ambiguity;
 use crate::request::path;
 use crate::routes::Route;
-
-/// Where a protected request goes upstream, in the one grammar, and where it would have gone
-/// as the client spelled it (when that differs).
-pub struct Target {
-    pub uri: Uri,
-    pub as_sent: Option<Uri>,
-}
 
 /// Runs a request that `route` covers: protected if its method is, passed through otherwise.
 /// `path_and_query` is the upstream path (base-URL prefix already removed).

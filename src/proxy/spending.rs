@@ -8,7 +8,7 @@ use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::binding::{self, Bound};
 use crate::spend::budget::{Cost, PriceError, Spender};
-use crate::spend::gate::{Admission, Ask, Gate, Refusal};
+use crate::spend::gate::{Admission, Charge, Gate, Refusal};
 
 /// The run the proxy user named on the CONNECT that opened an intercepted tunnel: requests
 /// inside it carry no `Proxy-Authorization` of their own.
@@ -154,7 +154,7 @@ pub async fn admit(
     view: &Request<'_>,
     at: &Attempting<'_>,
 ) -> Result<Admission, SpendError> {
-    let ask = Ask {
+    let ask = Charge {
         scope: at.scope,
         who: Spender {
             route: &route.name,

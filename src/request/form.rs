@@ -5,7 +5,7 @@
 
 /// Why a form component cannot be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
+pub enum FormDecodeError {
     #[error("`%` at byte {0} is not followed by two hex digits")]
     BadEscape(usize),
     #[error("decodes to bytes that are not UTF-8")]
@@ -32,8 +32,8 @@ pub fn escape_at(s: &[u8], i: usize) -> Option<u8> {
 
 /// Decodes one form component strictly: `+` is a space, `%` must start an escape, and the
 /// result must be UTF-8.
-pub fn decode(s: &[u8]) -> Result<String, DecodeError> {
-    String::from_utf8(decode_bytes(s, true)?).map_err(|_| DecodeError::NotUtf8)
+pub fn decode(s: &[u8]) -> Result<String, FormDecodeError> {
+    String::from_utf8(decode_bytes(s, true)?).map_err(|_| FormDecodeError::NotUtf8)
 }
 
 /// Decodes one form component for comparison only (a fingerprint): an escape that is not one
@@ -45,7 +45,7 @@ pub fn decode_lossy(s: &[u8]) -> String {
     }
 }
 
-fn decode_bytes(s: &[u8], strict: bool) -> Result<Vec<u8>, DecodeError> {
+fn decode_bytes(s: &[u8], strict: bool) -> Result<Vec<u8>, FormDecodeError> {
     let mut out = Vec::with_capacity(s.len());
     let mut i = 0;
     while i < s.len() {
@@ -56,7 +56,7 @@ fn decode_bytes(s: &[u8], strict: bool) -> Result<Vec<u8>, DecodeError> {
                     out.push(b);
                     i += 2;
                 }
-                None if strict => return Err(DecodeError::BadEscape(i)),
+                None if strict => return Err(FormDecodeError::BadEscape(i)),
                 None => out.push(b'%'),
             },
             b => out.push(b),
@@ -157,9 +157,9 @@ mod tests {
     #[test]
     fn strict_and_lossy_decoding() {
         assert_eq!(decode(b"a+b%20c%2Fd").as_deref(), Ok("a b c/d"));
-        assert_eq!(decode(b"%zz"), Err(DecodeError::BadEscape(0)));
-        assert_eq!(decode(b"x%4"), Err(DecodeError::BadEscape(1)));
-        assert_eq!(decode(b"%ff"), Err(DecodeError::NotUtf8));
+        assert_eq!(decode(b"%zz"), Err(FormDecodeError::BadEscape(0)));
+        assert_eq!(decode(b"x%4"), Err(FormDecodeError::BadEscape(1)));
+        assert_eq!(decode(b"%ff"), Err(FormDecodeError::NotUtf8));
         assert_eq!(decode_lossy(b"100%+x%41"), "100% xA");
         assert_eq!(decode_lossy(b"%ff"), "\u{fffd}");
     }

@@ -16,9 +16,9 @@ use crate::identity::operations::Operation;
 use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
 use crate::identity::{RouteIdentity, Signing};
+use crate::outbound::lookup::Lookup;
+use crate::outbound::upstream::{ClientBuildError, ClientOptions, UpstreamClient};
 use crate::providers::{self, ErrorShape, KeyLimits, LimitsError, Profile};
-use crate::proxy::lookup::Lookup;
-use crate::proxy::upstream::{ClientError, ClientOptions, UpstreamClient};
 use crate::request::template::Template;
 use crate::spend::budget::{Budget, BudgetText};
 
@@ -591,8 +591,8 @@ impl<'a> Builder<'a> {
             egress: None,
         })
         .map_err(|e| match e {
-            ClientError::ConnectTo(_) => self.invalid("connect_to", e.to_string()),
-            ClientError::Roots(_) | ClientError::Tls(_) => {
+            ClientBuildError::ConnectTo(_) => self.invalid("connect_to", e.to_string()),
+            ClientBuildError::Roots(_) | ClientBuildError::Tls(_) => {
                 self.invalid("upstream_ca", e.to_string())
             }
         })

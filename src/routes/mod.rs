@@ -11,10 +11,11 @@ use crate::config::{Config, ConfigError};
 use crate::idempotency::policy::Policy;
 use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
+use crate::identity::scope::Place;
 use crate::identity::{Identity, RouteIdentity};
+use crate::outbound::lookup::Lookup;
+use crate::outbound::upstream::UpstreamClient;
 use crate::providers::{ErrorShape, KeyLimits};
-use crate::proxy::lookup::Lookup;
-use crate::proxy::upstream::UpstreamClient;
 use crate::request::path::PathRules;
 use crate::spend::budget::Budget;
 
@@ -115,6 +116,18 @@ const CONTENT_HEADERS: [http::HeaderName; 3] = [
 ];
 
 impl Route {
+    /// Where this route's operations are claimed for `tenant`: the scope's every part but
+    /// the operation's own (the pipeline and the operators' key API build scopes from it
+    /// alone, so the two agree to the byte).
+    pub fn place<'a>(&'a self, namespace: &'a str, tenant: &'a str) -> Place<'a> {
+        Place {
+            namespace,
+            tenant,
+            route: &self.name,
+            upstream_host: &self.upstream.host,
+        }
+    }
+
     /// Whether the proxy reads the header `name` on this route's protected requests: to
     /// identify them, to read their body, or to find their run. (A `Connection` header that
     /// names one would have the proxy decide on a header the provider never gets.)

@@ -60,7 +60,7 @@ pub enum Refusal {
 }
 
 /// What the gate needs to know about one executing attempt.
-pub struct Ask<'a> {
+pub struct Charge<'a> {
     /// The operation's claim scope: one approval per operation.
     pub scope: &'a str,
     pub who: Spender<'a>,
@@ -221,7 +221,7 @@ impl Gate {
     pub async fn admit(
         &self,
         budget: &Budget,
-        ask: &Ask<'_>,
+        ask: &Charge<'_>,
         mut approved: bool,
     ) -> Result<Admission, Refusal> {
         let price = match &ask.cost {
@@ -320,7 +320,7 @@ impl Gate {
 
     fn admitted(
         &self,
-        ask: &Ask<'_>,
+        ask: &Charge<'_>,
         added: bool,
         price: Option<Price>,
         shadowed: Option<CapName>,
@@ -338,7 +338,7 @@ impl Gate {
     /// In shadow mode: logs and counts what would have been refused, and lets it pass.
     fn refuse_unless_shadow(
         &self,
-        ask: &Ask<'_>,
+        ask: &Charge<'_>,
         cap: CapName,
         refusal: Refusal,
     ) -> Result<Option<CapName>, Refusal> {
@@ -353,7 +353,7 @@ impl Gate {
 
     /// The refusal for a request `target`'s freeze covers, with who froze it and why (read
     /// again: only refusals pay for it).
-    async fn frozen(&self, ask: &Ask<'_>, target: &str) -> Refusal {
+    async fn frozen(&self, ask: &Charge<'_>, target: &str) -> Refusal {
         self.events.frozen(ask.who.route);
         let found = self
             .store
@@ -375,7 +375,7 @@ impl Gate {
 
     /// A freeze covering this request, read before a person is asked to approve it (a
     /// frozen tenant parks nothing). The reservation checks freezes itself.
-    async fn check_frozen(&self, ask: &Ask<'_>) -> Result<(), Refusal> {
+    async fn check_frozen(&self, ask: &Charge<'_>) -> Result<(), Refusal> {
         let covering = FreezeTarget::covering(ask.who.route, ask.who.tenant, ask.who.run);
         let all = self.store.freezes().await?;
         match covering
@@ -387,13 +387,13 @@ impl Gate {
         }
     }
 
-    fn shadow(&self, ask: &Ask<'_>, cap: CapName) {
+    fn shadow(&self, ask: &Charge<'_>, cap: CapName) {
         self.events.shadow(ask.who.route, cap);
     }
 
     fn over(
         &self,
-        _ask: &Ask<'_>,
+        _ask: &Charge<'_>,
         cap: CapName,
         limit: String,
         spent: String,
@@ -411,7 +411,7 @@ impl Gate {
     fn over_counter(
         &self,
         budget: &Budget,
-        ask: &Ask<'_>,
+        ask: &Charge<'_>,
         name: CapName,
         spent: i64,
         price: Option<Price>,
@@ -445,7 +445,7 @@ impl Gate {
     async fn approval(
         &self,
         budget: &Budget,
-        ask: &Ask<'_>,
+        ask: &Charge<'_>,
         price: Price,
         why: String,
     ) -> Result<Decided, Refusal> {
@@ -595,7 +595,13 @@ fn denied(a: Approval) -> Refusal {
 }
 
 /// The approval this request would open: pending, until `approval_expires` from `now`.
-fn fresh_approval(budget: &Budget, ask: &Ask<'_>, price: Price, why: &str, now: u64) -> Approval {
+fn fresh_approval(
+    budget: &Budget,
+    ask: &Charge<'_>,
+    price: Price,
+    why: &str,
+    now: u64,
+) -> Approval {
     let asked = price.asked;
     Approval {
         id: approval_id(ask.scope),

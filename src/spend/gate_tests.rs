@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::budget::{Budget, BudgetText, Cost, Price, Spender};
-use super::gate::{approval_id, wake_key, Admission, Ask, Gate, Refusal, SpendEvents, Ticket};
+use super::gate::{approval_id, wake_key, Admission, Charge, Gate, Refusal, SpendEvents, Ticket};
 use super::money::{Currency, Money};
 use super::port::{ApprovalState, CapName, SpendStore};
 use super::testing::MemorySpend;
@@ -131,7 +131,7 @@ impl Gate {
         let token = format!("attempt-{n}");
         // What a person sees: the amount, so another amount is another request.
         let binding = format!("{}:{}", r.scope, r.price.asked.minor);
-        let ask = Ask {
+        let ask = Charge {
             scope: r.scope,
             who: Spender {
                 route: "pay",

@@ -26,7 +26,7 @@ pub use self::postgres::url::PostgresUrl;
 pub use self::postgres::PostgresStore;
 pub use self::redis::url::RedisTarget;
 pub use self::redis::RedisStore;
-pub use self::seal::{KeyError, Sealer};
+pub use self::seal::{SealKeyError, Sealer};
 pub use self::sqlite::SqliteStore;
 
 /// A store URL, parsed: what `check-config` checks and `serve` opens.

@@ -15,7 +15,7 @@ use aes_gcm::{Aes256Gcm, Nonce};
 use base64::Engine as _;
 use bytes::Bytes;
 
-use crate::config::EncryptionConfig;
+use crate::config::{EncryptionConfig, Environment};
 use crate::idempotency::record::{Cipher, DecodeError, Receipt, Record, SealedReceipt};
 use crate::idempotency::store::StoreError;
 use crate::spend::port::Approval;
@@ -25,7 +25,7 @@ const NONCE_LEN: usize = 12;
 /// Why the configured receipt key cannot be used, and which field says so.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct KeyError {
+pub struct SealKeyError {
     pub field: &'static str,
     pub message: String,
 }
@@ -37,8 +37,8 @@ pub struct Sealer {
 
 impl Sealer {
     /// The key `[encryption]` names; `None` when it names none.
-    pub fn load(enc: &EncryptionConfig) -> Result<Option<Sealer>, KeyError> {
-        let bad = |field: &'static str, message: String| KeyError { field, message };
+    pub fn load(enc: &EncryptionConfig, env: &Environment) -> Result<Option<Sealer>, SealKeyError> {
+        let bad = |field: &'static str, message: String| SealKeyError { field, message };
         let (field, raw) = match (&enc.key_env, &enc.key_file) {
             (None, None) => return Ok(None),
             (Some(_), Some(_)) => {
@@ -47,8 +47,8 @@ impl Sealer {
                     "set key_env or key_file, not both".into(),
                 ))
             }
-            (Some(var), None) => match std::env::var(var) {
-                Ok(v) if !v.trim().is_empty() => {
+            (Some(var), None) => match env.var(var) {
+                Some(v) if !v.trim().is_empty() => {
                     ("encryption.key_env", v.trim().as_bytes().to_vec())
                 }
                 _ => {

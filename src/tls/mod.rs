@@ -5,4 +5,3 @@ pub mod ca;
 pub mod client_hello;
 pub mod init;
 pub mod leaf_cache;
-pub mod worker_env;

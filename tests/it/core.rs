@@ -23,7 +23,7 @@ fn replayed_headers(r: &Reply) -> usize {
 async fn same_key_twice_replays_byte_identical(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
+    let proxy = Proxy::in_process(&config(&store.url(), &route("pay", provider.port(), "")));
 
     let first = post(
         proxy.addr,
@@ -62,7 +62,7 @@ async fn same_key_twice_replays_byte_identical(backend: Backend) {
 async fn reused_key_with_other_body_is_422_and_two_keys_execute_twice(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
+    let proxy = Proxy::in_process(&config(&store.url(), &route("pay", provider.port(), "")));
 
     assert_eq!(
         post(
@@ -100,7 +100,7 @@ async fn reused_key_with_other_body_is_422_and_two_keys_execute_twice(backend: B
 async fn twenty_concurrent_duplicates_execute_once(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
+    let proxy = Proxy::in_process(&config(&store.url(), &route("pay", provider.port(), "")));
 
     let mut tasks = Vec::new();
     for _ in 0..20 {
@@ -160,7 +160,7 @@ async fn retryable_failures_release_the_claim(backend: Backend) {
     let store = StoreFixture::new(backend);
     let routes = route("keyed", provider.port(), "honours_key = true")
         + &route("plain", provider.port(), "honours_key = false");
-    let proxy = Proxy::start(&config(&store.url(), &routes));
+    let proxy = Proxy::in_process(&config(&store.url(), &routes));
 
     // A provider that honours keys: a 500 releases, the retry executes with the same key.
     provider.then([Behavior::FailWithoutEffect(500)]);
@@ -192,7 +192,7 @@ async fn retryable_failures_release_the_claim(backend: Backend) {
 async fn ambiguous_failures_on_a_provider_without_keys_are_held(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &route("mail", provider.port(), "honours_key = false"),
     ));
@@ -243,7 +243,7 @@ async fn dropped_connection_on_a_key_honouring_provider_is_retried_with_the_same
     })
     .await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &route("pay", provider.port(), "honours_key = true"),
     ));
@@ -319,7 +319,7 @@ async fn receipt_survives_sigkill(backend: Backend) {
 async fn forward_proxy_protects_absolute_form_requests(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
+    let proxy = Proxy::in_process(&config(&store.url(), &route("pay", provider.port(), "")));
 
     // curl as HTTP_PROXY client: `POST http://pay.test/v1/charges`.
     let curl = |key: &'static str| {
@@ -372,7 +372,7 @@ async fn headers_are_forwarded_as_rfc_9110_says(backend: Backend) {
         provider.port(),
         "forward_key_header = \"Provider-Key\"",
     );
-    let proxy = Proxy::start(&config(&store.url(), &routes));
+    let proxy = Proxy::in_process(&config(&store.url(), &routes));
 
     let headers = [
         ("content-type", "application/json"),
@@ -444,7 +444,7 @@ async fn missing_key_follows_the_route_policy(backend: Backend) {
     let store = StoreFixture::new(backend);
     let routes = route("open", provider.port(), "")
         + &route("strict", provider.port(), "missing_key = \"reject\"");
-    let proxy = Proxy::start(&config(&store.url(), &routes));
+    let proxy = Proxy::in_process(&config(&store.url(), &routes));
 
     // Default: forwarded unprotected, every time, without a replay marker.
     let a = post(proxy.addr, "/open/v1/charges", None, "{}").await;
@@ -465,7 +465,7 @@ async fn bad_input_gets_a_clear_answer_and_the_proxy_keeps_serving(backend: Back
     let store = StoreFixture::new(backend);
     let text = config(&store.url(), &route("pay", provider.port(), ""))
         .replace("[server]\n", "[server]\nmax_body_bytes = 1024\n");
-    let proxy = Proxy::start(&text);
+    let proxy = Proxy::in_process(&text);
 
     assert_problem(
         &post(proxy.addr, "/pay/v1/charges", Some(""), "{}").await,
@@ -547,7 +547,7 @@ async fn bad_input_gets_a_clear_answer_and_the_proxy_keeps_serving(backend: Back
 async fn unprotected_requests_stream_through(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(&store.url(), &route("pay", provider.port(), "")));
+    let proxy = Proxy::in_process(&config(&store.url(), &route("pay", provider.port(), "")));
 
     let r = send(proxy.addr, "GET", "/pay/v1/charges", &[], "")
         .await
@@ -601,7 +601,7 @@ async fn single_threaded_scheduler_executes_each_key_once(backend: Backend) {
     let store = StoreFixture::new(backend);
     let cfg = config(&store.url(), &route("pay", provider.port(), ""))
         .replace("[server]\n", "[server]\nworker_threads = 1\n");
-    let proxy = Proxy::start(&cfg);
+    let proxy = Proxy::in_process(&cfg);
 
     let mut tasks = Vec::new();
     for i in 0..40 {

@@ -63,7 +63,7 @@ fn key_received(provider: &FakeProvider, i: usize) -> Option<String> {
 async fn a_tool_without_keys_gets_one_execution_per_invoice(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &route(
             "pay",
@@ -166,7 +166,7 @@ fn assert_derived(got: Option<String>, key: &str, what: &str) {
 async fn stripe_form_bodies_from_curl_are_keyed_by_bracket_fields(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &route(
             "stripe",
@@ -228,7 +228,7 @@ async fn a_missing_template_field_follows_each_policy(backend: Backend) {
             provider.port(),
             &format!("{PAYMENT_KEY}\nmissing_key = \"derive\"\ndedup_window = \"2s\""),
         );
-    let proxy = Proxy::start(&config(&store.url(), &routes));
+    let proxy = Proxy::in_process(&config(&store.url(), &routes));
     let no_invoice = r#"{"amount": 5, "currency": "usd", "customer": "acme"}"#;
     let json = "application/json";
 
@@ -282,7 +282,7 @@ async fn malformed_bodies_get_a_400_that_says_why_and_claim_nothing(backend: Bac
     let store = StoreFixture::new(backend);
     let routes = route("pay", provider.port(), PAYMENT_KEY)
         + &route("alpaca", provider.port(), "provider = \"alpaca\"");
-    let proxy = Proxy::start(&config(&store.url(), &routes));
+    let proxy = Proxy::in_process(&config(&store.url(), &routes));
 
     for (ctype, body, says) in [
         ("application/json", r#"{"amount": 5,"#, "not valid JSON"),
@@ -334,7 +334,7 @@ async fn malformed_bodies_get_a_400_that_says_why_and_claim_nothing(backend: Bac
 async fn two_api_keys_with_the_same_derived_key_never_share_a_receipt(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &route("pay", provider.port(), PAYMENT_KEY),
     ));

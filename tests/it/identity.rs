@@ -138,7 +138,7 @@ async fn accounts_in_provider_headers_never_share_a_receipt(backend: Backend) {
         ),
     ]
     .concat();
-    let proxy = Proxy::start(&config(&store.url(), "", &routes));
+    let proxy = Proxy::in_process(&config(&store.url(), "", &routes));
 
     // Alpaca: the same key and order from two accounts are two orders, one in each account,
     // and each client gets its own order and its own session cookie.
@@ -403,7 +403,7 @@ async fn tenants_never_share_provider_keys(backend: Backend) {
         ),
     ]
     .concat();
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         "",
         &format!("{routes}\n{}", tenants()),
@@ -552,7 +552,7 @@ async fn refreshed_credentials_are_one_account_when_the_route_names_it(backend: 
         route("mailraw", mail.port(), ""),
     ]
     .concat();
-    let proxy = Proxy::start(&config(&store.url(), "", &routes));
+    let proxy = Proxy::in_process(&config(&store.url(), "", &routes));
 
     // The token is refreshed between the first attempt and its retry; the old one is dead.
     let t1 = mail.refresh(ALICE);
@@ -792,7 +792,7 @@ async fn raw_tcp(addr: SocketAddr, request: &str) -> RawReply {
 async fn a_protected_method_in_the_wrong_case_is_refused() {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(Backend::Sqlite);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         "",
         &route("pay", provider.port(), ""),
@@ -888,7 +888,7 @@ async fn forwards_are_bounded_in_count_and_bytes() {
     };
 
     // Two forwards at once; the third is refused before anything is claimed.
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         "max_forwards = 2",
         &route("pay", provider.port(), ""),
@@ -923,7 +923,7 @@ async fn forwards_are_bounded_in_count_and_bytes() {
 
     // Bytes: 12 KiB of bodies at once; two of 5000 bytes leave room for 2 KiB more.
     let store = StoreFixture::new(Backend::Sqlite);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         "max_body_bytes = 8192\nmax_forward_bytes = 12288",
         &route("pay", provider.port(), ""),
@@ -991,7 +991,7 @@ async fn connect_inside_an_intercepted_connection_is_refused() {
 async fn a_chunked_get_body_reaches_the_provider() {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(Backend::Sqlite);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         "",
         &route("pay", provider.port(), ""),
@@ -1051,7 +1051,7 @@ async fn a_duplicate_note_keeps_the_passed_down_key_out_of_the_store(backend: Ba
             route("alpaca", alpaca.port(), "provider = \"alpaca\"")
         ),
     );
-    let proxy = Proxy::start_with_env(&text, &[("RECEIPT_KEY", receipt_key.as_str())]);
+    let proxy = Proxy::in_process_with_env(&text, &[("RECEIPT_KEY", receipt_key.as_str())]);
 
     let r = alpaca_order(&proxy, &ALPACA_A, KEY, ORDER).await;
     assert_eq!(r.status, 409, "{}", r.text());
@@ -1086,7 +1086,7 @@ async fn a_duplicate_note_keeps_the_passed_down_key_out_of_the_store(backend: Ba
 async fn structured_field_keys_must_be_canonical() {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(Backend::Sqlite);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         "",
         &route("pay", provider.port(), ""),

@@ -112,7 +112,7 @@ async fn every_profile_passes_the_key_where_its_provider_expects_it(backend: Bac
             )
         })
         .collect();
-    let proxy = Proxy::start(&config(&store.url(), &routes));
+    let proxy = Proxy::in_process(&config(&store.url(), &routes));
 
     // 77 bytes with `:`: fits some providers as is, others only in the derived form.
     let key = format!("order:2026-11-30:{}", "a".repeat(60));
@@ -204,7 +204,7 @@ async fn a_derived_provider_key_is_the_same_on_every_retry(backend: Backend) {
     .await;
     provider.then([Behavior::EffectThenStatus(500)]);
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &route("rzp", provider.port(), "provider = \"razorpay\""),
     ));
@@ -239,7 +239,7 @@ const ALPACA_DUPLICATE: &str = r#"{"code":40010001,"message":"client_order_id mu
 async fn alpaca_duplicate_rejection_is_held_never_a_receipt(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &route("alpaca", provider.port(), "provider = \"alpaca\""),
     ));
@@ -312,7 +312,7 @@ forward_key_max_len = 20
 forward_key_charset = "a-z0-9-"
 honours_key = false
 duplicate = { status = 409, code = "duplicate_request", lookup_hint = "GET /v1/requests/{key}" }"#;
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &route("custom", provider.port(), options),
     ));

@@ -39,13 +39,26 @@ fn alpaca_route(port: u16) -> String {
 }
 
 fn start(store: &StoreFixture, alpaca: &Alpaca) -> Proxy {
+    Proxy::in_process_with_env(
+        &config_text(store, alpaca),
+        &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)],
+    )
+}
+
+/// As a process, for the tests that kill and restart it.
+fn start_process(store: &StoreFixture, alpaca: &Alpaca) -> Proxy {
+    Proxy::start_with_env(
+        &config_text(store, alpaca),
+        &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)],
+    )
+}
+
+fn config_text(store: &StoreFixture, alpaca: &Alpaca) -> String {
     let extra = format!(
         "{}\n[admin]\ntoken_env = \"IDEMPROXY_ADMIN_TOKEN\"\n",
         alpaca_route(alpaca.port())
     );
-    let text = config(&store.url(), &extra)
-        .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
-    Proxy::start_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)])
+    config(&store.url(), &extra).replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n")
 }
 
 async fn order(proxy: &Proxy, keys: AlpacaKeys, key: &str) -> Reply {
@@ -180,7 +193,7 @@ async fn another_accounts_request_never_looks_at_the_held_order(backend: Backend
 async fn the_lookup_survives_a_proxy_restart(backend: Backend) {
     let alpaca = Alpaca::start(&[A]).await;
     let store = StoreFixture::new(backend);
-    let mut proxy = start(&store, &alpaca);
+    let mut proxy = start_process(&store, &alpaca);
     alpaca.then([AlpacaFault::LostAfterOrder]);
     assert_eq!(order(&proxy, A, "run-5").await.status, 502);
     proxy.restart();
@@ -200,7 +213,7 @@ async fn the_lookup_survives_a_proxy_restart(backend: Backend) {
 async fn a_claim_whose_holder_died_mid_call_is_looked_up(backend: Backend) {
     let alpaca = Alpaca::start(&[A]).await;
     let store = StoreFixture::new(backend);
-    let mut proxy = start(&store, &alpaca);
+    let mut proxy = start_process(&store, &alpaca);
     alpaca.then([AlpacaFault::SlowAfterOrder]);
     let background = {
         let addr = proxy.addr;
@@ -384,7 +397,7 @@ async fn unknown_outcomes_resolved_by_expiry_and_by_operators(backend: Backend) 
         ),
     )
     .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
-    let proxy = Proxy::start_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)]);
+    let proxy = Proxy::in_process_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)]);
     let send_mail = |key: &'static str| {
         let addr = proxy.addr;
         async move {
@@ -459,7 +472,7 @@ async fn a_lookup_reads_the_path_after_the_route_prefix(backend: Backend) {
         "GET /{path.0}/orders:by_client_order_id",
     );
     assert!(extra.contains("{path.0}"));
-    let proxy = Proxy::start(&config(&store.url(), &extra));
+    let proxy = Proxy::in_process(&config(&store.url(), &extra));
     alpaca.then([AlpacaFault::LostAfterOrder]);
     let first = order(&proxy, A, "run-path").await;
     assert_eq!(first.status, 502, "{}", first.text());

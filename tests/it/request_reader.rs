@@ -22,7 +22,7 @@ fn capped(provider: &FakeProvider, extra: &str) -> String {
 
 async fn start(routes: &str) -> (Proxy, StoreFixture) {
     let store = StoreFixture::new(Backend::Sqlite);
-    let proxy = Proxy::start(&config_on(&store, routes));
+    let proxy = Proxy::in_process(&config_on(&store, routes));
     (proxy, store)
 }
 

@@ -500,6 +500,24 @@ async fn mcp_stdio_tool_server_goes_through_the_proxy_with_the_site_packages_hoo
     .await;
     let pth = Path::new(w.var("PYTHONPATH")).join("idemproxy-worker.pth");
     let purelib = PathBuf::from(purelib.as_str().expect("purelib path"));
+    // `python3` is the suite's own venv, and a venv made from a venv sees only the base
+    // interpreter's packages: point the new one at the suite's (where `mcp` is installed).
+    let suite_purelib = tool(
+        "python3",
+        &[
+            "-c",
+            "import json, sysconfig; print(json.dumps(sysconfig.get_path('purelib')))",
+        ],
+        &[],
+        &[],
+    )
+    .await;
+    let suite_purelib = suite_purelib.as_str().expect("purelib path");
+    std::fs::write(
+        purelib.join("suite-packages.pth"),
+        format!("{suite_purelib}\n"),
+    )
+    .expect("point the venv at the suite's packages");
     std::os::unix::fs::symlink(&pth, purelib.join("idemproxy-worker.pth"))
         .expect("link the .pth into site-packages");
     pays_once(&fake, &w, &python, &args).await;

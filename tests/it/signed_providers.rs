@@ -445,7 +445,7 @@ async fn binance_resigned_order_is_placed_once(backend: Backend) {
     ]))
     .await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(&store.url(), &binance_route(&fake, "")));
+    let proxy = Proxy::in_process(&config(&store.url(), &binance_route(&fake, "")));
     let a = (BN_KEY_A, BN_SECRET_A);
 
     // Keyed by the client's own newClientOrderId (no Idempotency-Key header).
@@ -490,7 +490,7 @@ async fn binance_resigned_order_is_placed_once(backend: Backend) {
 async fn binance_duplicate_answer_is_held_never_replayed(backend: Backend) {
     let fake = Fake::start(Binance::new(&[(BN_KEY_A, BN_SECRET_A)])).await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(&store.url(), &binance_route(&fake, "")));
+    let proxy = Proxy::in_process(&config(&store.url(), &binance_route(&fake, "")));
     let a = (BN_KEY_A, BN_SECRET_A);
     // An earlier run placed this order without the proxy; it is still open.
     fake.with(|b| b.place_directly(BN_KEY_A, "BTCUSDT", "agent-dup-1"));
@@ -548,7 +548,7 @@ async fn binance_signed_orders_in_a_tenant_need_its_prefix() {
         "[[tenants]]\nname = \"team-a\"\nsecret_sha256 = \"{}\"\n",
         hex::encode(Sha256::digest(TENANT_SECRET.as_bytes()))
     );
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &(binance_route(&fake, "") + &tenants),
     ));
@@ -594,7 +594,7 @@ async fn binance_without_the_profile_a_resigned_order_runs_twice() {
     let fake = Fake::start(binance).await;
     let store = StoreFixture::new(Backend::Sqlite);
     let routes = route("plain", fake.port(), "") + &binance_route(&fake, "");
-    let proxy = Proxy::start(&config(&store.url(), &routes));
+    let proxy = Proxy::in_process(&config(&store.url(), &routes));
     let a = (BN_KEY_A, BN_SECRET_A);
 
     let (first, _) = limit_order(&proxy, "plain", a, "agent-mkt-1", &[]).await;
@@ -683,7 +683,7 @@ fn kraken_params(cl_ord_id: &str) -> Vec<(&str, &str)> {
 async fn kraken_start(backend: Backend) -> (Fake<Kraken>, Proxy, StoreFixture) {
     let fake = Fake::start(Kraken::new(&[(KR_KEY, &kraken_secret())])).await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &route("kraken", fake.port(), "provider = \"kraken\""),
     ));
@@ -808,7 +808,7 @@ async fn coinbase_new_jwts_for_one_key_are_one_account(backend: Backend) {
     let k2 = CoinbaseKey::generate("organizations/org-1/apiKeys/key-2");
     let fake = Fake::start(Coinbase::new(&[&k1, &k2])).await;
     let store = StoreFixture::new(backend);
-    let proxy = Proxy::start(&config(
+    let proxy = Proxy::in_process(&config(
         &store.url(),
         &route("coinbase", fake.port(), "provider = \"coinbase\""),
     ));

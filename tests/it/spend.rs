@@ -27,12 +27,26 @@ fn pay_route(provider: &FakeProvider, spend: &str) -> String {
 }
 
 fn start(store: &StoreFixture, routes: &str, extra: &str) -> Proxy {
-    let text = config_on(
+    Proxy::in_process_with_env(
+        &config_text(store, routes, extra),
+        &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)],
+    )
+}
+
+/// As a process, for the test that restarts it.
+fn start_process(store: &StoreFixture, routes: &str, extra: &str) -> Proxy {
+    Proxy::start_with_env(
+        &config_text(store, routes, extra),
+        &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)],
+    )
+}
+
+fn config_text(store: &StoreFixture, routes: &str, extra: &str) -> String {
+    config_on(
         store,
         &format!("{routes}\n[admin]\ntoken_env = \"IDEMPROXY_ADMIN_TOKEN\"\n{extra}"),
     )
-    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
-    Proxy::start_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)])
+    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n")
 }
 
 /// A payment: `run` rides in the proxy user (`tenant.run`, the way a worker's proxy URL
@@ -259,7 +273,7 @@ async fn an_approval_within_the_wait_forwards_the_parked_request(backend: Backen
 async fn an_approval_after_the_wait_lets_the_retry_execute_once(backend: Backend) {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(backend);
-    let mut proxy = start(
+    let mut proxy = start_process(
         &store,
         &pay_route(
             &provider,

@@ -24,12 +24,26 @@ use crate::common::{eventually_async, Backend};
 const ADMIN_TOKEN: &str = "adm-gate-token";
 
 fn start(store: &StoreFixture, routes: &str) -> Proxy {
-    let text = config_on(
+    Proxy::in_process_with_env(
+        &admin_config(store, routes),
+        &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)],
+    )
+}
+
+/// A proxy in a process of its own, for a test that restarts it.
+fn start_process(store: &StoreFixture, routes: &str) -> Proxy {
+    Proxy::start_with_env(
+        &admin_config(store, routes),
+        &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)],
+    )
+}
+
+fn admin_config(store: &StoreFixture, routes: &str) -> String {
+    config_on(
         store,
         &format!("{routes}\n[admin]\ntoken_env = \"IDEMPROXY_ADMIN_TOKEN\"\n"),
     )
-    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
-    Proxy::start_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)])
+    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n")
 }
 
 /// `POST /v1/payments` costs `{body.amount}` cents of `{body.currency}`; `options` go on the
@@ -545,7 +559,7 @@ async fn a_freeze_stops_a_tenant_a_run_or_a_route_until_lifted(backend: Backend)
             "enforce = false\nper_tenant = \"1000.00\""
         )
     );
-    let mut proxy = start(&store, &routes);
+    let mut proxy = start_process(&store, &routes);
     let pay = |key: &'static str, run: &'static str, cents: u64| {
         let proxy = &proxy;
         async move {

@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
-use super::policy::Target;
+use super::policy::ConnectTarget;
 use super::tunnel::{until_idle, Activity};
 use crate::http::body::Body;
 use crate::http::problem::Problem;
@@ -29,8 +29,13 @@ const NOT_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\
 /// Serves one intercepted connection to its end (`io`: the client's side, its ClientHello
 /// already peeked at and put back). Every failure is the client's connection closing; none
 /// can affect the listener or another connection.
-pub async fn serve<IO>(app: Arc<App>, target: Target, io: IO, tenant: String, run: Option<String>)
-where
+pub async fn serve<IO>(
+    app: Arc<App>,
+    target: ConnectTarget,
+    io: IO,
+    tenant: String,
+    run: Option<String>,
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let Some((tls, host)) = handshake(&app, &target, io).await else {
@@ -119,7 +124,12 @@ fn builder(app: &App) -> auto::Builder<TokioExecutor> {
 
 /// A tunnel that ends before its first request: the client sees only a failed handshake, so
 /// it is logged at info and counted with the refused CONNECTs.
-pub fn broke_off(app: &App, target: &Target, reason: &'static str, why: std::fmt::Arguments<'_>) {
+pub fn broke_off(
+    app: &App,
+    target: &ConnectTarget,
+    reason: &'static str,
+    why: std::fmt::Arguments<'_>,
+) {
     app.metrics.connect_refused(reason);
     tracing::info!(%target, reason, "intercepted tunnel closed before its first request: {why}");
 }
@@ -127,7 +137,7 @@ pub fn broke_off(app: &App, target: &Target, reason: &'static str, why: std::fmt
 /// The TLS server side of the tunnel, and the host its requests are for (the SNI name, else
 /// the CONNECT host); `None` (after logging why) when the client does not complete a
 /// handshake the proxy is willing to do.
-async fn handshake<IO>(app: &App, target: &Target, io: IO) -> Option<(TlsStream<IO>, String)>
+async fn handshake<IO>(app: &App, target: &ConnectTarget, io: IO) -> Option<(TlsStream<IO>, String)>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
@@ -187,7 +197,7 @@ where
 /// The name the certificate is for and the host the requests are routed by: the host the
 /// client asked for by SNI, else the CONNECT host. A different SNI must be a routed host
 /// too: the proxy never mints certificates for hosts it does not protect (`None`).
-fn names(app: &App, target: &Target, sni: Option<&str>) -> Option<(String, String)> {
+fn names(app: &App, target: &ConnectTarget, sni: Option<&str>) -> Option<(String, String)> {
     let sni = sni.map(|s| s.trim_end_matches('.').to_ascii_lowercase());
     match sni {
         Some(sni) if sni != target.name() => {
@@ -206,7 +216,7 @@ fn names(app: &App, target: &Target, sni: Option<&str>) -> Option<(String, Strin
 
 /// Plain bytes (most likely plain HTTP sent by mistake) into an intercepted tunnel: answered
 /// in plain HTTP, before rustls would answer with an alert, and closed.
-pub async fn not_tls<IO: AsyncWrite + Unpin>(app: &App, target: &Target, io: &mut IO) {
+pub async fn not_tls<IO: AsyncWrite + Unpin>(app: &App, target: &ConnectTarget, io: &mut IO) {
     broke_off(
         app,
         target,

@@ -19,7 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use self::peek::{peek, Seen};
-use self::policy::{ConnectError, Target};
+use self::policy::{ConnectError, ConnectTarget};
 use self::replay::Replay;
 use super::connection::ConnectionSlot;
 use crate::config::UnknownHosts;
@@ -80,7 +80,7 @@ enum Plan {
 /// One answered CONNECT: who asked, for what, and on which deployment.
 struct Tunnel {
     app: Arc<App>,
-    target: Target,
+    target: ConnectTarget,
     tenant: String,
     run: Option<String>,
     /// A route caps spend: hellos that hide their name are refused.
@@ -92,7 +92,7 @@ async fn open(
     req: Request<Incoming>,
     tenant: String,
 ) -> Result<Response<Body>, ConnectError> {
-    let target = Target::parse(req.uri())?;
+    let target = ConnectTarget::parse(req.uri())?;
     // Held by the tunnel for its whole life (see `ConnectionSlot`).
     let slot = req.extensions().get::<ConnectionSlot>().cloned();
     let policy = &app.connect;
@@ -132,7 +132,7 @@ async fn open(
 async fn unrouted(
     app: &App,
     routes: &[Arc<crate::routes::Route>],
-    target: &Target,
+    target: &ConnectTarget,
     guarded: bool,
 ) -> Result<TcpStream, ConnectError> {
     let policy = &app.connect;
@@ -305,7 +305,7 @@ impl Tunnel {
             return self.refuse(client, "no_ca").await;
         }
         tracing::info!(target = %self.target, sni = %name, "tunnel's ClientHello names a routed host: intercepted to its route");
-        let target = Target {
+        let target = ConnectTarget {
             host: name,
             port: self.target.port,
         };

@@ -247,14 +247,14 @@ impl ConnectError {
 
 /// Where a CONNECT goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub struct ConnectTarget {
     /// Lowercase, as `Authority::host` spells it (IPv6 in brackets); what routes match on.
     pub host: String,
     pub port: u16,
 }
 
-impl Target {
-    pub fn parse(uri: &Uri) -> Result<Target, ConnectError> {
+impl ConnectTarget {
+    pub fn parse(uri: &Uri) -> Result<ConnectTarget, ConnectError> {
         let bad = || ConnectError::BadTarget(uri.to_string());
         let authority = match (uri.authority(), uri.scheme(), uri.path_and_query()) {
             (Some(a), None, None) => a,
@@ -265,7 +265,7 @@ impl Target {
         }
         let host = authority.host().trim_end_matches('.').to_ascii_lowercase();
         match authority.port_u16() {
-            Some(port) if port != 0 && !host.is_empty() => Ok(Target { host, port }),
+            Some(port) if port != 0 && !host.is_empty() => Ok(ConnectTarget { host, port }),
             _ => Err(bad()),
         }
     }
@@ -279,7 +279,7 @@ impl Target {
     }
 }
 
-impl std::fmt::Display for Target {
+impl std::fmt::Display for ConnectTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}", self.host, self.port)
     }
@@ -289,16 +289,16 @@ impl std::fmt::Display for Target {
 mod tests {
     use super::*;
 
-    fn parse(s: &str) -> Result<Target, ConnectError> {
+    fn parse(s: &str) -> Result<ConnectTarget, ConnectError> {
         let uri: Uri = s.parse().map_err(|_| ConnectError::BadTarget(s.into()))?;
-        Target::parse(&uri)
+        ConnectTarget::parse(&uri)
     }
 
     #[test]
     fn targets_need_a_host_and_a_nonzero_port() {
         assert_eq!(
             parse("API.Stripe.com.:443").expect("test setup"),
-            Target {
+            ConnectTarget {
                 host: "api.stripe.com".into(),
                 port: 443
             }

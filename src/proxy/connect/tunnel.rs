@@ -12,13 +12,16 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::policy::{ConnectError, Target};
-use crate::proxy::egress::{Egress, EgressError};
+use super::policy::{ConnectError, ConnectTarget};
+use crate::outbound::egress::{Egress, EgressError};
 
 /// The addresses a tunnel to `target` may use. This is the one place that decides where blind
 /// tunnels can go: the egress rules (allow-list, internal ranges refused) judge the resolved
 /// addresses, and the tunnel dials exactly those.
-pub async fn addresses(target: &Target, egress: &Egress) -> Result<Vec<SocketAddr>, ConnectError> {
+pub async fn addresses(
+    target: &ConnectTarget,
+    egress: &Egress,
+) -> Result<Vec<SocketAddr>, ConnectError> {
     egress
         .check(target.name(), target.port)
         .await
@@ -33,7 +36,7 @@ pub async fn addresses(target: &Target, egress: &Egress) -> Result<Vec<SocketAdd
 
 /// Connects to the first of `addrs` that answers within `timeout`.
 pub async fn dial(
-    target: &Target,
+    target: &ConnectTarget,
     addrs: &[SocketAddr],
     timeout: Duration,
 ) -> Result<TcpStream, ConnectError> {
@@ -50,7 +53,7 @@ pub async fn dial(
 }
 
 /// Copies bytes both ways until both sides have closed, or nothing moved for `idle`.
-pub async fn run<IO>(client: IO, upstream: TcpStream, target: Target, idle: Duration)
+pub async fn run<IO>(client: IO, upstream: TcpStream, target: ConnectTarget, idle: Duration)
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {

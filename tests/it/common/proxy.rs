@@ -1,5 +1,9 @@
-//! The idemproxy binary under test, as a real process: started on a config, killed with
-//! SIGKILL, stopped with SIGTERM, restarted on the same store.
+//! The proxy under test, on a config of its own, in one of two tiers with one API:
+//! - `Proxy::start`: the idemproxy binary as a real process, killed with SIGKILL, stopped with
+//!   SIGTERM, restarted on the same store: for faults, restarts, signals and logs.
+//! - `Proxy::in_process`: the same server the binary runs (`idemproxy::serve`), on a runtime
+//!   of its own inside the test process, behind the same sockets: for what the pipeline does
+//!   with a request, with no process started and no binary loaded.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -201,7 +205,7 @@ pub struct Proxy {
     pub admin: Option<SocketAddr>,
     /// Extra environment for the process (tokens, secrets, keys).
     env: Vec<(String, String)>,
-    child: Option<Child>,
+    running: Option<Running>,
     dir: PathBuf,
     config_path: PathBuf,
     _tmp: Option<tempfile::TempDir>,
@@ -238,7 +242,7 @@ impl Proxy {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            child: None,
+            running: None,
             dir: dir.to_path_buf(),
             config_path,
             _tmp: None,
@@ -288,38 +292,101 @@ impl Proxy {
                 panic!("idemproxy did not start; log:\n{}", self.logs());
             }
         }
-        self.child = Some(child);
+        self.running = Some(Running::Process(child));
+    }
+
+    /// Starts the proxy inside this test process, in a temp dir of its own: the server the
+    /// binary runs, on a runtime of its own (so a test that blocks never stalls it). Signals,
+    /// kills, restarts and log files are a process's: use `start` for tests of those.
+    pub fn in_process(config_text: &str) -> Proxy {
+        Self::in_process_with_env(config_text, &[])
+    }
+
+    /// In-process, with environment variables of its own (admin token, tenant secrets,
+    /// receipt key), set over the test process's for this proxy alone.
+    pub fn in_process_with_env(config_text: &str, env: &[(&str, &str)]) -> Proxy {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let config_path = tmp.path().join("idemproxy.toml");
+        std::fs::write(&config_path, config_text).expect("write config");
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (server, addr, admin) = InProcess::start(config_path.clone(), env.clone());
+        Proxy {
+            addr,
+            admin,
+            env,
+            running: Some(Running::InProcess(server)),
+            dir: tmp.path().to_path_buf(),
+            config_path,
+            _tmp: Some(tmp),
+        }
     }
 
     pub fn logs(&self) -> String {
+        self.process_only("has no log file");
         std::fs::read_to_string(self.dir.join("proxy.log")).unwrap_or_default()
     }
 
     /// SIGKILL: no graceful anything.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        self.process_only("cannot be killed");
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        match self.running.take() {
+            Some(Running::Process(mut c)) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            Some(Running::InProcess(server)) => server.stop(),
+            None => {}
         }
     }
 
     /// SIGTERM, then wait for the process to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let mut c = self.child.take().expect("proxy is running");
+        let mut c = self.child().expect("proxy is running as a process");
         let _ = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
             .status();
         c.wait().expect("wait for proxy")
     }
 
-    /// SIGHUP: the proxy re-reads its config file.
+    /// SIGHUP: the proxy re-reads its config file (in-process: the reload SIGHUP runs).
     pub fn hangup(&self) {
-        let c = self.child.as_ref().expect("proxy is running");
-        let status = Command::new("kill")
-            .args(["-HUP", &c.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -HUP failed");
+        match self.running.as_ref().expect("proxy is running") {
+            Running::Process(c) => {
+                let status = Command::new("kill")
+                    .args(["-HUP", &c.id().to_string()])
+                    .status()
+                    .expect("run kill");
+                assert!(status.success(), "kill -HUP failed");
+            }
+            Running::InProcess(server) => {
+                let _ = server.reloader.reload_logged("SIGHUP");
+            }
+        }
+    }
+
+    fn child(&mut self) -> Option<Child> {
+        match self.running.take() {
+            Some(Running::Process(c)) => Some(c),
+            other => {
+                self.running = other;
+                None
+            }
+        }
+    }
+
+    /// Panics, naming what the test asked for, when this proxy runs in-process.
+    fn process_only(&self, what: &str) {
+        assert!(
+            !matches!(self.running, Some(Running::InProcess(_))),
+            "an in-process proxy {what}: start this test's proxy with Proxy::start"
+        );
     }
 
     /// Replaces the config file the proxy was started on (for a reload or a restart).
@@ -348,7 +415,88 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        self.kill();
+        self.stop();
+    }
+}
+
+enum Running {
+    Process(Child),
+    InProcess(InProcess),
+}
+
+/// A proxy served on a thread of the test process, with a runtime of its own.
+struct InProcess {
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+    reloader: std::sync::Arc<idemproxy::reload::Reloader>,
+}
+
+type Started = (
+    SocketAddr,
+    Option<SocketAddr>,
+    std::sync::Arc<idemproxy::reload::Reloader>,
+);
+
+impl InProcess {
+    /// Listening on the config at `path` (as `idemproxy serve --config path` would), or a
+    /// panic with the error it would have exited with.
+    fn start(
+        path: PathBuf,
+        env: Vec<(String, String)>,
+    ) -> (InProcess, SocketAddr, Option<SocketAddr>) {
+        let (ready, started) = std::sync::mpsc::channel::<Result<Started, String>>();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let mut config = match idemproxy::config::Config::load(&path) {
+            Ok(config) => config,
+            Err(e) => panic!("idemproxy did not start in-process: {e}"),
+        };
+        config.env = idemproxy::config::Environment::with(env);
+        let thread = std::thread::Builder::new()
+            .name("in-process-proxy".into())
+            .spawn(move || {
+                // The runtime the binary would run this config on.
+                let runtime =
+                    idemproxy::serve::runtime(&config).expect("a runtime for the in-process proxy");
+                runtime.block_on(async move {
+                    let listening = match idemproxy::serve::listen(path, config).await {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = ready.send(Err(e.to_string()));
+                            return;
+                        }
+                    };
+                    let _ = ready.send(Ok((
+                        listening.proxy,
+                        listening.admin,
+                        listening.reloader.clone(),
+                    )));
+                    // Stopped when the test is over: nothing of it is left to settle.
+                    tokio::select! {
+                        () = listening.serve(std::future::pending()) => {}
+                        _ = stopped => {}
+                    }
+                });
+                runtime.shutdown_background();
+            })
+            .expect("spawn the in-process proxy's thread");
+        match started.recv_timeout(Duration::from_secs(20)) {
+            Ok(Ok((addr, admin, reloader))) => (
+                InProcess {
+                    stop,
+                    thread,
+                    reloader,
+                },
+                addr,
+                admin,
+            ),
+            Ok(Err(e)) => panic!("idemproxy did not start in-process: {e}"),
+            Err(_) => panic!("idemproxy did not start in-process within 20s"),
+        }
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
     }
 }
 

@@ -60,7 +60,7 @@ pub struct UpstreamClient {
 
 /// Why a client for an upstream cannot be built.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub enum ClientBuildError {
     /// The extra roots (`upstream_ca`) cannot be used.
     #[error("{0}")]
     Roots(String),
@@ -72,23 +72,27 @@ pub enum ClientError {
 }
 
 impl UpstreamClient {
-    pub fn new(opts: &ClientOptions<'_>) -> Result<UpstreamClient, ClientError> {
+    pub fn new(opts: &ClientOptions<'_>) -> Result<UpstreamClient, ClientBuildError> {
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         if let Some(path) = opts.extra_roots {
             let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| ClientError::Roots(format!("cannot read {}: {e}", path.display())))?
+                .map_err(|e| {
+                    ClientBuildError::Roots(format!("cannot read {}: {e}", path.display()))
+                })?
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ClientError::Roots(format!("{} is not PEM: {e}", path.display())))?;
+                .map_err(|e| {
+                    ClientBuildError::Roots(format!("{} is not PEM: {e}", path.display()))
+                })?;
             if certs.is_empty() {
-                return Err(ClientError::Roots(format!(
+                return Err(ClientBuildError::Roots(format!(
                     "{} holds no certificate",
                     path.display()
                 )));
             }
             for cert in certs {
                 roots.add(cert).map_err(|e| {
-                    ClientError::Roots(format!(
+                    ClientBuildError::Roots(format!(
                         "{} holds a certificate rustls rejects: {e}",
                         path.display()
                     ))
@@ -99,7 +103,7 @@ impl UpstreamClient {
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| ClientError::Tls(e.to_string()))?
+        .map_err(|e| ClientBuildError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
         let mut http = HttpConnector::new_with_resolver(GuardedResolver::new(opts.egress.clone()));
@@ -112,7 +116,7 @@ impl UpstreamClient {
                     .parse::<Uri>()
                     .ok()
                     .and_then(|u| u.authority().cloned())
-                    .ok_or_else(|| ClientError::ConnectTo(addr.to_string()))?,
+                    .ok_or_else(|| ClientBuildError::ConnectTo(addr.to_string()))?,
             ),
             None => None,
         };

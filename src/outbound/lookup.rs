@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use http::{header, HeaderMap, HeaderName, Method, Version};
 
-use super::headers::for_upstream;
 use super::receipt;
 use super::upstream::UpstreamClient;
 use crate::config::LookupConfig;
 use crate::http::body::{empty, read_limited};
+use crate::http::headers::for_upstream;
 use crate::idempotency::claims::Verdict;
 use crate::idempotency::policy::{Condition, StatusSet, Test};
 use crate::request::form::encode;

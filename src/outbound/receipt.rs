@@ -4,8 +4,8 @@
 use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, Response, StatusCode};
 
-use super::headers::strip_hop_by_hop;
 use crate::http::body::{full, Body};
+use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::record::Receipt;
 
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");

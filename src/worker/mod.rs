@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use rustls_pki_types::{pem::PemObject, CertificateDer};
 
-use super::init::{BUNDLE_FILE, CERT_FILE, KEY_FILE};
+use crate::tls::init::{BUNDLE_FILE, CERT_FILE, KEY_FILE};
 
 /// The subdirectory of the CA directory that holds the worker files.
 pub const WORKER_SUBDIR: &str = "worker";
@@ -30,9 +30,9 @@ pub const WORKER_SUBDIR: &str = "worker";
 /// store holds public certificates.
 pub const TRUSTSTORE_PASSWORD: &str = "changeit";
 
-const PYTHON_HOOK: &str = include_str!("worker_files/idemproxy_worker.py");
-const PYTHON_SITECUSTOMIZE: &str = include_str!("worker_files/sitecustomize.py");
-const NODE_PRELOAD: &str = include_str!("worker_files/idemproxy-worker.cjs");
+const PYTHON_HOOK: &str = include_str!("files/idemproxy_worker.py");
+const PYTHON_SITECUSTOMIZE: &str = include_str!("files/sitecustomize.py");
+const NODE_PRELOAD: &str = include_str!("files/idemproxy-worker.cjs");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {

@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
-use super::admission::Admission;
+use super::admission::ForwardLimit;
 use super::connect::policy::ConnectPolicy;
-use super::egress::Egress;
-use super::upstream::UpstreamClient;
 use crate::auth::Tenants;
 use crate::idempotency::claims::Claims;
 use crate::identity::minted_keys::MintedKeys;
 use crate::metrics::Metrics;
+use crate::outbound::egress::Egress;
+use crate::outbound::upstream::UpstreamClient;
 use crate::routes::RouteTable;
 use crate::spend::gate::Gate;
 
@@ -30,7 +30,7 @@ pub struct App {
     /// Where requests no route covers may go.
     pub egress: Arc<Egress>,
     /// Bounds on protected requests being forwarded.
-    pub admission: Admission,
+    pub admission: ForwardLimit,
     pub minted_keys: MintedKeys,
     /// Caps and approvals for the routes with `[routes.spend]`.
     pub spend: Arc<Gate>,
