@@ -733,7 +733,10 @@ async fn route_budgets(
             kind: if w.counts { "count" } else { "money" },
             spent: shown(spent),
             cap: w.cap.map(shown).unwrap_or_else(|| "no cap".into()),
-            window: b.describe(w.window),
+            window: match w.window {
+                crate::spend::budget::Window::Rolling(d) => views::span(d.as_millis() as u64),
+                calendar => b.describe(calendar),
+            },
             percent: w
                 .cap
                 .filter(|c| *c > 0)
