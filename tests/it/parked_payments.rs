@@ -237,6 +237,32 @@ async fn metrics_never_load_parked_bodies() {
     );
 }
 
+/// A store written before the pending index existed: its pending approvals are indexed when
+/// this build opens it (SQLite: the table is filled when created; PostgreSQL: schema step 5
+/// fills it; Redis: the first count builds it), so the gauge counts them.
+async fn the_pending_index_is_built_from_approvals_stored_before_it(backend: Backend) {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(backend);
+    let mut proxy = start(&store, &provider, false);
+    let body = serde_json::json!({"amount": 6000, "currency": "usd"}).to_string();
+    let parked = pay(&proxy, "old-1", "r1", body).await;
+    assert_eq!(parked.header("x-idemproxy-error"), Some("approval-pending"));
+    assert_eq!(metric(&proxy, "idemproxy_approvals_pending").await, 1.0);
+    proxy.kill();
+    // Take the index away, as a store from before it would be.
+    if let Some(r) = &store.redis {
+        r.cli(&["DEL", "{idem:approvals}:pending"]).expect("DEL");
+    } else if let Some(p) = &store.postgres {
+        p.psql("DROP TABLE idemproxy_approvals_pending; UPDATE idemproxy_schema SET version = 4");
+    } else {
+        let db = rusqlite::Connection::open(store.dir.path().join("claims.db")).expect("open");
+        db.execute_batch("DROP TABLE approvals_pending")
+            .expect("drop");
+    }
+    proxy.restart();
+    assert_eq!(metric(&proxy, "idemproxy_approvals_pending").await, 1.0);
+}
+
 mod sqlite {
     use super::*;
 
@@ -248,6 +274,11 @@ mod sqlite {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn parked_card_data_is_redacted_sealed_and_bounded() {
         super::parked_card_data_is_redacted_sealed_and_bounded(Backend::Sqlite, true).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_pending_index_is_built_from_approvals_stored_before_it() {
+        super::the_pending_index_is_built_from_approvals_stored_before_it(Backend::Sqlite).await
     }
 }
 
@@ -263,6 +294,11 @@ mod redis {
     async fn parked_card_data_is_redacted_sealed_and_bounded() {
         super::parked_card_data_is_redacted_sealed_and_bounded(Backend::Redis, true).await
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_pending_index_is_built_from_approvals_stored_before_it() {
+        super::the_pending_index_is_built_from_approvals_stored_before_it(Backend::Redis).await
+    }
 }
 
 mod postgres {
@@ -276,5 +312,10 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn parked_card_data_is_redacted_sealed_and_bounded() {
         super::parked_card_data_is_redacted_sealed_and_bounded(Backend::Postgres, true).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_pending_index_is_built_from_approvals_stored_before_it() {
+        super::the_pending_index_is_built_from_approvals_stored_before_it(Backend::Postgres).await
     }
 }
