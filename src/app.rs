@@ -17,6 +17,7 @@ use crate::proxy::connect::policy::ConnectPolicy;
 use crate::proxy::App;
 use crate::routes::{RouteTable, Routes};
 use crate::spend::gate::{Announcer, Gate};
+use crate::spend::port::SpendStore;
 use crate::store::{self, Sealer, StoreError, StoreUrl};
 
 #[derive(Debug, thiserror::Error)]
@@ -135,12 +136,24 @@ fn webhook(config: &Config) -> Result<Option<(http::Uri, UpstreamClient)>, Confi
 
 /// The proxy's runtime state, its store opened, and the admin settings.
 pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartError> {
-    let mut parts = Parts::check(config)?;
+    let parts = Parts::check(config)?;
     let metrics = Arc::new(Metrics::new());
     // Both ports behind the store's one guard: deadline, timing, sealing.
     let stores = store::open(&config.store, parts.sealer.clone(), metrics.clone()).await?;
-    let claims =
-        Arc::new(Claims::new(stores.claims).with_receipt_cache(config.server.receipt_cache_bytes));
+    let claims = Claims::new(stores.claims);
+    Ok(assemble(config, parts, claims, stores.spend, metrics))
+}
+
+/// The proxy's runtime state on stores already open (the pipeline's tests pass in-memory
+/// ones), and the admin settings.
+pub fn assemble(
+    config: &Config,
+    mut parts: Parts,
+    claims: Claims,
+    spend_store: Arc<dyn SpendStore>,
+    metrics: Arc<Metrics>,
+) -> (Arc<App>, AdminSettings) {
+    let claims = Arc::new(claims.with_receipt_cache(config.server.receipt_cache_bytes));
     // Built whether or not a route has spend rules now: a reload may add some.
     let spend = {
         let webhook = parts
@@ -151,7 +164,7 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
         parts.admin.audit_hook = webhook.clone();
         let announcer = webhook.map(|w| w as Arc<dyn Announcer>);
         Arc::new(Gate::new(
-            stores.spend,
+            spend_store,
             claims.clone(),
             announcer,
             metrics.clone(),
@@ -176,7 +189,7 @@ pub async fn build(config: &Config) -> Result<(Arc<App>, AdminSettings), StartEr
         minted_keys: MintedKeys::default(),
         spend,
     };
-    Ok((Arc::new(app), parts.admin))
+    (Arc::new(app), parts.admin)
 }
 
 /// The start-up (and reload) warning for routes only HTTPS interception can reach when no CA

@@ -458,7 +458,7 @@ async fn ask(
     };
     lookup
         .ask(
-            &route.client,
+            &*route.client,
             |target| route.upstream_uri(target).ok(),
             &asking,
             &[],

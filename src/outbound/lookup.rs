@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::{header, HeaderMap, HeaderName, Method, Version};
 
 use super::receipt;
-use super::upstream::UpstreamClient;
+use super::upstream::Upstream;
 use crate::config::LookupConfig;
 use crate::http::body::{empty, read_limited};
 use crate::http::headers::for_upstream;
@@ -115,7 +115,7 @@ impl Lookup {
     /// Asks, with the retry's own credentials, within `deadline`.
     pub async fn ask(
         &self,
-        client: &UpstreamClient,
+        client: &dyn Upstream,
         upstream: impl Fn(&str) -> Option<http::Uri>,
         asking: &Asking<'_, '_>,
         key_headers: &[&HeaderName],

@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http::{Request, Response, Uri};
-use hyper::body::Incoming;
+use http_body_util::combinators::BoxBody;
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -41,6 +44,20 @@ impl UpstreamError {
         !matches!(self, UpstreamError::Connect(_) | UpstreamError::Tls(_))
     }
 }
+
+/// Sends one request upstream and hands back the response as it arrives: all the inbound
+/// side and lookups ask of an upstream. The pooled client below in production; in the
+/// pipeline's tests, a scripted provider with no sockets.
+pub trait Upstream: Send + Sync {
+    fn send(
+        &self,
+        req: Request<Body>,
+    ) -> BoxFuture<'_, Result<Response<UpstreamBody>, UpstreamError>>;
+}
+
+/// An upstream's response body as it arrives. Its error is hyper's own, a concrete type:
+/// read through a `dyn Error` instead, a future that reads it could not be shown `Send`.
+pub type UpstreamBody = BoxBody<Bytes, hyper::Error>;
 
 #[derive(Debug, Clone, Default)]
 pub struct ClientOptions<'a> {
@@ -137,13 +154,23 @@ impl UpstreamClient {
         Ok(UpstreamClient { client })
     }
 
-    pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+    pub async fn send(&self, req: Request<Body>) -> Result<Response<UpstreamBody>, UpstreamError> {
         // For the advice on a failed handshake, which names the host.
         let authority = req.uri().authority().cloned();
         self.client
             .request(req)
             .await
+            .map(|resp| resp.map(BodyExt::boxed))
             .map_err(|e| classify(e, authority.as_ref()))
+    }
+}
+
+impl Upstream for UpstreamClient {
+    fn send(
+        &self,
+        req: Request<Body>,
+    ) -> BoxFuture<'_, Result<Response<UpstreamBody>, UpstreamError>> {
+        Box::pin(UpstreamClient::send(self, req))
     }
 }
 

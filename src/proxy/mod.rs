@@ -13,6 +13,8 @@ pub mod limits;
 pub mod outgoing;
 pub mod passthrough;
 pub mod pipeline;
+#[cfg(test)]
+mod pipeline_tests;
 pub mod routed;
 pub mod server;
 pub mod spending;

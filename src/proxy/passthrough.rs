@@ -7,7 +7,7 @@ use crate::http::body::{stream, Body};
 use crate::http::headers::{for_upstream, strip_hop_by_hop};
 use crate::identity::provider_key::{in_tenant, KeyField};
 use crate::identity::DEFAULT_TENANT;
-use crate::outbound::upstream::UpstreamClient;
+use crate::outbound::upstream::Upstream;
 use crate::providers::ErrorShape;
 use crate::proxy::error::ProxyError;
 use crate::routes::Route;
@@ -34,12 +34,12 @@ pub async fn forward_for(
             }
         }
     }
-    forward(&route.client, req, uri, route.errors).await
+    forward(&*route.client, req, uri, route.errors).await
 }
 
 /// `errors`: how the route's provider writes errors (a failed call is answered in it).
 pub async fn forward(
-    client: &UpstreamClient,
+    client: &dyn Upstream,
     req: Request<Incoming>,
     uri: Uri,
     errors: ErrorShape,

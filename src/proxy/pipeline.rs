@@ -11,12 +11,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, Uri};
-use hyper::body::Incoming;
 
 use super::admission::Admitted;
 use super::outgoing::Outgoing;
 use super::spending;
-use crate::http::body::{read_limited, stream, Body, ReadError};
+use crate::http::body::{read_limited, stream, Body, BoxError, ReadError};
 use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{
     Acquired, Claim, ClaimRequest, Executed, Found, HeldClaim, OtherDerivation, Reconciled,
@@ -32,7 +31,7 @@ use crate::identity::{Derived, Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
 use crate::outbound::lookup::{Asking, Lookup};
 use crate::outbound::receipt;
-use crate::outbound::upstream::{UpstreamClient, UpstreamError};
+use crate::outbound::upstream::{Upstream, UpstreamError};
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::request::ambiguity;
@@ -51,14 +50,19 @@ pub struct Target {
 /// Says on a response that the proxy forwarded it without protection, and why.
 pub const WARNING: http::HeaderName = http::HeaderName::from_static("x-idemproxy-warning");
 
-/// Runs a request the route protects (its method is one of the route's).
-pub async fn run(
+/// Runs a request the route protects (its method is one of the route's). Any body type: the
+/// listener's, or a test's.
+pub async fn run<B>(
     app: &App,
     route: &Arc<Route>,
-    req: Request<Incoming>,
+    req: Request<B>,
     target: Target,
     tenant: &str,
-) -> Response<Body> {
+) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let started = Instant::now();
     let mut trace = Trace::default();
     let resp = match protect(app, route, req, target, tenant, &mut trace).await {
@@ -72,14 +76,18 @@ pub async fn run(
     resp
 }
 
-async fn protect(
+async fn protect<B>(
     app: &App,
     route: &Arc<Route>,
-    req: Request<Incoming>,
+    req: Request<B>,
     target: Target,
     tenant: &str,
     trace: &mut Trace,
-) -> Result<Response<Body>, ProxyError> {
+) -> Result<Response<Body>, ProxyError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let admitted = app
         .admission
         .admit(declared_length(req.headers()), &app.metrics)?;
@@ -471,12 +479,16 @@ fn route_path_and_target<'u>(route: &Route, uri: &'u Uri) -> (&'u str, &'u str) 
 /// The body, read whole (it is fingerprinted) within `server.max_body_bytes`. Read only now,
 /// so a request refused before never has to send it (hyper answers `Expect: 100-continue` on
 /// the first poll).
-async fn read<'a>(
+async fn read<'a, B>(
     app: &App,
-    req: Request<Incoming>,
+    req: Request<B>,
     target: Target,
     tenant: &'a str,
-) -> Result<ReadRequest<'a>, ProxyError> {
+) -> Result<ReadRequest<'a>, ProxyError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let (parts, body) = req.into_parts();
     if declared_length(&parts.headers).is_some_and(|n| n > app.max_body_bytes as u64) {
         return Err(ProxyError::BodyTooLarge {
@@ -699,7 +711,7 @@ async fn ask(app: &App, route: &Route, lookup: &Lookup, retry: &Read<'_>, key: &
     }
     let verdict = lookup
         .ask(
-            &route.client,
+            &*route.client,
             |target| route.upstream_uri(target).ok(),
             &asking,
             &key_headers,
@@ -796,7 +808,7 @@ async fn forward(
         let _admitted = admitted;
         let _in_flight = InFlight::start(&metrics);
         let started = Instant::now();
-        let result = call(&client, request, deadline, max_receipt).await;
+        let result = call(&*client, request, deadline, max_receipt).await;
         metrics.upstream(&route_name, started.elapsed().as_secs_f64());
         result
     };
@@ -842,7 +854,7 @@ impl CallFailure for UpstreamError {
 
 /// One upstream call under the route's total deadline, reading the whole response.
 async fn call(
-    client: &UpstreamClient,
+    client: &dyn Upstream,
     req: Request<Body>,
     deadline: Duration,
     max_receipt: usize,

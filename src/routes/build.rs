@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderName, Method, Uri};
 
-use super::{Route, RouteSpend, RunSource, Upstream};
+use super::{Route, RouteSpend, RunSource, UpstreamBase};
 use crate::config::{self, Config, ConfigError, Hold, KeySource, OutcomeRuleConfig, RouteConfig};
 use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, StatusSet, Test};
 use crate::identity::account::{AccountPart, AccountSpec};
@@ -63,7 +63,7 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
         dedup_window,
         timeout: r.timeout.0,
         wait_timeout: r.wait_timeout.0,
-        client: b.client()?,
+        client: Arc::new(b.client()?),
         lookup,
         spend: b.spend()?,
         errors: b.profile.as_ref().map_or(ErrorShape::Problem, |p| p.errors),
@@ -120,7 +120,7 @@ impl<'a> Builder<'a> {
         )
     }
 
-    fn upstream(&self) -> Result<Upstream, ConfigError> {
+    fn upstream(&self) -> Result<UpstreamBase, ConfigError> {
         let raw = &self.r.upstream;
         let uri: Uri = raw
             .parse()
@@ -142,7 +142,7 @@ impl<'a> Builder<'a> {
         if uri.query().is_some() {
             return Err(self.invalid("upstream", "must not carry a query".into()));
         }
-        Ok(Upstream {
+        Ok(UpstreamBase {
             scheme,
             host: authority.host().to_ascii_lowercase(),
             authority,

@@ -14,14 +14,15 @@ use crate::identity::provider_key::KeyField;
 use crate::identity::scope::Place;
 use crate::identity::{Identity, RouteIdentity};
 use crate::outbound::lookup::Lookup;
-use crate::outbound::upstream::UpstreamClient;
+use crate::outbound::upstream::Upstream;
 use crate::providers::{ErrorShape, KeyLimits};
 use crate::request::path::PathRules;
 use crate::spend::budget::Budget;
 
 mod build;
 
-pub struct Upstream {
+/// Where a route's upstream is: its base URL, taken apart.
+pub struct UpstreamBase {
     pub scheme: Scheme,
     pub authority: Authority,
     /// Host name, lowercase, without port.
@@ -37,7 +38,7 @@ pub struct Route {
     /// Port the host must be addressed on, when the route's `host` names one.
     pub port: Option<u16>,
     pub prefix: Option<String>,
-    pub upstream: Upstream,
+    pub upstream: UpstreamBase,
     pub policy: Arc<Policy>,
     /// How accounts and operations are told apart.
     pub identity: RouteIdentity,
@@ -54,7 +55,7 @@ pub struct Route {
     pub timeout: std::time::Duration,
     /// `on_in_flight = "wait"`: how long a duplicate waits for the first request to settle.
     pub wait_timeout: std::time::Duration,
-    pub client: UpstreamClient,
+    pub client: Arc<dyn Upstream>,
     /// How to ask the provider whether a held operation happened.
     pub lookup: Option<Lookup>,
     /// Caps and approvals for the requests that move money.
@@ -207,6 +208,18 @@ impl Routes {
 
     pub fn all(&self) -> &[Arc<Route>] {
         &self.routes
+    }
+
+    /// Every route's upstream replaced by `upstream`: the pipeline's tests put a scripted
+    /// provider in place of the network.
+    #[cfg(test)]
+    pub(crate) fn with_upstream(mut self, upstream: Arc<dyn Upstream>) -> Routes {
+        for route in &mut self.routes {
+            Arc::get_mut(route)
+                .expect("routes just built are not shared yet")
+                .client = upstream.clone();
+        }
+        self
     }
 
     /// Base-URL mode: the first route whose prefix is a whole-segment prefix of `path`.

@@ -304,7 +304,12 @@ impl Proxy {
 
     /// In-process, with environment variables of its own (admin token, tenant secrets,
     /// receipt key), set over the test process's for this proxy alone.
+    /// `IDEMPROXY_TEST_PROCESSES=1` runs these as processes instead: the same tests on the
+    /// other tier, to compare the two or to rule the tier out when one fails.
     pub fn in_process_with_env(config_text: &str, env: &[(&str, &str)]) -> Proxy {
+        if std::env::var("IDEMPROXY_TEST_PROCESSES").is_ok_and(|v| v == "1") {
+            return Self::start_with_env(config_text, env);
+        }
         let tmp = tempfile::tempdir().expect("tempdir");
         let config_path = tmp.path().join("idemproxy.toml");
         std::fs::write(&config_path, config_text).expect("write config");
