@@ -569,15 +569,20 @@ pub struct SpendConfig {
     pub count_per_run: Option<u32>,
     pub count_per_tenant: Option<u32>,
     pub count_per_route: Option<u32>,
-    /// The rolling window of `per_tenant`.
-    #[serde(default = "default_tenant_window")]
-    pub tenant_window: Dur,
-    /// How long a run's spend counts (a run id reused later starts afresh).
-    #[serde(default = "default_run_window")]
-    pub run_window: Dur,
-    /// The rolling window of `per_route` and `count_per_route`.
-    #[serde(default = "default_run_window")]
-    pub route_window: Dur,
+    /// The window of `per_tenant`, `count_per_tenant` and `approve_tenant_above`: a rolling
+    /// duration (`24h`), or `calendar-day` (from midnight in `time_zone`).
+    #[serde(default = "default_window")]
+    pub tenant_window: String,
+    /// How long a run's spend counts (a run id reused later starts afresh); a duration or
+    /// `calendar-day`.
+    #[serde(default = "default_window")]
+    pub run_window: String,
+    /// The window of `per_route` and `count_per_route`; a duration or `calendar-day`.
+    #[serde(default = "default_window")]
+    pub route_window: String,
+    /// The IANA time zone (`Europe/Berlin`) whose midnight starts a `calendar-day` window.
+    /// Default: UTC.
+    pub time_zone: Option<String>,
     /// A single request above this needs a person's approval.
     #[serde(default, deserialize_with = "amount::approve_above")]
     pub approve_above: Option<String>,
@@ -723,11 +728,8 @@ mod amount {
     }
 }
 
-fn default_tenant_window() -> Dur {
-    Dur(Duration::from_secs(24 * 3600))
-}
-fn default_run_window() -> Dur {
-    Dur(Duration::from_secs(24 * 3600))
+fn default_window() -> String {
+    "24h".into()
 }
 /// Short enough that a tool held for a decision gets its answer within a tool call's usual
 /// 30 s timeout (Stripe's SDKs are told not to retry a pending approval).
