@@ -229,6 +229,9 @@ pub enum ErrorShape {
     PayPal,
     /// `{"code", "message"}` [ALP]
     Alpaca,
+    /// A JSON-RPC error response (routes with `protocol = "mcp"`): MCP clients raise it as the
+    /// call's error.
+    JsonRpc,
 }
 
 /// A rule as written in a profile: statuses, `(field, test)` conditions, outcome, note.

@@ -8,7 +8,9 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderName, Method, Uri};
 
 use super::{PricedOperation, Route, RouteSpend, RunSource, UpstreamBase};
-use crate::config::{self, Config, ConfigError, Hold, KeySource, OutcomeRuleConfig, RouteConfig};
+use crate::config::{
+    self, Config, ConfigError, Hold, KeySource, OutcomeRuleConfig, Protocol, RouteConfig,
+};
 use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, StatusSet, Test};
 use crate::identity::account::{AccountPart, AccountSpec, CREDENTIAL_FIELDS};
 use crate::identity::derivation::{Derivation, Derivations};
@@ -16,12 +18,16 @@ use crate::identity::operations::Operation;
 use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
 use crate::identity::{RouteIdentity, Signing};
+use crate::mcp::McpRules;
 use crate::outbound::lookup::Lookup;
 use crate::outbound::upstream::{ClientBuildError, ClientOptions, UpstreamClient};
 use crate::providers::catalogue::RowPrice;
 use crate::providers::{self, ErrorShape, KeyLimits, LimitsError, Profile, SpendDefaults};
 use crate::request::template::Template;
 use crate::spend::budget::{Budget, BudgetText, OnUnpriced, Pricing};
+
+/// How long identical tool calls are one, unless `[routes.mcp] window` says otherwise.
+const DEFAULT_MCP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The `i`-th `[[routes]]` block, built.
 pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
@@ -48,6 +54,10 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
     let lookup = b.lookup()?;
     let mut policy = b.policy()?;
     policy.reconcile_after = lookup.as_ref().map(|l| l.after);
+    let mcp = b.mcp()?;
+    if mcp.is_some() {
+        mcp_policy(&mut policy);
+    }
     let dedup_window = b.dedup_window();
     b.check_durations(&policy, dedup_window)?;
     Ok(Route {
@@ -67,11 +77,50 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
         client: Arc::new(b.client()?),
         lookup,
         spend: b.spend()?,
-        errors: b.profile.as_ref().map_or(ErrorShape::Problem, |p| p.errors),
+        errors: match (&mcp, &b.profile) {
+            (Some(_), _) => ErrorShape::JsonRpc,
+            (None, profile) => profile.as_ref().map_or(ErrorShape::Problem, |p| p.errors),
+        },
         dial: b.dial(&upstream_dial)?,
         side_doors: b.profile.as_ref().map_or(&[][..], |p| p.side_doors),
         path: b.profile.as_ref().map(|p| p.path).unwrap_or_default(),
+        mcp,
     })
+}
+
+/// What a tool call's kept response makes of its claim. The kept response is the call's
+/// final JSON-RPC message (HTTP 200), or the server's HTTP answer when it gave no message:
+/// a JSON-RPC error, or a result that is not complete (`input_required`, a task handle),
+/// executed nothing and releases; a complete result (`isError` too) commits; 401, 403, 404
+/// (an expired session) and 400 release; a 5xx or a 200 without the call's answer (502 here)
+/// may have executed and is held. MCP servers take no idempotency key.
+fn mcp_policy(policy: &mut Policy) {
+    let set = |e: &[&str]| {
+        StatusSet::parse(&e.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("a fixed status set parses")
+    };
+    policy.honours_key = false;
+    policy.commit_statuses = set(&["2xx"]);
+    policy.declined_statuses = set(&["!1xx"]);
+    policy.unknown_statuses = vec![500, 502, 503, 504];
+    let release = |field: &str, test: Test, note: &str| BodyRule {
+        statuses: Some(set(&["2xx"])),
+        conditions: vec![Condition::new(field, test)],
+        outcome: RuleOutcome::Release,
+        note: note.into(),
+    };
+    policy.rules = Arc::from(vec![
+        release(
+            "error",
+            Test::NonEmpty,
+            "a JSON-RPC error: the tool did not run",
+        ),
+        release(
+            "result.resultType",
+            Test::NotEquals(vec!["complete".into()]),
+            "not a complete result yet (input required, or a task)",
+        ),
+    ]);
 }
 
 struct Builder<'a> {
@@ -405,6 +454,40 @@ impl<'a> Builder<'a> {
         })
     }
 
+    /// `protocol = "mcp"` and `[routes.mcp]`.
+    fn mcp(&self) -> Result<Option<McpRules>, ConfigError> {
+        let r = self.r;
+        if r.protocol != Protocol::Mcp {
+            return match r.mcp {
+                Some(_) => Err(self.invalid(
+                    "mcp",
+                    "is only read on a route with protocol = \"mcp\"".into(),
+                )),
+                None => Ok(None),
+            };
+        }
+        if r.spend.is_some() {
+            return Err(self.invalid(
+                "spend",
+                "spend caps read HTTP requests; an MCP route's tool calls cannot be priced yet"
+                    .into(),
+            ));
+        }
+        let c = r.mcp.clone().unwrap_or_default();
+        let window = c.window.map_or(DEFAULT_MCP_WINDOW, |d| d.0);
+        if window.is_zero() {
+            return Err(self.invalid("mcp.window", "must be longer than 0s".into()));
+        }
+        let tools = c
+            .tools
+            .iter()
+            .filter_map(|(tool, t)| t.key.clone().map(|k| (tool.clone(), k)))
+            .collect();
+        McpRules::new(window, c.read_only, c.trust_annotations, tools)
+            .map(Some)
+            .map_err(|(tool, e)| self.invalid(&format!("mcp.tools.{tool}.key"), e))
+    }
+
     /// `[routes.spend]`, with the profile's defaults for what costs money and where the
     /// amount is.
     fn spend(&self) -> Result<Option<RouteSpend>, ConfigError> {
@@ -471,9 +554,10 @@ impl<'a> Builder<'a> {
             count_per_run: c.count_per_run,
             count_per_tenant: c.count_per_tenant,
             count_per_route: c.count_per_route,
-            tenant_window: c.tenant_window.0,
-            run_window: c.run_window.0,
-            route_window: c.route_window.0,
+            tenant_window: &c.tenant_window,
+            run_window: &c.run_window,
+            route_window: &c.route_window,
+            time_zone: c.time_zone.as_deref(),
             approve_above: c.approve_above.as_deref(),
             approve_run_above: c.approve_run_above.as_deref(),
             approve_tenant_above: c.approve_tenant_above.as_deref(),

@@ -13,6 +13,7 @@ use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
 use crate::identity::scope::Place;
 use crate::identity::{Identity, RouteIdentity};
+use crate::mcp::McpRules;
 use crate::outbound::lookup::Lookup;
 use crate::outbound::upstream::Upstream;
 use crate::providers::{ErrorShape, KeyLimits};
@@ -71,6 +72,8 @@ pub struct Route {
     pub side_doors: &'static [&'static str],
     /// What the provider's paths may hold beyond the proxy's grammar.
     pub path: PathRules,
+    /// `protocol = "mcp"`: every POST is a JSON-RPC message, and the operation a tool call.
+    pub mcp: Option<McpRules>,
 }
 
 /// `[routes.spend]`, built.

@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
+use jiff::tz::TimeZone;
 use rust_decimal::Decimal;
 
 pub use super::cost::{Cost, OnUnpriced, Pricing};
 use super::money::{Currency, Money, MoneyError, Unit};
-use super::port::{CapName, Counter, Reservation};
+use super::port::{CapName, Counter, FreezeTarget, Reservation};
 use crate::request::body::{BodyError, Field as BodyField, Parsed};
 use crate::request::template::Template;
 use crate::request::Request;
@@ -84,9 +85,11 @@ pub struct Budget {
     pub count_per_run: Option<i64>,
     pub count_per_tenant: Option<i64>,
     pub count_per_route: Option<i64>,
-    pub tenant_window: Duration,
-    pub run_window: Duration,
-    pub route_window: Duration,
+    pub tenant_window: Window,
+    pub run_window: Window,
+    pub route_window: Window,
+    /// Where a calendar day starts and ends.
+    pub time_zone: TimeZone,
     pub approve_above: Option<Money>,
     pub approve_run_above: Option<Money>,
     pub approve_tenant_above: Option<Money>,
@@ -108,9 +111,10 @@ pub struct BudgetText<'a> {
     pub count_per_run: Option<u32>,
     pub count_per_tenant: Option<u32>,
     pub count_per_route: Option<u32>,
-    pub tenant_window: Duration,
-    pub run_window: Duration,
-    pub route_window: Duration,
+    pub tenant_window: &'a str,
+    pub run_window: &'a str,
+    pub route_window: &'a str,
+    pub time_zone: Option<&'a str>,
     pub approve_above: Option<&'a str>,
     pub approve_run_above: Option<&'a str>,
     pub approve_tenant_above: Option<&'a str>,
@@ -148,6 +152,31 @@ impl Budget {
             })
             .transpose()
         };
+        let windows = [
+            ("tenant_window", t.tenant_window),
+            ("run_window", t.run_window),
+            ("route_window", t.route_window),
+        ]
+        .map(|(name, text)| Window::parse(text).map_err(|m| field_error(name, m)));
+        let [tenant_window, run_window, route_window] = windows;
+        let (tenant_window, run_window, route_window) =
+            (tenant_window?, run_window?, route_window?);
+        let calendar = [tenant_window, run_window, route_window].contains(&Window::CalendarDay);
+        let time_zone = match t.time_zone {
+            None => TimeZone::UTC,
+            Some(_) if !calendar => {
+                return Err(field_error(
+                    "time_zone",
+                    "applies to calendar-day windows only: set tenant_window, run_window or route_window to \"calendar-day\", or remove it".into(),
+                ))
+            }
+            Some(name) => TimeZone::get(name.trim()).map_err(|e| {
+                field_error(
+                    "time_zone",
+                    format!("`{name}` is not an IANA time zone like \"Europe/Berlin\" or \"America/New_York\" ({e})"),
+                )
+            })?,
+        };
         let b = Budget {
             amounts: vec![spec],
             exponents,
@@ -161,9 +190,10 @@ impl Budget {
             count_per_run: t.count_per_run.map(i64::from),
             count_per_tenant: t.count_per_tenant.map(i64::from),
             count_per_route: t.count_per_route.map(i64::from),
-            tenant_window: t.tenant_window,
-            run_window: t.run_window,
-            route_window: t.route_window,
+            tenant_window,
+            run_window,
+            route_window,
+            time_zone,
             approve_above: money("approve_above", t.approve_above)?,
             approve_run_above: money("approve_run_above", t.approve_run_above)?,
             approve_tenant_above: money("approve_tenant_above", t.approve_tenant_above)?,
@@ -315,8 +345,7 @@ impl Budget {
     /// The reservation of attempt `token`: on the run's, the tenant's and the route's
     /// budgets of money (when priced) and of executions (when capped), each in its window.
     pub fn reservation(&self, at: &Attempt<'_>, approved: bool, now_ms: u64) -> Reservation {
-        let ms = |d: Duration| d.as_millis() as u64;
-        let since = |d: Duration| now_ms.saturating_sub(ms(d));
+        let since = |w: Window| self.since(w, now_ms);
         let who = at.who;
         let amount = match at.cost {
             Cost::Priced(p) => Some(p.counted.minor),
@@ -401,10 +430,36 @@ impl Budget {
             replaces: at.replaces.map(str::to_string),
             enforce: at.enforce,
             now_ms,
-            keep_ms: ms(self
-                .run_window
-                .max(self.tenant_window)
-                .max(self.route_window)),
+            keep_ms: [self.run_window, self.tenant_window, self.route_window]
+                .iter()
+                .map(|w| w.longest().as_millis() as u64)
+                .max()
+                .unwrap_or(0),
+            frozen: FreezeTarget::covering(who.route, who.tenant, who.run),
+        }
+    }
+
+    /// Reservations made after this instant count in `window` at `now_ms`: `now - window` for
+    /// a rolling one, the last midnight in the route's time zone for a calendar day (a
+    /// reservation at midnight itself counts in the new day).
+    pub fn since(&self, window: Window, now_ms: u64) -> u64 {
+        match window {
+            Window::Rolling(d) => now_ms.saturating_sub(d.as_millis() as u64),
+            Window::CalendarDay => start_of_day(now_ms, &self.time_zone)
+                .map(|start| start.saturating_sub(1))
+                // Outside what a time zone can say (years past 9999): a rolling day.
+                .unwrap_or_else(|| now_ms.saturating_sub(24 * 3600 * 1000)),
+        }
+    }
+
+    /// For people: `24h`, or `calendar day (Europe/Berlin)`.
+    pub fn describe(&self, window: Window) -> String {
+        match window {
+            Window::Rolling(d) => humantime::format_duration(d).to_string(),
+            Window::CalendarDay => format!(
+                "calendar day ({})",
+                self.time_zone.iana_name().unwrap_or("UTC")
+            ),
         }
     }
 
@@ -430,6 +485,48 @@ impl Budget {
             _ => None,
         }
     }
+}
+
+/// How long spend counts against a cap: a rolling duration, or the calendar day (in the
+/// route's time zone) the request is made in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    Rolling(Duration),
+    CalendarDay,
+}
+
+impl Window {
+    /// `calendar-day`, or a duration like `24h` or `30m`.
+    pub fn parse(text: &str) -> Result<Window, String> {
+        let t = text.trim();
+        if t.eq_ignore_ascii_case("calendar-day") || t.eq_ignore_ascii_case("calendar_day") {
+            return Ok(Window::CalendarDay);
+        }
+        match humantime::parse_duration(t) {
+            Ok(d) if !d.is_zero() => Ok(Window::Rolling(d)),
+            Ok(_) => Err("a window must be longer than 0".into()),
+            Err(e) => Err(format!(
+                "`{text}` is not a duration like 30m or 24h, nor \"calendar-day\": {e}"
+            )),
+        }
+    }
+
+    /// The longest this window spans: how long a reservation in it must be kept (a
+    /// calendar day is 25 hours on the day clocks go back).
+    pub fn longest(self) -> Duration {
+        match self {
+            Window::Rolling(d) => d,
+            Window::CalendarDay => Duration::from_secs(25 * 3600),
+        }
+    }
+}
+
+/// The last midnight at or before `now_ms` in `zone`, in ms since the epoch (the start of the
+/// day: where a day has no midnight, its first instant).
+fn start_of_day(now_ms: u64, zone: &TimeZone) -> Option<u64> {
+    let now = jiff::Timestamp::from_millisecond(i64::try_from(now_ms).ok()?).ok()?;
+    let start = now.to_zoned(zone.clone()).start_of_day().ok()?;
+    u64::try_from(start.timestamp().as_millisecond()).ok()
 }
 
 /// One attempt at an operation, as the gate reserves for it.

@@ -56,6 +56,10 @@ const MIGRATIONS: &[&str] = &[
      );",
     // 3: reservations per attempt, in one round trip (functions in `spend.rs`).
     super::spend::MIGRATION,
+    // 4: freezes, checked by the reservation (which takes them as one more argument).
+    super::spend::FREEZE_MIGRATION,
+    // 5: the index of pending approvals (counted without loading a body).
+    super::spend::PENDING_MIGRATION,
 ];
 
 /// Now on the database's clock, in milliseconds; one value for the whole statement.
