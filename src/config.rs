@@ -465,6 +465,10 @@ pub struct RouteConfig {
     /// stored. Default: the profile's account headers, else every header whose name looks like
     /// a credential (see `identity::account`).
     pub credential_headers: Option<Vec<String>>,
+    /// On a route without a provider profile: query and body fields whose values identify
+    /// the caller's account (hashed, never stored), besides its headers. Default:
+    /// `identity::account::CREDENTIAL_FIELDS`; `[]` reads none.
+    pub credential_fields: Option<Vec<String>>,
     /// When the store is unreachable, forward unprotected instead of answering 503.
     #[serde(default)]
     pub fail_open: bool,
@@ -550,6 +554,13 @@ pub struct SpendConfig {
     pub currency: Option<String>,
     /// `minor` (integers of cents: Stripe) or `major` (decimals: PayPal). Default: the profile's.
     pub unit: Option<String>,
+    /// What a money-moving request the proxy cannot price gets where money is limited:
+    /// `refuse` (403 `unpriced-operation`, the default) or `approve` (parked for a person).
+    pub unpriced: Option<String>,
+    /// Currencies whose minor unit differs from ISO 4217 for this route's provider, beyond
+    /// the profile's own list: `{ mga = 0 }`.
+    #[serde(default)]
+    pub exponents: BTreeMap<String, u32>,
     /// The currency caps and thresholds are written in.
     pub caps_currency: String,
     /// Other currencies a request may use: units of `caps_currency` per unit of each.

@@ -7,7 +7,7 @@ use http::{HeaderMap, Method, StatusCode};
 use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::binding::{self, Bound};
-use crate::spend::budget::{Cost, PriceError, Spender};
+use crate::spend::budget::{Cost, PriceError, Pricing, Spender};
 use crate::spend::gate::{Admission, Charge, Gate, Refusal};
 
 /// The run the proxy user named on the CONNECT that opened an intercepted tunnel: requests
@@ -109,14 +109,23 @@ pub struct Plan {
     pub binding: String,
 }
 
-/// Prices a capped request and binds it to its canonical form; reads no store.
+/// Prices a capped request and binds it to its canonical form; reads no store (`counted`:
+/// whether the object a step names was counted at its creation, read by the caller).
 pub fn plan(
     spend: &RouteSpend,
     view: &Request<'_>,
     tunnel: Option<&TunnelRun>,
     account: &str,
+    counted: bool,
 ) -> Result<Plan, SpendError> {
-    let cost = spend.budget.cost(view)?;
+    let pricing = spend
+        .operation(view.method, view.path)
+        .map(|o| &o.pricing)
+        .unwrap_or(&Pricing::Amount(0));
+    let cost = match pricing {
+        Pricing::Counted { .. } if counted => Cost::Free,
+        p => spend.budget.cost(view, p)?,
+    };
     let run = run_of(spend, view.headers, tunnel)?.unwrap_or_else(|| view.tenant.to_string());
     let amount = match &cost {
         Cost::Priced(p) => p.asked.to_string(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use jiff::tz::TimeZone;
 use rust_decimal::Decimal;
 
-pub use super::cost::Cost;
+pub use super::cost::{Cost, OnUnpriced, Pricing};
 use super::money::{Currency, Money, MoneyError, Unit};
 use super::port::{CapName, Counter, FreezeTarget, Reservation};
 use crate::request::body::{BodyError, Field as BodyField, Parsed};
@@ -57,11 +57,25 @@ enum CurrencySource {
     Field(String, Field),
 }
 
+/// Where one kind of request says what it costs: amount expressions tried in order, the
+/// currency, and the unit the amount is written in.
 #[derive(Debug, Clone)]
-pub struct Budget {
+struct AmountSpec {
     amount: Vec<AmountExpr>,
     currency: CurrencySource,
     unit: Unit,
+}
+
+#[derive(Debug, Clone)]
+pub struct Budget {
+    /// `[0]`: the route's own (or its profile's default); then one per catalogue row that
+    /// reads other fields (`Pricing::Amount`).
+    amounts: Vec<AmountSpec>,
+    /// Currencies whose minor unit the provider counts otherwise than ISO 4217 (upper-case
+    /// code → decimal places).
+    exponents: BTreeMap<String, u32>,
+    /// What an unpriced request gets where money is limited.
+    pub on_unpriced: OnUnpriced,
     pub caps_currency: Currency,
     rates: BTreeMap<Currency, Decimal>,
     pub per_request: Option<Money>,
@@ -106,6 +120,9 @@ pub struct BudgetText<'a> {
     pub approve_tenant_above: Option<&'a str>,
     pub approval_wait: Duration,
     pub approval_expires: Duration,
+    /// The provider's own minor units where they differ from ISO 4217.
+    pub exponents: &'a [(&'a str, u32)],
+    pub on_unpriced: OnUnpriced,
 }
 
 /// What a request costs: as asked, and in the caps currency.
@@ -118,21 +135,15 @@ pub struct Price {
 impl Budget {
     /// Checks every piece; the error names the field (`amount`, `rates.eur`, …) and why.
     pub fn parse(t: &BudgetText<'_>) -> Result<Budget, (String, String)> {
-        let amount = t
-            .amount
+        let exponents: BTreeMap<String, u32> = t
+            .exponents
             .iter()
-            .map(|a| AmountExpr::parse(a))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|m| field_error("amount", m))?;
-        let currency = CurrencySource::parse(t.currency)?;
-        let unit = match t.unit {
-            "minor" => Unit::Minor,
-            "major" => Unit::Major,
-            u => return Err(field_error("unit", format!("`{u}` is not minor or major"))),
-        };
-        let caps = Currency::parse(t.caps_currency)
+            .map(|(c, e)| (c.to_ascii_uppercase(), *e))
+            .collect();
+        let spec = AmountSpec::parse(t.amount, t.currency, t.unit)?;
+        let caps = currency_of(&exponents, t.caps_currency)
             .map_err(|e| field_error("caps_currency", e.to_string()))?;
-        let rates = parse_rates(t.rates)?;
+        let rates = parse_rates(&exponents, t.rates)?;
         let money = |name: &str, v: Option<&str>| {
             v.map(|v| {
                 Money::parse(v, Unit::Major, caps).map_err(|e| {
@@ -167,9 +178,9 @@ impl Budget {
             })?,
         };
         let b = Budget {
-            amount,
-            currency,
-            unit,
+            amounts: vec![spec],
+            exponents,
+            on_unpriced: t.on_unpriced,
             caps_currency: caps,
             rates,
             per_request: money("per_request", t.per_request)?,
@@ -202,7 +213,7 @@ impl Budget {
                 "a spend section needs a cap (per_request, per_run, per_tenant, per_route, count_per_run, count_per_tenant, count_per_route) or an approval threshold (approve_above, approve_run_above, approve_tenant_above)".into(),
             ));
         }
-        if self.limits_money() && self.amount.is_empty() {
+        if self.limits_money() && self.amounts.iter().all(|a| a.amount.is_empty()) {
             return Err(field_error(
                 "amount",
                 "name where the amount is, e.g. \"{body.amount}\" (a section with only count caps needs none)".into(),
@@ -242,27 +253,72 @@ impl Budget {
         .any(Option::is_some)
     }
 
-    /// What the request costs: its price, or `Free` on a section that counts executions
-    /// only. A request whose amount or currency cannot be read is refused, never waved
-    /// through.
-    pub fn cost(&self, req: &Request<'_>) -> Result<Cost, PriceError> {
-        if self.amount.is_empty() {
-            return Ok(Cost::Free);
-        }
-        self.price(req).map(Cost::Priced)
+    /// Another way to read an amount (a catalogue row's own fields); its number for
+    /// `Pricing::Amount`.
+    pub fn add_amount(
+        &mut self,
+        amount: &[String],
+        currency: &str,
+        unit: &str,
+    ) -> Result<usize, (String, String)> {
+        self.amounts
+            .push(AmountSpec::parse(amount, currency, unit)?);
+        Ok(self.amounts.len() - 1)
     }
 
-    fn price(&self, req: &Request<'_>) -> Result<Price, PriceError> {
-        let currency = match &self.currency {
-            CurrencySource::Fixed(c) => *c,
+    /// What the request costs as `pricing` says: its price, or `Free` on a section that
+    /// counts executions only, or unpriced. A request whose amount or currency cannot be
+    /// read is refused, never waved through. (`Pricing::Counted` is decided by the caller,
+    /// which reads the store; here it is unpriced.)
+    pub fn cost(&self, req: &Request<'_>, pricing: &Pricing) -> Result<Cost, PriceError> {
+        match pricing {
+            Pricing::Amount(i) => {
+                let Some(spec) = self.amounts.get(*i).filter(|s| !s.amount.is_empty()) else {
+                    return Ok(Cost::Free);
+                };
+                self.price(spec, req).map(Cost::Priced)
+            }
+            Pricing::Counted { kind, .. } => Ok(Cost::Unpriced(format!(
+                "this {kind} was not created through this route for this account, so what it moves is unknown here"
+            ))),
+            Pricing::UnpricedIf { fields, why } => {
+                for f in fields {
+                    let t = Template::parse(&format!("{{body.{f}}}"))
+                        .map_err(PriceError::Unreadable)?;
+                    // A field that is there but not one value (an object) is set too.
+                    let set = match t.first_value(req) {
+                        Ok(v) => v.is_some(),
+                        Err(e) if e.is_ambiguity() => {
+                            return Err(PriceError::Ambiguous(e.to_string()))
+                        }
+                        Err(_) => true,
+                    };
+                    if set {
+                        return Ok(Cost::Unpriced(format!("it sets {f}: {why}")));
+                    }
+                }
+                Ok(Cost::Free)
+            }
+            Pricing::Unpriced(why) => Ok(Cost::Unpriced(why.clone())),
+        }
+    }
+
+    /// A currency as this route's provider counts it.
+    pub fn currency(&self, code: &str) -> Result<Currency, MoneyError> {
+        currency_of(&self.exponents, code)
+    }
+
+    fn price(&self, spec: &AmountSpec, req: &Request<'_>) -> Result<Price, PriceError> {
+        let currency = match &spec.currency {
+            CurrencySource::Fixed(c) => self.currency(c.code()).map_err(PriceError::Currency)?,
             CurrencySource::Field(text, f) => {
                 let code = f
                     .agreed(req)?
                     .ok_or_else(|| PriceError::Unreadable(format!("{text} is missing")))?;
-                Currency::parse(&code).map_err(PriceError::Currency)?
+                self.currency(&code).map_err(PriceError::Currency)?
             }
         };
-        let asked = self.asked(req, currency)?;
+        let asked = asked(spec, req, currency)?;
         let counted = if currency == self.caps_currency {
             asked
         } else {
@@ -280,35 +336,10 @@ impl Budget {
     /// Whether reading the amount or the currency reads the header `name`.
     pub fn reads_header(&self, name: &http::HeaderName) -> bool {
         let reads = |f: &Field| matches!(f, Field::Template(t) if t.reads_header(name));
-        self.amount.iter().any(|a| a.factors.iter().any(reads))
-            || matches!(&self.currency, CurrencySource::Field(_, f) if reads(f))
-    }
-
-    /// The first amount expression the request has every field of.
-    fn asked(&self, req: &Request<'_>, currency: Currency) -> Result<Money, PriceError> {
-        let mut tried = Vec::new();
-        for expr in &self.amount {
-            let mut values = Vec::new();
-            for f in &expr.factors {
-                match f.sum(req)? {
-                    Some(v) => values.push(v),
-                    None => break,
-                }
-            }
-            if values.len() < expr.factors.len() {
-                tried.push(expr.text.as_str());
-                continue;
-            }
-            let money = match (values.as_slice(), self.unit) {
-                ([one], unit) => Money::parse(one, unit, currency),
-                (many, _) => Money::product(many, currency),
-            };
-            return money.map_err(PriceError::Invalid);
-        }
-        Err(PriceError::Unreadable(format!(
-            "none of {} is in the request",
-            tried.join(", ")
-        )))
+        self.amounts.iter().any(|s| {
+            s.amount.iter().any(|a| a.factors.iter().any(reads))
+                || matches!(&s.currency, CurrencySource::Field(_, f) if reads(f))
+        })
     }
 
     /// The reservation of attempt `token`: on the run's, the tenant's and the route's
@@ -535,17 +566,79 @@ impl Spender<'_> {
     }
 }
 
+/// The first amount expression of `spec` the request has every field of.
+fn asked(spec: &AmountSpec, req: &Request<'_>, currency: Currency) -> Result<Money, PriceError> {
+    let mut tried = Vec::new();
+    for expr in &spec.amount {
+        let mut values = Vec::new();
+        for f in &expr.factors {
+            match f.sum(req)? {
+                Some(v) => values.push(v),
+                None => break,
+            }
+        }
+        if values.len() < expr.factors.len() {
+            tried.push(expr.text.as_str());
+            continue;
+        }
+        let money = match (values.as_slice(), spec.unit) {
+            ([one], unit) => Money::parse(one, unit, currency),
+            (many, _) => Money::product(many, currency),
+        };
+        return money.map_err(PriceError::Invalid);
+    }
+    Err(PriceError::Unreadable(format!(
+        "none of {} is in the request",
+        tried.join(", ")
+    )))
+}
+
 fn field_error(field: &str, message: String) -> (String, String) {
     (field.to_string(), message)
 }
 
+/// An ISO 4217 currency, with the provider's own minor unit where it has one.
+fn currency_of(exponents: &BTreeMap<String, u32>, code: &str) -> Result<Currency, MoneyError> {
+    let c = Currency::parse(code)?;
+    Ok(match exponents.get(c.code()) {
+        Some(e) => c.with_exponent(*e),
+        None => c,
+    })
+}
+
+impl AmountSpec {
+    fn parse(
+        amount: &[String],
+        currency: &str,
+        unit: &str,
+    ) -> Result<AmountSpec, (String, String)> {
+        let amount = amount
+            .iter()
+            .map(|a| AmountExpr::parse(a))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|m| field_error("amount", m))?;
+        let currency = CurrencySource::parse(currency)?;
+        let unit = match unit {
+            "minor" => Unit::Minor,
+            "major" => Unit::Major,
+            u => return Err(field_error("unit", format!("`{u}` is not minor or major"))),
+        };
+        Ok(AmountSpec {
+            amount,
+            currency,
+            unit,
+        })
+    }
+}
+
 /// `rates`: units of the caps currency per unit of each other currency, each positive.
 fn parse_rates(
+    exponents: &BTreeMap<String, u32>,
     rates: &BTreeMap<String, String>,
 ) -> Result<BTreeMap<Currency, Decimal>, (String, String)> {
     let mut parsed = BTreeMap::new();
     for (code, rate) in rates {
-        let c = Currency::parse(code)
+        let c = currency_of(exponents, code)
             .map_err(|e| field_error(&format!("rates.{code}"), e.to_string()))?;
         let r = Decimal::from_str(rate.trim())
             .ok()

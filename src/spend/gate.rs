@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::budget::{Attempt, Budget, Cost, Price, Spender};
+use super::budget::{Attempt, Budget, Cost, OnUnpriced, Price, Spender};
 use super::money::Money;
 use super::port::{Approval, ApprovalState, CapName, FreezeTarget, Opened, Reserved, SpendStore};
 use crate::idempotency::claims::Claims;
@@ -228,7 +228,18 @@ impl Gate {
             Cost::Priced(p) => Some(*p),
             Cost::Free => None,
             Cost::Unpriced(why) if budget.limits_money() => {
-                return Err(Refusal::Unpriced(why.clone()))
+                if budget.on_unpriced == OnUnpriced::Refuse {
+                    return Err(Refusal::Unpriced(why.clone()));
+                }
+                // `unpriced = "approve"`: a person decides what the proxy cannot price.
+                if !approved {
+                    let why = format!("it has no price the proxy can count: {why}");
+                    match self.approval(budget, ask, None, why).await? {
+                        Decided::Approved => approved = true,
+                        Decided::Parked(a) => return Ok(Admission::Parked(a)),
+                    }
+                }
+                None
             }
             Cost::Unpriced(_) => None,
         };
@@ -248,7 +259,7 @@ impl Gate {
         if let (Some(p), Some(above), false) = (price, budget.approve_above, approved) {
             if p.counted.minor > above.minor {
                 let why = format!("{} is above approve_above {above}", p.asked);
-                match self.approval(budget, ask, p, why).await? {
+                match self.approval(budget, ask, Some(p), why).await? {
                     Decided::Approved => approved = true,
                     Decided::Parked(a) => return Ok(Admission::Parked(a)),
                 }
@@ -309,7 +320,7 @@ impl Gate {
                         p.asked,
                         name.as_str()
                     );
-                    match self.approval(budget, ask, p, why).await? {
+                    match self.approval(budget, ask, Some(p), why).await? {
                         Decided::Approved => approved = true,
                         Decided::Parked(a) => return Ok(Admission::Parked(a)),
                     }
@@ -446,7 +457,7 @@ impl Gate {
         &self,
         budget: &Budget,
         ask: &Charge<'_>,
-        price: Price,
+        price: Option<Price>,
         why: String,
     ) -> Result<Decided, Refusal> {
         if !ask.enforce {
@@ -595,22 +606,30 @@ fn denied(a: Approval) -> Refusal {
 }
 
 /// The approval this request would open: pending, until `approval_expires` from `now`.
+/// Without a price (an unpriced request sent for approval) it says so where the amount goes.
 fn fresh_approval(
     budget: &Budget,
     ask: &Charge<'_>,
-    price: Price,
+    price: Option<Price>,
     why: &str,
     now: u64,
 ) -> Approval {
-    let asked = price.asked;
+    let (amount, counted_minor, currency) = match price {
+        Some(p) => (
+            p.asked.to_string(),
+            p.counted.minor,
+            p.asked.currency.code(),
+        ),
+        None => ("unpriced".to_string(), 0, budget.caps_currency.code()),
+    };
     Approval {
         id: approval_id(ask.scope),
         route: ask.who.route.to_string(),
         tenant: ask.who.tenant.to_string(),
         run: ask.who.run.to_string(),
-        amount: asked.to_string(),
-        counted_minor: price.counted.minor,
-        currency: asked.currency.code().to_string(),
+        amount,
+        counted_minor,
+        currency: currency.to_string(),
         method: ask.method.to_string(),
         path: ask.path.to_string(),
         body: super::redact::card_data(ask.body),

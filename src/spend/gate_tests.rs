@@ -92,6 +92,8 @@ fn budget(configure: impl FnOnce(&mut BudgetText<'_>)) -> Budget {
         approve_tenant_above: None,
         approval_wait: Duration::from_secs(20),
         approval_expires: Duration::from_secs(3600),
+        exponents: &[],
+        on_unpriced: Default::default(),
     };
     configure(&mut t);
     Budget::parse(&t).expect("budget")
@@ -460,6 +462,8 @@ fn bad_windows_and_zones_are_named() {
             approve_tenant_above: None,
             approval_wait: Duration::from_secs(20),
             approval_expires: Duration::from_secs(3600),
+            exponents: &[],
+            on_unpriced: Default::default(),
         };
         Budget::parse(&t).map(|_| ()).map_err(|(field, _)| field)
     };

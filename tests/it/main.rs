@@ -18,6 +18,7 @@ mod https;
 mod identity;
 mod image;
 mod mcp;
+mod money;
 mod ops;
 mod parked_payments;
 mod postgres_store;

@@ -679,6 +679,8 @@ async fn calendar_day_windows_start_at_midnight_in_their_zone(under: impl Into<U
         approve_tenant_above: None,
         approval_wait: Duration::from_secs(1),
         approval_expires: Duration::from_secs(60),
+        exponents: &[],
+        on_unpriced: Default::default(),
     };
     let usd = Currency::parse("usd").expect("usd");
     let cost = Cost::Priced(Price {

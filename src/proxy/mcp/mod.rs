@@ -153,6 +153,9 @@ async fn serve(
         derivation: route.identity.derivations.primary.number(),
         other: None,
         priced: None,
+        // MCP routes have no lookup.
+        lookup_target: None,
+        lookup_credentials: None,
     };
     let acquired = match policy.on_in_flight {
         OnInFlight::Conflict => app.claims.acquire(&ask, &policy).await,
