@@ -45,21 +45,32 @@ fi
 # Python packages go into a virtual environment of the suite's own under target/ (never the
 # system Python), whose bin/ comes first on PATH for every test: a test's `python3` is the
 # venv's. The worker matrix (tests/it/sdk_matrix.rs) and the shipped examples' SDKs need the SDKs
-# as shipped; mcp < 2 is what CrewAI requires.
+# as shipped; mcp < 2 is what CrewAI requires. The MCP suite (tests/it/mcp.rs) also drives the
+# OpenAI Agents SDK's MCP adapter (openai-agents).
 venv="$PWD/target/test-venv"
 if [ ! -x "$venv/bin/python3" ]; then
   echo "creating the Python virtual environment $venv"
   python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python3" -c 'import requests, httpx, yaml, boto3, stripe, twilio, sendgrid, alpaca, aiohttp, mcp.client.stdio, postmarker, resend, mailgun' >/dev/null 2>&1; then
-  echo "installing into $venv: python requests, httpx, yaml, boto3, stripe, twilio, sendgrid, alpaca-py, aiohttp, mcp, postmarker, resend, mailgun"
+if ! "$venv/bin/python3" -c 'import requests, httpx, yaml, boto3, stripe, twilio, sendgrid, alpaca, aiohttp, mcp.client.stdio, postmarker, resend, mailgun, agents.mcp' >/dev/null 2>&1; then
+  echo "installing into $venv: python requests, httpx, yaml, boto3, stripe, twilio, sendgrid, alpaca-py, aiohttp, mcp, postmarker, resend, mailgun, openai-agents"
   "$venv/bin/python3" -m pip install -q --disable-pip-version-check \
-    requests httpx pyyaml boto3 stripe twilio sendgrid alpaca-py aiohttp 'mcp>=1.30,<2' postmarker resend mailgun
+    requests httpx pyyaml boto3 stripe twilio sendgrid alpaca-py aiohttp 'mcp>=1.30,<2' postmarker resend mailgun openai-agents
+fi
+# The MCP suite (tests/it/mcp.rs) also runs the official MCP SDK 2.x, which speaks the
+# 2026-07-28 revision: in a second environment of its own, since CrewAI needs mcp < 2 above.
+venv_mcp2="$PWD/target/test-venv-mcp2"
+if [ ! -x "$venv_mcp2/bin/python3" ]; then
+  python3 -m venv "$venv_mcp2"
+fi
+if ! "$venv_mcp2/bin/python3" -c 'import mcp.server.mcpserver, uvicorn' >/dev/null 2>&1; then
+  echo "installing into $venv_mcp2: mcp 2.3.0"
+  "$venv_mcp2/bin/python3" -m pip install -q --disable-pip-version-check 'mcp==2.3.0'
 fi
 export VIRTUAL_ENV="$venv"
 export PATH="$venv/bin:$PATH"
 if [ ! -f tests/node/node_modules/.package-lock.json ] || [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; then
-  echo "installing: node stripe, axios, undici (tests/node)"
+  echo "installing: node stripe, axios, undici, @modelcontextprotocol/sdk (tests/node)"
   (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 fi
 

@@ -465,9 +465,54 @@ pub struct RouteConfig {
     /// stored. Default: the profile's account headers, else every header whose name looks like
     /// a credential (see `identity::account`).
     pub credential_headers: Option<Vec<String>>,
+    /// On a route without a provider profile: query and body fields whose values identify
+    /// the caller's account (hashed, never stored), besides its headers. Default:
+    /// `identity::account::CREDENTIAL_FIELDS`; `[]` reads none.
+    pub credential_fields: Option<Vec<String>>,
     /// When the store is unreachable, forward unprotected instead of answering 503.
     #[serde(default)]
     pub fail_open: bool,
+    /// What the route speaks: `http` (the default: each request is an operation) or `mcp` (a
+    /// remote MCP server over Streamable HTTP: each tool call is an operation).
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// `[routes.mcp]`: which tools are read-only and how a tool call is identified.
+    pub mcp: Option<McpConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    #[default]
+    Http,
+    Mcp,
+}
+
+/// `[routes.mcp]`: a route to a remote MCP server.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// How long two calls of one tool with the same arguments (and no template or client key)
+    /// count as one call. Default: 24 hours.
+    pub window: Option<Dur>,
+    /// Tools that change nothing: never claimed. Every other tool is protected.
+    #[serde(default)]
+    pub read_only: Vec<String>,
+    /// Leave unclaimed a tool the server's own `tools/list` marks `readOnlyHint: true`. Off by
+    /// default: a server's annotations are hints, and a wrong one would execute twice.
+    #[serde(default)]
+    pub trust_annotations: bool,
+    /// Per tool: `[routes.mcp.tools.create_refund] key = "refund:{args.charge}"`.
+    #[serde(default)]
+    pub tools: std::collections::BTreeMap<String, McpToolConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolConfig {
+    /// The operation a call names, from its arguments (`{args.NAME}`) and the request
+    /// (`{header.NAME}`, `{bearer.CLAIM}`, `{tenant}`), instead of all its arguments.
+    pub key: Option<String>,
 }
 
 /// A provider's "key already used" answer: this status with this top-level JSON `code`.
@@ -509,6 +554,13 @@ pub struct SpendConfig {
     pub currency: Option<String>,
     /// `minor` (integers of cents: Stripe) or `major` (decimals: PayPal). Default: the profile's.
     pub unit: Option<String>,
+    /// What a money-moving request the proxy cannot price gets where money is limited:
+    /// `refuse` (403 `unpriced-operation`, the default) or `approve` (parked for a person).
+    pub unpriced: Option<String>,
+    /// Currencies whose minor unit differs from ISO 4217 for this route's provider, beyond
+    /// the profile's own list: `{ mga = 0 }`.
+    #[serde(default)]
+    pub exponents: BTreeMap<String, u32>,
     /// The currency caps and thresholds are written in.
     pub caps_currency: String,
     /// Other currencies a request may use: units of `caps_currency` per unit of each.
@@ -528,15 +580,20 @@ pub struct SpendConfig {
     pub count_per_run: Option<u32>,
     pub count_per_tenant: Option<u32>,
     pub count_per_route: Option<u32>,
-    /// The rolling window of `per_tenant`.
-    #[serde(default = "default_tenant_window")]
-    pub tenant_window: Dur,
-    /// How long a run's spend counts (a run id reused later starts afresh).
-    #[serde(default = "default_run_window")]
-    pub run_window: Dur,
-    /// The rolling window of `per_route` and `count_per_route`.
-    #[serde(default = "default_run_window")]
-    pub route_window: Dur,
+    /// The window of `per_tenant`, `count_per_tenant` and `approve_tenant_above`: a rolling
+    /// duration (`24h`), or `calendar-day` (from midnight in `time_zone`).
+    #[serde(default = "default_window")]
+    pub tenant_window: String,
+    /// How long a run's spend counts (a run id reused later starts afresh); a duration or
+    /// `calendar-day`.
+    #[serde(default = "default_window")]
+    pub run_window: String,
+    /// The window of `per_route` and `count_per_route`; a duration or `calendar-day`.
+    #[serde(default = "default_window")]
+    pub route_window: String,
+    /// The IANA time zone (`Europe/Berlin`) whose midnight starts a `calendar-day` window.
+    /// Default: UTC.
+    pub time_zone: Option<String>,
     /// A single request above this needs a person's approval.
     #[serde(default, deserialize_with = "amount::approve_above")]
     pub approve_above: Option<String>,
@@ -682,11 +739,8 @@ mod amount {
     }
 }
 
-fn default_tenant_window() -> Dur {
-    Dur(Duration::from_secs(24 * 3600))
-}
-fn default_run_window() -> Dur {
-    Dur(Duration::from_secs(24 * 3600))
+fn default_window() -> String {
+    "24h".into()
 }
 /// Short enough that a tool held for a decision gets its answer within a tool call's usual
 /// 30 s timeout (Stripe's SDKs are told not to retry a pending approval).

@@ -264,6 +264,16 @@ impl ProxyError {
     /// The answer, in the route's provider's error shape (`ErrorShape::Problem`: no provider
     /// shape, or no route).
     pub fn into_response(self, shape: ErrorShape) -> Response<Body> {
+        self.answer(shape, None)
+    }
+
+    /// The answer to the JSON-RPC request `id` on an MCP route: a JSON-RPC error response with
+    /// that id (HTTP 200, so the client raises it as the call's error).
+    pub fn into_jsonrpc(self, id: &serde_json::Value) -> Response<Body> {
+        self.answer(ErrorShape::JsonRpc, Some(id))
+    }
+
+    fn answer(self, shape: ErrorShape, id: Option<&serde_json::Value>) -> Response<Body> {
         let retry = self.worth_retrying_soon();
         let problem = Problem {
             status: self.status(),
@@ -272,20 +282,32 @@ impl ProxyError {
             detail: format!("{self}. {}", self.advice()),
             retry_after: self.retry_after(),
         };
-        render(problem, shape, retry)
+        render(problem, shape, retry, id)
     }
 }
 
 /// The one renderer of the proxy's own answers on a route: problem+json, or the provider's
 /// error body with the same status, `Retry-After` and `X-Idemproxy-Error` slug. The slug is
-/// also the provider error's code (`idemproxy_<slug>`), so either can be matched on. Another
-/// shape (JSON-RPC errors for MCP routes) is another arm here.
-pub fn render(problem: Problem, shape: ErrorShape, retry: bool) -> Response<Body> {
+/// also the provider error's code (`idemproxy_<slug>`), so either can be matched on. On an MCP
+/// route (`ErrorShape::JsonRpc`) it is a JSON-RPC error whose `data` carries the slug: with
+/// the request's `id` it goes out as HTTP 200 (clients raise a JSON-RPC error only from a
+/// response they can read); without one (an unreadable body) with the refusal's status.
+pub fn render(
+    problem: Problem,
+    shape: ErrorShape,
+    retry: bool,
+    id: Option<&serde_json::Value>,
+) -> Response<Body> {
     let code = format!("idemproxy_{}", problem.slug.replace('-', "_"));
     let message = problem.detail.as_str();
     let status = problem.status;
     let body = match shape {
         ErrorShape::Problem => return problem.into_response(),
+        ErrorShape::JsonRpc => serde_json::json!({"jsonrpc": "2.0",
+            "id": id.cloned().unwrap_or(serde_json::Value::Null),
+            "error": {"code": jsonrpc_code(problem.slug), "message": message,
+                "data": {"code": code, "slug": problem.slug, "status": status.as_u16(),
+                    "retryAfter": problem.retry_after.map(|d| d.as_secs().max(1))}}}),
         ErrorShape::Stripe => serde_json::json!({"error": {
             "type": stripe_type(status, problem.slug), "code": code, "message": message}}),
         ErrorShape::Square => serde_json::json!({"errors": [{
@@ -299,6 +321,9 @@ pub fn render(problem: Problem, shape: ErrorShape, retry: bool) -> Response<Body
         }
     };
     let mut resp = problem.json_response(body.to_string());
+    if shape == ErrorShape::JsonRpc && id.is_some() {
+        *resp.status_mut() = StatusCode::OK;
+    }
     if shape == ErrorShape::Stripe {
         // stripe-python and stripe-node obey this over their own rules (which retry every
         // 409 and 5xx).
@@ -308,6 +333,19 @@ pub fn render(problem: Problem, shape: ErrorShape, retry: bool) -> Response<Body
         );
     }
     resp
+}
+
+/// The JSON-RPC error code: the standard ones where they fit, else the server-error range.
+fn jsonrpc_code(slug: &str) -> i64 {
+    match slug {
+        "malformed-body" => -32700,
+        "ambiguous-request" | "bad-request" | "body-too-large" => -32600,
+        "invalid-idempotency-key" | "missing-idempotency-key" => -32602,
+        "idempotency-key-reused" => -32022,
+        "request-in-flight" => -32009,
+        "outcome-unknown" => -32010,
+        _ => -32000,
+    }
 }
 
 /// Stripe's error `type` for a refusal: its SDKs pick the error class by it (stripe-node) or

@@ -6,10 +6,12 @@ pub mod state;
 
 pub mod connect;
 pub mod connection;
+pub mod counted;
 pub mod dispatch;
 pub mod drain;
 pub mod error;
 pub mod limits;
+pub mod mcp;
 pub mod outgoing;
 pub mod passthrough;
 pub mod pipeline;

@@ -9,6 +9,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::error::ProxyError;
+use super::mcp;
 use super::passthrough;
 use super::pipeline::{self, Target};
 use crate::http::body::Body;
@@ -41,7 +42,16 @@ pub async fn to_route(
     if let Err(e) = ambiguity::no_method_override(req.headers(), query.unwrap_or("")) {
         return refuse(ProxyError::Ambiguous(e.to_string()));
     }
-    if route.protects(req.method()) {
+    if let (Some(rules), &http::Method::POST) = (&route.mcp, req.method()) {
+        // Every POST, whatever its path: one JSON-RPC message, judged by what it says.
+        return Box::pin(mcp::run(app, route, rules, req, path_and_query, tenant)).await;
+    }
+    if route.mcp.is_some() && req.method() == http::Method::GET {
+        app.metrics
+            .request(&route.name, RequestOutcome::Passthrough);
+        return mcp::resumed(route, req, path_and_query, tenant).await;
+    }
+    if route.protects(req.method()) && route.mcp.is_none() {
         let target = match target(route, path, query, path_and_query) {
             Ok(target) => target,
             Err(e) => return refuse(e),

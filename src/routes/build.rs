@@ -7,20 +7,27 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderName, Method, Uri};
 
-use super::{Route, RouteSpend, RunSource, UpstreamBase};
-use crate::config::{self, Config, ConfigError, Hold, KeySource, OutcomeRuleConfig, RouteConfig};
+use super::{PricedOperation, Route, RouteSpend, RunSource, UpstreamBase};
+use crate::config::{
+    self, Config, ConfigError, Hold, KeySource, OutcomeRuleConfig, Protocol, RouteConfig,
+};
 use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, StatusSet, Test};
-use crate::identity::account::{AccountPart, AccountSpec};
+use crate::identity::account::{AccountPart, AccountSpec, CREDENTIAL_FIELDS};
 use crate::identity::derivation::{Derivation, Derivations};
 use crate::identity::operations::Operation;
 use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
 use crate::identity::{RouteIdentity, Signing};
+use crate::mcp::McpRules;
 use crate::outbound::lookup::Lookup;
 use crate::outbound::upstream::{ClientBuildError, ClientOptions, UpstreamClient};
-use crate::providers::{self, ErrorShape, KeyLimits, LimitsError, Profile};
+use crate::providers::catalogue::RowPrice;
+use crate::providers::{self, ErrorShape, KeyLimits, LimitsError, Profile, SpendDefaults};
 use crate::request::template::Template;
-use crate::spend::budget::{Budget, BudgetText};
+use crate::spend::budget::{Budget, BudgetText, OnUnpriced, Pricing};
+
+/// How long identical tool calls are one, unless `[routes.mcp] window` says otherwise.
+const DEFAULT_MCP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The `i`-th `[[routes]]` block, built.
 pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, ConfigError> {
@@ -47,6 +54,10 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
     let lookup = b.lookup()?;
     let mut policy = b.policy()?;
     policy.reconcile_after = lookup.as_ref().map(|l| l.after);
+    let mcp = b.mcp()?;
+    if mcp.is_some() {
+        mcp_policy(&mut policy);
+    }
     let dedup_window = b.dedup_window();
     b.check_durations(&policy, dedup_window)?;
     Ok(Route {
@@ -66,11 +77,50 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
         client: Arc::new(b.client()?),
         lookup,
         spend: b.spend()?,
-        errors: b.profile.as_ref().map_or(ErrorShape::Problem, |p| p.errors),
+        errors: match (&mcp, &b.profile) {
+            (Some(_), _) => ErrorShape::JsonRpc,
+            (None, profile) => profile.as_ref().map_or(ErrorShape::Problem, |p| p.errors),
+        },
         dial: b.dial(&upstream_dial)?,
         side_doors: b.profile.as_ref().map_or(&[][..], |p| p.side_doors),
         path: b.profile.as_ref().map(|p| p.path).unwrap_or_default(),
+        mcp,
     })
+}
+
+/// What a tool call's kept response makes of its claim. The kept response is the call's
+/// final JSON-RPC message (HTTP 200), or the server's HTTP answer when it gave no message:
+/// a JSON-RPC error, or a result that is not complete (`input_required`, a task handle),
+/// executed nothing and releases; a complete result (`isError` too) commits; 401, 403, 404
+/// (an expired session) and 400 release; a 5xx or a 200 without the call's answer (502 here)
+/// may have executed and is held. MCP servers take no idempotency key.
+fn mcp_policy(policy: &mut Policy) {
+    let set = |e: &[&str]| {
+        StatusSet::parse(&e.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("a fixed status set parses")
+    };
+    policy.honours_key = false;
+    policy.commit_statuses = set(&["2xx"]);
+    policy.declined_statuses = set(&["!1xx"]);
+    policy.unknown_statuses = vec![500, 502, 503, 504];
+    let release = |field: &str, test: Test, note: &str| BodyRule {
+        statuses: Some(set(&["2xx"])),
+        conditions: vec![Condition::new(field, test)],
+        outcome: RuleOutcome::Release,
+        note: note.into(),
+    };
+    policy.rules = Arc::from(vec![
+        release(
+            "error",
+            Test::NonEmpty,
+            "a JSON-RPC error: the tool did not run",
+        ),
+        release(
+            "result.resultType",
+            Test::NotEquals(vec!["complete".into()]),
+            "not a complete result yet (input required, or a task)",
+        ),
+    ]);
 }
 
 struct Builder<'a> {
@@ -311,17 +361,47 @@ impl<'a> Builder<'a> {
                     format!("the account template cannot be used: {m}"),
                 )
             })?)),
-            (None, Some(names)) => Ok(AccountSpec::Parts(vec![AccountPart::Headers(
-                names
-                    .iter()
-                    .map(|h| self.header_name("credential_headers", h))
-                    .collect::<Result<Vec<_>, _>>()?,
-            )])),
+            (None, Some(names)) => {
+                let mut parts = vec![AccountPart::Headers(
+                    names
+                        .iter()
+                        .map(|h| self.header_name("credential_headers", h))
+                        .collect::<Result<Vec<_>, _>>()?,
+                )];
+                if self.profile.is_none() {
+                    parts.push(AccountPart::Fields(self.credential_fields()?));
+                }
+                Ok(AccountSpec::Parts(parts))
+            }
             (None, None) => Ok(AccountSpec::Parts(match &self.profile {
                 Some(p) => p.account.clone(),
-                None => vec![AccountPart::CredentialLike],
+                None => vec![
+                    AccountPart::CredentialLike,
+                    AccountPart::Fields(self.credential_fields()?),
+                ],
             })),
         }
+    }
+
+    /// The query and body fields a route without a profile reads as credentials.
+    fn credential_fields(&self) -> Result<Vec<String>, ConfigError> {
+        let fields: Vec<String> = match &self.r.credential_fields {
+            Some(f) => f.clone(),
+            None => CREDENTIAL_FIELDS.iter().map(|s| s.to_string()).collect(),
+        };
+        for (j, f) in fields.iter().enumerate() {
+            if f.is_empty()
+                || !f
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+            {
+                return Err(self.invalid(
+                    &format!("credential_fields[{j}]"),
+                    format!("`{f}` is not a field name (letters, digits, _ and -)"),
+                ));
+            }
+        }
+        Ok(fields)
     }
 
     /// What becomes of a claim: statuses and rules, hold, lease and retention.
@@ -374,6 +454,40 @@ impl<'a> Builder<'a> {
         })
     }
 
+    /// `protocol = "mcp"` and `[routes.mcp]`.
+    fn mcp(&self) -> Result<Option<McpRules>, ConfigError> {
+        let r = self.r;
+        if r.protocol != Protocol::Mcp {
+            return match r.mcp {
+                Some(_) => Err(self.invalid(
+                    "mcp",
+                    "is only read on a route with protocol = \"mcp\"".into(),
+                )),
+                None => Ok(None),
+            };
+        }
+        if r.spend.is_some() {
+            return Err(self.invalid(
+                "spend",
+                "spend caps read HTTP requests; an MCP route's tool calls cannot be priced yet"
+                    .into(),
+            ));
+        }
+        let c = r.mcp.clone().unwrap_or_default();
+        let window = c.window.map_or(DEFAULT_MCP_WINDOW, |d| d.0);
+        if window.is_zero() {
+            return Err(self.invalid("mcp.window", "must be longer than 0s".into()));
+        }
+        let tools = c
+            .tools
+            .iter()
+            .filter_map(|(tool, t)| t.key.clone().map(|k| (tool.clone(), k)))
+            .collect();
+        McpRules::new(window, c.read_only, c.trust_annotations, tools)
+            .map(Some)
+            .map_err(|(tool, e)| self.invalid(&format!("mcp.tools.{tool}.key"), e))
+    }
+
     /// `[routes.spend]`, with the profile's defaults for what costs money and where the
     /// amount is.
     fn spend(&self) -> Result<Option<RouteSpend>, ConfigError> {
@@ -387,18 +501,6 @@ impl<'a> Builder<'a> {
                 "needed: this route's provider has no default for it".into(),
             )
         };
-        let operations: Vec<String> = match (&c.operations, defaults) {
-            (Some(o), _) => o.clone(),
-            (None, Some(d)) => d.operations.iter().map(|s| s.to_string()).collect(),
-            (None, None) => return Err(missing("operations")),
-        };
-        let on = operations
-            .iter()
-            .enumerate()
-            .map(|(j, o)| {
-                Pattern::parse(o).map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         // A section with only count caps counts executions: it needs no amount.
         let amount: Vec<String> = match (&c.amount, defaults) {
             (Some(a), _) => a.clone(),
@@ -418,7 +520,28 @@ impl<'a> Builder<'a> {
             .or_else(|| defaults.map(|d| d.unit.to_string()))
             .or_else(|| (!priced).then(|| "minor".to_string()))
             .ok_or_else(|| missing("unit"))?;
-        let budget = Budget::parse(&BudgetText {
+        let on_unpriced = match c.unpriced.as_deref() {
+            None | Some("refuse") => OnUnpriced::Refuse,
+            Some("approve") => OnUnpriced::Approve,
+            Some(other) => {
+                return Err(self.invalid(
+                    "spend.unpriced",
+                    format!("`{other}` is not refuse or approve"),
+                ))
+            }
+        };
+        let mut exponents: Vec<(&str, u32)> =
+            defaults.map(|d| d.exponents.to_vec()).unwrap_or_default();
+        for (code, places) in &c.exponents {
+            if *places > 4 {
+                return Err(self.invalid(
+                    &format!("spend.exponents.{code}"),
+                    format!("{places} decimal places: no currency has more than 4"),
+                ));
+            }
+            exponents.push((code.as_str(), *places));
+        }
+        let mut budget = Budget::parse(&BudgetText {
             amount: &amount,
             currency: &currency,
             unit: &unit,
@@ -431,16 +554,20 @@ impl<'a> Builder<'a> {
             count_per_run: c.count_per_run,
             count_per_tenant: c.count_per_tenant,
             count_per_route: c.count_per_route,
-            tenant_window: c.tenant_window.0,
-            run_window: c.run_window.0,
-            route_window: c.route_window.0,
+            tenant_window: &c.tenant_window,
+            run_window: &c.run_window,
+            route_window: &c.route_window,
+            time_zone: c.time_zone.as_deref(),
             approve_above: c.approve_above.as_deref(),
             approve_run_above: c.approve_run_above.as_deref(),
             approve_tenant_above: c.approve_tenant_above.as_deref(),
             approval_wait: c.approval_wait.0,
             approval_expires: c.approval_expires.0,
+            exponents: &exponents,
+            on_unpriced,
         })
         .map_err(|(f, m)| self.invalid(&format!("spend.{f}"), m))?;
+        let (on, priced_elsewhere) = self.spend_operations(c, defaults, &mut budget)?;
         let run_from = c
             .run_from
             .iter()
@@ -451,7 +578,15 @@ impl<'a> Builder<'a> {
             .collect::<Result<Vec<_>, _>>()?;
         let derive: Vec<String> = match (&c.derive_without_key, defaults) {
             (Some(d), _) => d.clone(),
-            (None, Some(d)) => d.derive_without_key.iter().map(|s| s.to_string()).collect(),
+            // Steps of counted objects and unpriced requests name no amount a duplicate
+            // could be told apart by: identified by the whole request like a charge (and
+            // then refused, parked, or free as their row says).
+            (None, Some(d)) => d
+                .derive_without_key
+                .iter()
+                .map(|s| s.to_string())
+                .chain(priced_elsewhere)
+                .collect(),
             (None, None) => Vec::new(),
         };
         let derive_without_key = derive
@@ -470,6 +605,69 @@ impl<'a> Builder<'a> {
             derive_without_key,
             descriptive: c.descriptive.clone(),
         }))
+    }
+
+    /// The requests that cost money: the route's own `operations` (priced by its `amount`),
+    /// else its profile's catalogue, each row priced as it says. Also the rows not priced
+    /// from the body (steps of counted objects, unpriced requests).
+    fn spend_operations(
+        &self,
+        c: &crate::config::SpendConfig,
+        defaults: Option<SpendDefaults>,
+        budget: &mut Budget,
+    ) -> Result<(Vec<PricedOperation>, Vec<String>), ConfigError> {
+        let parse = |j: usize, o: &str| {
+            Pattern::parse(o).map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))
+        };
+        if let Some(ops) = &c.operations {
+            let on = ops
+                .iter()
+                .enumerate()
+                .map(|(j, o)| {
+                    Ok(PricedOperation {
+                        pattern: parse(j, o)?,
+                        pricing: Pricing::Amount(0),
+                        records: None,
+                    })
+                })
+                .collect::<Result<Vec<_>, ConfigError>>()?;
+            return Ok((on, Vec::new()));
+        }
+        let Some(d) = defaults else {
+            return Err(self.invalid(
+                "spend.operations",
+                "needed: this route's provider has no default for it".into(),
+            ));
+        };
+        let mut on = Vec::new();
+        let mut elsewhere = Vec::new();
+        for (j, row) in d.rows.iter().enumerate() {
+            let pricing = match row.price {
+                RowPrice::Body => Pricing::Amount(0),
+                RowPrice::Fields(amount, currency, unit) => {
+                    let amount: Vec<String> = amount.iter().map(|s| s.to_string()).collect();
+                    let i = budget
+                        .add_amount(&amount, currency, unit)
+                        .map_err(|(f, m)| self.invalid(&format!("spend.{f}"), m))?;
+                    Pricing::Amount(i)
+                }
+                RowPrice::Counted(kind, id_segment) => Pricing::Counted { kind, id_segment },
+                RowPrice::UnpricedIf(fields, why) => Pricing::UnpricedIf {
+                    fields: fields.iter().map(|s| s.to_string()).collect(),
+                    why: why.to_string(),
+                },
+                RowPrice::Unpriced(why) => Pricing::Unpriced(why.to_string()),
+            };
+            if !matches!(pricing, Pricing::Amount(_)) {
+                elsewhere.push(row.op.to_string());
+            }
+            on.push(PricedOperation {
+                pattern: parse(j, row.op)?,
+                pricing,
+                records: row.records,
+            });
+        }
+        Ok((on, elsewhere))
     }
 
     /// The route's own lookup, else the profile's.

@@ -42,6 +42,18 @@ impl Worker {
         pki: &TestPki,
         tenant: Option<(&str, &str)>,
     ) -> Worker {
+        Self::start_edited(example, routes, pki, tenant, &|_| {})
+    }
+
+    /// The same, with `edit` applied to the example's TOML first (a setting the example
+    /// leaves at its default, turned on for one test).
+    pub fn start_edited(
+        example: &str,
+        routes: &[(&str, u16)],
+        pki: &TestPki,
+        tenant: Option<(&str, &str)>,
+        edit: &dyn Fn(&mut toml::Table),
+    ) -> Worker {
         let store = StoreFixture::new(Backend::Sqlite);
         let listen = crate::common::loopback(crate::common::free_port());
         let proxy_url = match tenant {
@@ -75,6 +87,7 @@ impl Worker {
                 .expect("read the example")
                 .parse()
                 .expect("the example is TOML");
+        edit(&mut cfg);
         let table = |cfg: &mut toml::Table, name: &str| -> toml::Table {
             cfg.get(name)
                 .and_then(|t| t.as_table())

@@ -1,0 +1,137 @@
+//! Which tool calls are claimed — fail closed: every tool, unless the route lists it as
+//! read-only, or the route trusts the server's annotations and the server's own `tools/list`
+//! (the proxy's probe, with the caller's credentials) says `readOnlyHint: true`. A tool the
+//! list does not name, or a probe that failed, means protected.
+//!
+//! What a server said about its tools is kept per server and account (accounts may see other
+//! tools), for a while, and dropped when the server says its list changed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long a server's tool list is believed.
+const FRESH_FOR: Duration = Duration::from_secs(300);
+/// At most this many lists are kept; the oldest go first.
+const MAX_LISTS: usize = 1024;
+
+/// Whether one call is claimed, and why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Protection {
+    Protected,
+    /// Passed on unclaimed; the reason is logged.
+    ReadOnly(&'static str),
+}
+
+/// One server's tools, each with whether it is annotated read-only, and when it was read.
+type Listed = (Instant, BTreeMap<String, bool>);
+
+/// The read-only annotations servers gave, per (server, account).
+#[derive(Default)]
+pub struct Annotations {
+    lists: Mutex<HashMap<String, Listed>>,
+}
+
+impl Annotations {
+    /// Whether the list for `who` says `tool` is read-only; `None`: no fresh list.
+    pub fn read_only(&self, who: &str, tool: &str) -> Option<bool> {
+        let lists = self.lists.lock().ok()?;
+        let (at, tools) = lists.get(who)?;
+        if at.elapsed() > FRESH_FOR {
+            return None;
+        }
+        Some(tools.get(tool).copied().unwrap_or(false))
+    }
+
+    pub fn has(&self, who: &str) -> bool {
+        self.lists
+            .lock()
+            .ok()
+            .and_then(|l| l.get(who).map(|(at, _)| at.elapsed() <= FRESH_FOR))
+            .unwrap_or(false)
+    }
+
+    /// Keeps what a whole (every page) `tools/list` said.
+    pub fn remember(&self, who: &str, tools: BTreeMap<String, bool>) {
+        if let Ok(mut lists) = self.lists.lock() {
+            if lists.len() >= MAX_LISTS {
+                if let Some(oldest) = lists
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(k, _)| k.clone())
+                {
+                    lists.remove(&oldest);
+                }
+            }
+            lists.insert(who.to_string(), (Instant::now(), tools));
+        }
+    }
+
+    /// The server said its tools changed (`notifications/tools/list_changed`): every list of
+    /// this server (`prefix`) is forgotten.
+    pub fn forget(&self, prefix: &str) {
+        if let Ok(mut lists) = self.lists.lock() {
+            lists.retain(|k, _| !k.starts_with(prefix));
+        }
+    }
+}
+
+/// The tools of one `tools/list` page, each with whether it says `readOnlyHint: true`, and the
+/// next page's cursor.
+pub fn read_page(result: &Value) -> (BTreeMap<String, bool>, Option<String>) {
+    let mut tools = BTreeMap::new();
+    for tool in result
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(name) = tool.get("name").and_then(Value::as_str) {
+            let read_only = tool
+                .pointer("/annotations/readOnlyHint")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            tools.insert(name.to_string(), read_only);
+        }
+    }
+    let next = result
+        .get("nextCursor")
+        .and_then(Value::as_str)
+        .filter(|c| !c.is_empty())
+        .map(String::from);
+    (tools, next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_names_its_read_only_tools_and_the_next_cursor() {
+        let (tools, next) = read_page(&serde_json::json!({
+            "tools": [
+                {"name": "get_balance", "annotations": {"readOnlyHint": true}},
+                {"name": "refund", "annotations": {"readOnlyHint": false}},
+                {"name": "bare"}
+            ],
+            "nextCursor": "p2"
+        }));
+        assert_eq!(tools.get("get_balance"), Some(&true));
+        assert_eq!(tools.get("refund"), Some(&false));
+        assert_eq!(tools.get("bare"), Some(&false));
+        assert_eq!(next.as_deref(), Some("p2"));
+    }
+
+    #[test]
+    fn unknown_tools_and_forgotten_lists_are_not_read_only() {
+        let a = Annotations::default();
+        a.remember("srv|acct", BTreeMap::from([("get".to_string(), true)]));
+        assert_eq!(a.read_only("srv|acct", "get"), Some(true));
+        assert_eq!(a.read_only("srv|acct", "other"), Some(false));
+        assert_eq!(a.read_only("srv|else", "get"), None);
+        a.forget("srv|");
+        assert_eq!(a.read_only("srv|acct", "get"), None);
+    }
+}

@@ -1,0 +1,318 @@
+//! One protected tool call's exchange with the server, under its claim: the server's answer
+//! passed to the client (an event stream as it comes, a JSON body once settled) while the
+//! same bytes are read for the call's final response, which is what the claim keeps.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, StreamBody};
+use hyper::body::Frame;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use super::content_type;
+use crate::http::body::{full, read_limited, Body, BoxError, ReadError};
+use crate::http::headers::strip_hop_by_hop;
+use crate::idempotency::claims::{Claim, Executed};
+use crate::idempotency::policy::Policy;
+use crate::idempotency::record::Receipt;
+use crate::mcp::{replay, sse};
+use crate::metrics::RequestOutcome;
+use crate::outbound::receipt::REPLAYED;
+use crate::outbound::upstream::{Upstream, UpstreamBody, UpstreamError};
+use crate::proxy::admission::Admitted;
+use crate::proxy::error::ProxyError;
+use crate::proxy::App;
+use crate::routes::Route;
+
+/// Live events buffered toward a slow client before the upstream read waits for it.
+const LIVE_EVENTS: usize = 64;
+
+/// Where the exchange hands the server's answer to the client's side: its head, an event
+/// stream's bytes as they come, or a JSON body read whole.
+struct Toward {
+    head: oneshot::Sender<Head>,
+    live: mpsc::Sender<Bytes>,
+    whole: oneshot::Sender<(http::response::Parts, Bytes)>,
+}
+
+/// The call's JSON-RPC id, and where its result is awaited if its stream closes before it
+/// (`mcp::resume`; `None` without a session).
+pub(super) struct Answering {
+    pub id: Value,
+    pub resume: Option<String>,
+}
+
+/// How the server's answer reaches the client, once its head is in.
+enum Head {
+    /// A JSON body (or an HTTP error), read whole: answered once the claim is settled.
+    Whole,
+    /// An event stream: answered at once, its events as they come.
+    Streaming(http::response::Parts),
+}
+
+/// Forwards the call under its claim and answers: the server's own answer, with the claim
+/// settled from its final response. Returns the answer and what became of the claim.
+pub(super) async fn forward(
+    app: &App,
+    route: &Arc<Route>,
+    claim: Claim,
+    policy: Arc<Policy>,
+    request: Request<Body>,
+    admitted: Admitted,
+    answering: Answering,
+) -> (Result<Response<Body>, ProxyError>, RequestOutcome) {
+    let Answering { id, resume } = answering;
+    let (head, head_rx) = oneshot::channel();
+    let (live, live_rx) = mpsc::channel::<Bytes>(LIVE_EVENTS);
+    let (whole, whole_rx) = oneshot::channel();
+    let toward = Toward { head, live, whole };
+    let client = route.client.clone();
+    let (deadline, max) = (route.timeout, app.max_receipt_bytes);
+    let route_held = route.clone();
+    let call = {
+        let id = id.clone();
+        async move {
+            let _admitted = admitted;
+            let list_changed = || {
+                if let Some(rules) = &route_held.mcp {
+                    rules
+                        .annotations
+                        .forget(&format!("{}|", route_held.upstream.authority));
+                }
+            };
+            let resume = route_held
+                .mcp
+                .as_ref()
+                .zip(resume.as_deref())
+                .and_then(|(rules, key)| rules.resumptions.wait(key));
+            let exchange = call(
+                client.as_ref(),
+                request,
+                &id,
+                max,
+                toward,
+                &list_changed,
+                resume,
+            );
+            tokio::time::timeout(deadline, exchange)
+                .await
+                .unwrap_or(Err(UpstreamError::Timeout(deadline)))
+        }
+    };
+    let claims = app.claims.clone();
+    let settled = tokio::spawn(async move { claims.execute(claim, policy, call).await });
+    match head_rx.await {
+        Ok(Head::Streaming(mut parts)) => {
+            strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(header::CONTENT_LENGTH);
+            parts
+                .headers
+                .insert(REPLAYED, HeaderValue::from_static("false"));
+            let events = tokio_stream_of(live_rx);
+            let body: Body = http_body_util::BodyExt::boxed(StreamBody::new(events));
+            // Settled in the background: the stream's last event arrives before the settle.
+            let resp = Response::from_parts(parts, body);
+            (Ok(resp), RequestOutcome::Forwarded)
+        }
+        Ok(Head::Whole) | Err(_) => {
+            let executed = match settled.await {
+                Ok(done) => done,
+                Err(e) => {
+                    return (
+                        Err(ProxyError::BadRequest(format!(
+                            "internal: the call's task stopped: {e}"
+                        ))),
+                        RequestOutcome::Unknown,
+                    )
+                }
+            };
+            let executed = match executed {
+                Ok(e) => e,
+                Err(e) => {
+                    return (
+                        Err(ProxyError::BadRequest(format!(
+                            "internal: the call's task stopped: {e}"
+                        ))),
+                        RequestOutcome::Unknown,
+                    )
+                }
+            };
+            let outcome = outcome_of(&executed);
+            let whole = whole_rx.await.ok();
+            let Executed {
+                result,
+                outcome: o,
+                recorded,
+            } = executed;
+            match (result, whole) {
+                (Ok(_), Some((parts, body))) => {
+                    let mut resp = Response::from_parts(parts, full(body));
+                    strip_hop_by_hop(resp.headers_mut());
+                    resp.headers_mut()
+                        .insert(REPLAYED, HeaderValue::from_static("false"));
+                    (Ok(resp), outcome)
+                }
+                (Ok(receipt), None) => (
+                    Ok(crate::outbound::receipt::respond(&receipt, false)),
+                    outcome,
+                ),
+                (Err(error), _) => (
+                    Err(ProxyError::Upstream {
+                        error,
+                        claim: Some((o, recorded)),
+                    }),
+                    outcome,
+                ),
+            }
+        }
+    }
+}
+
+fn outcome_of(executed: &Executed<UpstreamError>) -> RequestOutcome {
+    use crate::idempotency::claims::Recorded;
+    use crate::idempotency::outcome::Outcome;
+    match (&executed.outcome, executed.recorded) {
+        (_, Recorded::NotOurs | Recorded::Unconfirmed) => RequestOutcome::Unknown,
+        (Outcome::Committed | Outcome::Declined, _) => RequestOutcome::Forwarded,
+        (Outcome::Released, _) => RequestOutcome::Released,
+        (Outcome::Unknown(_) | Outcome::Duplicate(_), _) => RequestOutcome::Unknown,
+    }
+}
+
+fn tokio_stream_of(
+    rx: mpsc::Receiver<Bytes>,
+) -> impl futures_util::Stream<Item = Result<Frame<Bytes>, BoxError>> + Send + Sync + 'static {
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok(Frame::data(b)), rx))
+    })
+}
+
+/// One upstream exchange for a tool call. The head goes to `head` as soon as it is known: an
+/// event stream's events go to `live` as they arrive while the call's final response is
+/// looked for; a JSON body is read whole and handed over through `whole`. The receipt is the
+/// final JSON-RPC message (HTTP 200), or the server's HTTP answer when it is not a success.
+async fn call(
+    client: &dyn Upstream,
+    request: Request<Body>,
+    id: &Value,
+    max: usize,
+    toward: Toward,
+    list_changed: &(dyn Fn() + Send + Sync),
+    resumed: Option<oneshot::Receiver<Vec<u8>>>,
+) -> Result<Receipt, UpstreamError> {
+    let Toward { head, live, whole } = toward;
+    let resp = client.send(request).await?;
+    let (parts, body) = resp.into_parts();
+    let framing = content_type(&parts.headers);
+    if parts.status.is_success() && framing == replay::SSE {
+        let _ = head.send(Head::Streaming(parts));
+        let on_stream = follow_stream(body, id, max, live, list_changed).await;
+        return match (on_stream, resumed) {
+            (Ok(Followed::Result(receipt)), _) => Ok(receipt),
+            // Closed after an event the server stored: the client resumes with a GET, and the
+            // result arriving there settles the call (within the route's timeout).
+            (Ok(Followed::Closed { resumable: true }), Some(rx)) => match rx.await {
+                Ok(message) => Ok(kept(Bytes::from(message), replay::SSE)),
+                Err(_) => Err(ended_early()),
+            },
+            (Ok(Followed::Closed { .. }), _) => Err(ended_early()),
+            (Err(e), _) => Err(e),
+        };
+    }
+    let _ = head.send(Head::Whole);
+    let bytes = read_limited(body, max).await.map_err(|e| match e {
+        ReadError::TooLarge(n) => UpstreamError::ResponseTooLarge(n),
+        ReadError::Failed(e) => UpstreamError::Failed(format!("reading the response body: {e}")),
+    })?;
+    let receipt = if parts.status.is_success() {
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(m) if replay::answers(&m, id) => kept(bytes.clone(), replay::JSON),
+            // A success that is not the call's answer: it may have run; never a receipt.
+            _ => not_an_answer(),
+        }
+    } else {
+        crate::outbound::receipt::from_response(&parts, bytes.clone())
+    };
+    let _ = whole.send((parts, bytes));
+    Ok(receipt)
+}
+
+/// Reads an event stream to the call's final response, passing every byte on as it comes.
+/// The client going away stops nothing: the stream is read on, to settle the claim.
+async fn follow_stream(
+    body: UpstreamBody,
+    id: &Value,
+    max: usize,
+    live: mpsc::Sender<Bytes>,
+    list_changed: &(dyn Fn() + Send + Sync),
+) -> Result<Followed, UpstreamError> {
+    let mut reader = sse::Reader::default();
+    let mut resumable = false;
+    let mut frames = body.into_data_stream();
+    let mut read = 0usize;
+    while let Some(chunk) = frames.next().await {
+        let chunk =
+            chunk.map_err(|e| UpstreamError::Failed(format!("the event stream broke: {e}")))?;
+        read += chunk.len();
+        if read > max {
+            return Err(UpstreamError::ResponseTooLarge(max));
+        }
+        let events = reader.feed(&chunk);
+        // A client that went away no longer gets the events; the reading goes on.
+        if !live.is_closed() {
+            let _ = live.send(chunk).await;
+        }
+        for event in events {
+            resumable |= event.id.is_some();
+            let Ok(message) = serde_json::from_str::<Value>(&event.data) else {
+                continue;
+            };
+            if message.get("method").and_then(Value::as_str)
+                == Some("notifications/tools/list_changed")
+            {
+                list_changed();
+            }
+            if replay::answers(&message, id) {
+                return Ok(Followed::Result(kept(
+                    Bytes::from(event.data.into_bytes()),
+                    replay::SSE,
+                )));
+            }
+        }
+    }
+    Ok(Followed::Closed { resumable })
+}
+
+/// Where a call's event stream left it.
+enum Followed {
+    /// Its final response.
+    Result(Receipt),
+    /// Closed before it; `resumable` when the server numbered its events (it stored them,
+    /// and the client may resume).
+    Closed { resumable: bool },
+}
+
+fn ended_early() -> UpstreamError {
+    UpstreamError::Failed("the event stream ended before the call's result".into())
+}
+
+/// A final response as kept: status 200, its framing, the message.
+fn kept(message: Bytes, framing: &str) -> Receipt {
+    Receipt {
+        status: 200,
+        headers: vec![("content-type".into(), framing.into())],
+        body: message,
+    }
+}
+
+/// What a success that does not answer the call is classified as: held, like a 502.
+fn not_an_answer() -> Receipt {
+    Receipt {
+        status: StatusCode::BAD_GATEWAY.as_u16(),
+        headers: vec![("content-type".into(), replay::JSON.into())],
+        body: Bytes::from_static(b"{}"),
+    }
+}

@@ -1,0 +1,316 @@
+//! A POST to a route with `protocol = "mcp"`, whatever its path: one JSON-RPC message, read
+//! and judged before anything goes upstream. A `tools/call` of a protected tool is the
+//! operation — `read → check mirrored headers → protected? → identify → scope → claim (or
+//! answer: replay, in flight, held, key reused) → forward → settle → respond`; every other
+//! message (initialize, tools/list, notifications, a client's answers to server requests)
+//! passes unclaimed. Refusals are JSON-RPC errors (`ProxyError::into_jsonrpc`).
+//!
+//! A server may answer a call with one JSON body or an event stream. A stream passes to the
+//! client as it comes (progress, server requests) while the same bytes are read for the call's
+//! final response, which alone settles the claim; the reading runs in the claim's own task, so
+//! a client that hangs up does not stop it (bounded by the route's `timeout`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{header, HeaderValue, Request, Response};
+use hyper::body::Incoming;
+use serde_json::Value;
+
+use super::outgoing::Outgoing;
+use crate::http::body::{full, read_limited, stream, Body, ReadError};
+use crate::http::headers::strip_hop_by_hop;
+use crate::idempotency::claims::{Acquired, ClaimRequest, Found};
+use crate::idempotency::policy::OnInFlight;
+use crate::idempotency::record::Receipt;
+use crate::identity::account::AccountSpec;
+use crate::identity::scope::Place;
+use crate::mcp::identity;
+use crate::mcp::jsonrpc::{self, Message, MessageError};
+use crate::mcp::protect::Protection;
+use crate::mcp::{replay, resume, sse, McpRules};
+use crate::metrics::RequestOutcome;
+use crate::outbound::receipt::REPLAYED;
+use crate::proxy::error::ProxyError;
+use crate::proxy::App;
+use crate::request::Request as Read;
+use crate::routes::Route;
+
+mod exchange;
+mod probe;
+
+/// Runs one POST on an MCP route. `path_and_query` is the upstream path (prefix removed).
+pub async fn run(
+    app: &App,
+    route: &Arc<Route>,
+    rules: &McpRules,
+    req: Request<Incoming>,
+    path_and_query: &str,
+    tenant: &str,
+) -> Response<Body> {
+    let started = Instant::now();
+    let mut seen = Seen {
+        id: Value::Null,
+        outcome: RequestOutcome::Rejected,
+    };
+    let resp = match serve(app, route, rules, req, path_and_query, tenant, &mut seen).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            let rejected = matches!(seen.outcome, RequestOutcome::Rejected);
+            tracing::info!(route = %route.name, %tenant, error = %e, rejected, "MCP message refused or failed");
+            if seen.id.is_null() {
+                e.into_response(route.errors)
+            } else {
+                e.into_jsonrpc(&seen.id)
+            }
+        }
+    };
+    let outcome = seen.outcome;
+    app.metrics.request(&route.name, outcome);
+    tracing::debug!(route = %route.name, outcome = outcome.as_str(), status = resp.status().as_u16(), total_ms = started.elapsed().as_millis() as u64, "MCP message");
+    resp
+}
+
+/// What `run` learns as the message is served: the id a refusal answers, and what became of
+/// the message (for the request count).
+struct Seen {
+    id: Value,
+    outcome: RequestOutcome,
+}
+
+async fn serve(
+    app: &App,
+    route: &Arc<Route>,
+    rules: &McpRules,
+    req: Request<Incoming>,
+    path_and_query: &str,
+    tenant: &str,
+    seen: &mut Seen,
+) -> Result<Response<Body>, ProxyError> {
+    let Seen { id, outcome } = seen;
+    let uri = route.upstream_uri(path_and_query).map_err(|e| {
+        ProxyError::BadRequest(format!("the request path cannot be forwarded: {e}"))
+    })?;
+    let admitted = app.admission.admit(None, &app.metrics)?;
+    let (parts, body) = req.into_parts();
+    let body = read_limited(body, app.max_body_bytes)
+        .await
+        .map_err(|e| match e {
+            ReadError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
+            ReadError::Failed(e) => {
+                ProxyError::BadRequest(format!("the request body could not be read: {e}"))
+            }
+        })?;
+    let message = Message::read(&parts.headers, &body).map_err(|e| {
+        *id = jsonrpc::refusal_id(&body, &e);
+        refusal(e)
+    })?;
+    *id = message.id.clone();
+    message.check_mirrored(&parts.headers).map_err(refusal)?;
+    let outgoing = Outgoing::prepare(route, &parts, uri.clone(), body.clone(), tenant, None)?;
+    if !message.is_tool_call() {
+        *outcome = RequestOutcome::Passthrough;
+        return pass(route, &outgoing).await;
+    }
+    let view = Read::new(&parts.method, "/", "/", &parts.headers, &body, tenant);
+    let account_template = match &route.identity.account {
+        AccountSpec::Template(t) => Some(t),
+        AccountSpec::Parts(_) => None,
+    };
+    let call = identity::identify(rules, account_template, &message, &view)
+        .map_err(|e| ProxyError::BadRequest(e.to_string()))?;
+    if let Protection::ReadOnly(why) =
+        probe::protection(app, route, rules, &call, &parts, &uri, tenant).await
+    {
+        tracing::debug!(route = %route.name, tool = %call.tool, why, "read-only tool call passed unclaimed");
+        *outcome = RequestOutcome::Passthrough;
+        return pass(route, &outgoing).await;
+    }
+    if message.params.get("task").is_some() {
+        return Err(ProxyError::BadRequest(format!(
+            "the tool {} is protected, and the proxy does not follow task handles: call it without `task` augmentation",
+            call.tool
+        )));
+    }
+    let place = Place {
+        namespace: &app.namespace,
+        tenant,
+        route: &route.name,
+        upstream_host: &route.upstream.host,
+    };
+    let scope = place.scope(&call.account, &call.key);
+    let mut policy = route.policy.clone();
+    if call.source == identity::Source::Arguments {
+        let mut p = (*policy).clone();
+        p.retention = rules.window;
+        policy = Arc::new(p);
+    }
+    let ask = ClaimRequest {
+        scope: &scope,
+        fingerprint: &call.fingerprint,
+        strict: call.strict,
+        route: &route.name,
+        derivation: route.identity.derivations.primary.number(),
+        other: None,
+        priced: None,
+        // MCP routes have no lookup.
+        lookup_target: None,
+        lookup_credentials: None,
+    };
+    let acquired = match policy.on_in_flight {
+        OnInFlight::Conflict => app.claims.acquire(&ask, &policy).await,
+        OnInFlight::Wait => {
+            app.claims
+                .acquire_waiting(&ask, &policy, route.wait_timeout)
+                .await
+        }
+    }
+    .map_err(ProxyError::StoreUnavailable)?;
+    let claim = match acquired {
+        Acquired::Execute(claim) => claim,
+        Acquired::Found(Found::Replay { receipt, .. }) => {
+            *outcome = RequestOutcome::Replayed;
+            tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), "replayed a tool call's kept result");
+            return Ok(replayed(&receipt, &message.id, &parts.headers));
+        }
+        Acquired::Found(Found::Mismatch) => {
+            *outcome = RequestOutcome::Mismatch;
+            return Err(ProxyError::KeyReused);
+        }
+        Acquired::Found(Found::InFlight { retry_after }) => {
+            *outcome = RequestOutcome::Conflict;
+            return Err(ProxyError::InFlight { retry_after });
+        }
+        Acquired::Found(Found::Held { retry_after, .. }) => {
+            *outcome = RequestOutcome::Unknown;
+            return Err(ProxyError::OutcomeUnknown { retry_after });
+        }
+    };
+    let request = outgoing.request(None);
+    let resume = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|session| resume::key(&call.account, session, &message.id));
+    let answering = exchange::Answering {
+        id: message.id.clone(),
+        resume,
+    };
+    let forwarded =
+        exchange::forward(app, route, claim, policy, request, admitted, answering).await;
+    *outcome = forwarded.1;
+    tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "executed a tool call");
+    forwarded.0
+}
+
+fn refusal(e: MessageError) -> ProxyError {
+    match e {
+        MessageError::Unreadable(_) => ProxyError::MalformedBody(e.to_string()),
+        MessageError::DuplicateKey(_) | MessageError::Batch | MessageError::Mirrored { .. } => {
+            ProxyError::Ambiguous(e.to_string())
+        }
+    }
+}
+
+/// An unclaimed message: forwarded as read, the answer streamed back.
+async fn pass(route: &Route, outgoing: &Outgoing<'_>) -> Result<Response<Body>, ProxyError> {
+    match route.client.send(outgoing.request(None)).await {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Ok(Response::from_parts(parts, stream(body)))
+        }
+        Err(error) => Err(ProxyError::Upstream { error, claim: None }),
+    }
+}
+
+/// A kept result answering a re-run.
+fn replayed(receipt: &Receipt, id: &Value, headers: &http::HeaderMap) -> Response<Body> {
+    let first = receipt
+        .headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        .map(|(_, v)| v.as_str())
+        .unwrap_or(replay::JSON);
+    let (content_type, body) = replay::replay(&receipt.body, first, id, replay::accepts(headers));
+    let mut resp = Response::new(full(body));
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&content_type) {
+        h.insert(header::CONTENT_TYPE, v);
+    }
+    h.insert(REPLAYED, HeaderValue::from_static("true"));
+    resp
+}
+
+fn content_type(headers: &http::HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// A GET on an MCP route: passed through; when it resumes a session's stream (`Last-Event-ID`),
+/// the results on it also reach calls waiting for them (`mcp::resume`). The bytes pass
+/// untouched.
+pub async fn resumed(
+    route: &Arc<Route>,
+    req: Request<Incoming>,
+    path_and_query: &str,
+    tenant: &str,
+) -> Response<Body> {
+    let uri = match route.upstream_uri(path_and_query) {
+        Ok(uri) => uri,
+        Err(e) => {
+            return ProxyError::BadRequest(format!("the request path cannot be forwarded: {e}"))
+                .into_response(route.errors)
+        }
+    };
+    let tap = match (
+        req.headers().get("last-event-id"),
+        req.headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok()),
+    ) {
+        (Some(_), Some(session)) => {
+            let view = Read::new(req.method(), "/", "/", req.headers(), b"", tenant);
+            let template = match &route.identity.account {
+                AccountSpec::Template(t) => Some(t),
+                AccountSpec::Parts(_) => None,
+            };
+            identity::account(template, &view)
+                .ok()
+                .map(|account| (account, session.to_string()))
+        }
+        _ => None,
+    };
+    let resp = super::passthrough::forward_for(route, tenant, req, uri).await;
+    let Some((account, session)) = tap else {
+        return resp;
+    };
+    if content_type(resp.headers()) != replay::SSE {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let route = route.clone();
+    let mut reader = sse::Reader::default();
+    let tapped = http_body_util::BodyExt::map_frame(body, move |frame| {
+        if let (Some(data), Some(rules)) = (frame.data_ref(), &route.mcp) {
+            for event in reader.feed(data) {
+                let Ok(message) = serde_json::from_str::<Value>(&event.data) else {
+                    continue;
+                };
+                let is_answer = message.get("method").is_none()
+                    && (message.get("result").is_some() || message.get("error").is_some());
+                if let (true, Some(id)) = (is_answer, message.get("id")) {
+                    let key = resume::key(&account, &session, id);
+                    rules.resumptions.deliver(&key, event.data.into_bytes());
+                }
+            }
+        }
+        frame
+    });
+    Response::from_parts(parts, http_body_util::BodyExt::boxed(tapped))
+}

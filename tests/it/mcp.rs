@@ -1,0 +1,810 @@
+//! Tool calls to a remote MCP server (Streamable HTTP), exactly once. The server is built with
+//! the official Python SDK (FastMCP, `tests/python/mcp_remote_server.py`) and serves TLS with
+//! a certificate for `mcp.tools.example`; its write tools count their effects in a file. The
+//! proxy runs the shipped `config/examples/mcp.toml` (only `connect_to` and `upstream_ca`
+//! changed), and every call is a new process of the official Python client
+//! (`tests/python/mcp_call.py`: defaults, no key) with only the setup `idemproxy env` prints.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::pki::TestPki;
+use crate::common::provider::{FakeProvider, ProviderOptions};
+use crate::common::worker::{python_script, Worker};
+
+const URL: &str = "https://mcp.tools.example/mcp";
+const HOST: &str = "mcp.tools.example";
+
+/// The stand-in MCP server, killed when dropped.
+struct McpServer {
+    child: Child,
+    port: u16,
+    effects: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+#[derive(Clone, Copy)]
+enum Framing {
+    Json,
+    Sse,
+}
+
+/// Which official Python SDK serves and calls: 1.x speaks the 2025-11-25 revision (initialize,
+/// sessions); 2.x also the 2026-07-28 one (`server/discover`, no sessions, mirrored headers).
+#[derive(Clone, Copy)]
+enum Sdk {
+    V1,
+    V2,
+    /// The TypeScript SDK's client (`tests/node/mcp_call.mjs`) against the 1.x server.
+    Node,
+    /// The OpenAI Agents SDK's MCP adapter (over the 1.x client) against the 1.x server.
+    Agents,
+}
+
+impl Sdk {
+    fn python(self) -> String {
+        match self {
+            Sdk::V1 | Sdk::Node | Sdk::Agents => "python3".into(),
+            // A virtual environment of its own (scripts/test.sh makes it): the suite's main one
+            // pins mcp < 2 for CrewAI.
+            Sdk::V2 => {
+                let p = crate::common::worker::repo("target/test-venv-mcp2/bin/python3");
+                assert!(
+                    p.exists(),
+                    "{} is missing: run scripts/test.sh, which creates it with mcp 2.x",
+                    p.display()
+                );
+                p.display().to_string()
+            }
+        }
+    }
+
+    /// The program and the script that make one call.
+    fn client(self) -> (String, String) {
+        match self {
+            Sdk::V1 => (self.python(), python_script("mcp_call.py")),
+            Sdk::V2 => (self.python(), python_script("mcp2_call.py")),
+            Sdk::Agents => (self.python(), python_script("agents_mcp_call.py")),
+            Sdk::Node => (
+                "node".into(),
+                crate::common::worker::repo("tests/node/mcp_call.mjs")
+                    .display()
+                    .to_string(),
+            ),
+        }
+    }
+}
+
+impl McpServer {
+    async fn start(pki: &TestPki, framing: Framing, auth: bool) -> McpServer {
+        Self::start_with(Sdk::V1, pki, framing, auth).await
+    }
+
+    async fn start_with(sdk: Sdk, pki: &TestPki, framing: Framing, auth: bool) -> McpServer {
+        Self::start_flags(sdk, pki, framing, if auth { &["--auth"] } else { &[] }).await
+    }
+
+    async fn start_flags(sdk: Sdk, pki: &TestPki, framing: Framing, flags: &[&str]) -> McpServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stem = dir.path().join("server");
+        pki.write_leaf(&[HOST], &stem);
+        let port = crate::common::free_port();
+        let effects = dir.path().join("effects.jsonl");
+        let mut cmd = Command::new(sdk.python());
+        cmd.arg(python_script("mcp_remote_server.py"))
+            .args(["--port", &port.to_string()])
+            .arg("--cert")
+            .arg(stem.with_extension("pem"))
+            .arg("--key")
+            .arg(stem.with_extension("key"))
+            .arg("--effects")
+            .arg(&effects)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if matches!(framing, Framing::Json) {
+            cmd.arg("--json");
+        }
+        cmd.args(flags);
+        let child = cmd
+            .spawn()
+            .expect("start the MCP server (python3 with mcp)");
+        let server = McpServer {
+            child,
+            port,
+            effects,
+            _dir: dir,
+        };
+        crate::common::eventually_async(
+            "the MCP server listens",
+            Duration::from_secs(30),
+            || async {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .ok()
+                    .map(|_| ())
+            },
+        )
+        .await;
+        server
+    }
+
+    /// Every effect so far: `{"tool", "args"}`.
+    fn effects(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.effects)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    fn count(&self, tool: &str) -> usize {
+        self.effects().iter().filter(|e| e["tool"] == tool).count()
+    }
+}
+
+impl Drop for McpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The shipped example, its MCP route dialled to `server`, its REST route to `rest`.
+fn worker(pki: &TestPki, server: &McpServer, rest: &FakeProvider) -> Worker {
+    Worker::start(
+        "mcp.toml",
+        &[("tools-mcp", server.port), ("payments", rest.port())],
+        pki,
+    )
+}
+
+async fn rest_provider(pki: &TestPki) -> FakeProvider {
+    FakeProvider::start_https(
+        ProviderOptions::default(),
+        pki.server_config(&["api.payments.example"]),
+    )
+    .await
+}
+
+/// One tool call: a new process of the official client (1.x).
+async fn call(w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value {
+    call_with(Sdk::V1, w, tool, args, token).await
+}
+
+async fn call_with(sdk: Sdk, w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value {
+    let (program, script) = sdk.client();
+    let args = args.to_string();
+    let creds: Vec<(&str, &str)> = token.map(|t| ("MCP_TOKEN", t)).into_iter().collect();
+    w.run(&program, &[&script, URL, tool, &args], &creds).await
+}
+
+/// The tool's result object: its text content, parsed (the SDKs put a dict result there as JSON).
+fn result(v: &Value) -> Value {
+    let text = v["text"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text content: {v}"));
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {v}"))
+}
+
+fn ok(v: &Value) -> &Value {
+    assert!(v.get("error").is_none(), "the call failed: {v}");
+    v
+}
+
+/// The same calls on a server answering with JSON bodies and on one answering with streams.
+async fn rerun_is_one_effect(sdk: Sdk, framing: Framing) {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start_with(sdk, &pki, framing, false).await;
+    let call = |w, tool, args, token| call_with(sdk, w, tool, args, token);
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+
+    // A write tool re-run: one effect, the first result.
+    let first = call(
+        &w,
+        "create_customer",
+        json!({"email": "a@example.com"}),
+        None,
+    )
+    .await;
+    let rerun = call(
+        &w,
+        "create_customer",
+        json!({"email": "a@example.com"}),
+        None,
+    )
+    .await;
+    assert_eq!(server.count("create_customer"), 1, "{first} / {rerun}");
+    if matches!(sdk, Sdk::V2) {
+        assert_eq!(first["protocol"], json!("2026-07-28"), "{first}");
+    }
+    assert_eq!(result(ok(&first)), result(ok(&rerun)));
+    assert_eq!(result(&first)["customer"], json!("cus_1"));
+    assert_eq!(first["text"], rerun["text"]);
+    assert_eq!(
+        (first["replayed"].clone(), rerun["replayed"].clone()),
+        (json!(false), json!(true))
+    );
+    // Other arguments: another call.
+    ok(&call(
+        &w,
+        "create_customer",
+        json!({"email": "b@example.com"}),
+        None,
+    )
+    .await);
+    assert_eq!(server.count("create_customer"), 2);
+
+    // A read-only tool (listed in the example) is never cached: the second call sees the
+    // effects made since.
+    let before = ok(&call(&w, "get_balance", json!({}), None).await).clone();
+    ok(&call(&w, "send_email", json!({"to": "x@example.com"}), None).await);
+    let after = ok(&call(&w, "get_balance", json!({}), None).await).clone();
+    assert_eq!(after["replayed"], json!(false));
+    let seen = |v: &Value| {
+        result(v)["effects_so_far"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{v}"))
+    };
+    assert_eq!(seen(&after), seen(&before) + 1, "{before} / {after}");
+
+    // An annotation that lies (readOnlyHint on a write): the route does not trust annotations,
+    // so the tool is protected.
+    let paid = call(&w, "mark_paid", json!({"invoice": "in_1"}), None).await;
+    let again = call(&w, "mark_paid", json!({"invoice": "in_1"}), None).await;
+    assert_eq!(server.count("mark_paid"), 1, "{paid} / {again}");
+    assert_eq!(ok(&again)["replayed"], json!(true));
+
+    // A per-tool template: the same charge with another reason is the same refund.
+    let r1 = call(
+        &w,
+        "create_refund",
+        json!({"charge": "ch_1", "amount": 500, "reason": "duplicate"}),
+        None,
+    )
+    .await;
+    let r2 = call(
+        &w,
+        "create_refund",
+        json!({"charge": "ch_1", "amount": 500, "reason": "customer asked"}),
+        None,
+    )
+    .await;
+    assert_eq!(server.count("create_refund"), 1, "{r1} / {r2}");
+    assert_eq!(result(ok(&r1)), result(ok(&r2)));
+
+    // An isError result executed (the proxy cannot read "nothing happened" from free text):
+    // kept and replayed.
+    let f1 = call(&w, "failing_transfer", json!({"account": "acct_1"}), None).await;
+    let f2 = call(&w, "failing_transfer", json!({"account": "acct_1"}), None).await;
+    assert_eq!(
+        (f1["isError"].clone(), f2["isError"].clone()),
+        (json!(true), json!(true)),
+        "{f1} / {f2}"
+    );
+    assert_eq!(f1["text"], f2["text"]);
+    assert_eq!(server.count("failing_transfer"), 1);
+
+    // The REST route of the same deployment keeps its protection.
+    rest_twice(&w, &rest).await;
+}
+
+/// Two identical POSTs to the REST route through the worker's proxy: one effect.
+async fn rest_twice(w: &Worker, rest: &FakeProvider) {
+    let body = r#"{"invoice":"in_7","amount":100}"#;
+    let post = || {
+        Command::new("curl")
+            .args([
+                "-sS",
+                "-i",
+                "--max-time",
+                "20",
+                "-x",
+                w.var("HTTPS_PROXY"),
+                "--cacert",
+            ])
+            .arg(&w.ca.cert)
+            .args(["-H", "content-type: application/json", "-d", body])
+            .arg("https://api.payments.example/v1/payments")
+            .output()
+            .expect("curl")
+    };
+    let (a, b) = (post(), post());
+    let (a, b) = (
+        String::from_utf8_lossy(&a.stdout),
+        String::from_utf8_lossy(&b.stdout),
+    );
+    assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+    assert!(
+        b.to_ascii_lowercase().contains("idempotent-replayed: true"),
+        "{b}"
+    );
+    assert_eq!(rest.effects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_answers_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::V1, Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_answers_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::V1, Framing::Sse).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_passes_live_and_a_replay_is_the_final_result_only() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Sse, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let first = ok(&call(&w, "slow_refund", json!({"charge": "ch_9"}), None).await).clone();
+    assert_eq!(first["progress"], json!([0.0, 1.0, 2.0]), "{first}");
+    let rerun = ok(&call(&w, "slow_refund", json!({"charge": "ch_9"}), None).await).clone();
+    assert_eq!(
+        rerun["progress"],
+        json!([]),
+        "a replay holds no notifications: {rerun}"
+    );
+    assert_eq!(result(&rerun), result(&first));
+    assert_eq!(server.count("slow_refund"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_cuts_the_connection_after_executing_never_executes_twice() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let first = call(&w, "crash_after", json!({"charge": "ch_3"}), None).await;
+    assert!(first.get("error").is_some(), "{first}");
+    assert_eq!(server.count("crash_after"), 1);
+    // The same server comes back (a restart); the re-run is held, not executed again.
+    let port = server.port;
+    let effects = server.effects.clone();
+    let mut again = Command::new("python3");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stem = dir.path().join("server");
+    pki.write_leaf(&[HOST], &stem);
+    let mut revived = again
+        .arg(python_script("mcp_remote_server.py"))
+        .args(["--port", &port.to_string(), "--json"])
+        .arg("--cert")
+        .arg(stem.with_extension("pem"))
+        .arg("--key")
+        .arg(stem.with_extension("key"))
+        .arg("--effects")
+        .arg(&effects)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("restart the server");
+    crate::common::eventually_async(
+        "the MCP server is back",
+        Duration::from_secs(30),
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+    let rerun = call(&w, "crash_after", json!({"charge": "ch_3"}), None).await;
+    let _ = revived.kill();
+    let _ = revived.wait();
+    assert_eq!(
+        server.count("crash_after"),
+        1,
+        "never a second effect: {rerun}"
+    );
+    assert_eq!(
+        rerun["error"]["data"]["slug"],
+        json!("outcome-unknown"),
+        "{rerun}"
+    );
+}
+
+/// An unsigned JWT, as an OAuth server would mint it (the proxy reads, never verifies).
+fn jwt(claims: Value) -> String {
+    use base64::Engine as _;
+    let enc = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+    format!(
+        "{}.{}.c2ln",
+        enc(r#"{"alg":"RS256"}"#),
+        enc(&claims.to_string())
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_token_then_a_fresh_one_executes_and_a_refreshed_token_is_the_same_account() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Json, true).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let args = json!({"to": "ops@example.com"});
+    let refused = call(&w, "send_email", args.clone(), Some("expired")).await;
+    assert!(refused.get("error").is_some(), "{refused}");
+    assert_eq!(server.count("send_email"), 0);
+    let today =
+        jwt(json!({"iss": "https://auth.example", "sub": "agent-7", "iat": 1, "exp": 3601}));
+    let first = ok(&call(&w, "send_email", args.clone(), Some(&today)).await).clone();
+    assert_eq!(
+        server.count("send_email"),
+        1,
+        "the 401 was not kept: the retry executed"
+    );
+    let tomorrow =
+        jwt(json!({"iss": "https://auth.example", "sub": "agent-7", "iat": 90000, "exp": 93600}));
+    let rerun = ok(&call(&w, "send_email", args.clone(), Some(&tomorrow)).await).clone();
+    assert_eq!(
+        server.count("send_email"),
+        1,
+        "a refreshed token is the same account"
+    );
+    assert_eq!(result(&rerun), result(&first));
+    let someone_else = jwt(json!({"iss": "https://auth.example", "sub": "agent-8", "iat": 1}));
+    ok(&call(&w, "send_email", args, Some(&someone_else)).await);
+    assert_eq!(
+        server.count("send_email"),
+        2,
+        "another subject is another account"
+    );
+}
+
+/// A raw POST through the worker's proxy: (status, headers and body as text).
+fn raw(w: &Worker, path: &str, headers: &[&str], body: &str) -> String {
+    raw_within(w, path, headers, body, "20")
+}
+
+/// The same, given up after `max_time` seconds (curl hangs up).
+fn raw_within(w: &Worker, path: &str, headers: &[&str], body: &str, max_time: &str) -> String {
+    let mut cmd = Command::new("curl");
+    cmd.args([
+        "-sS",
+        "-i",
+        "--max-time",
+        max_time,
+        "-x",
+        w.var("HTTPS_PROXY"),
+        "--cacert",
+    ])
+    .arg(&w.ca.cert)
+    .args([
+        "-H",
+        "content-type: application/json",
+        "-H",
+        "accept: application/json, text/event-stream",
+    ]);
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    let out = cmd
+        .args(["-d", body])
+        .arg(format!("https://{HOST}{path}"))
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json_of(reply: &str) -> Value {
+    // After the proxy's answer to CONNECT, the server's (or the proxy's) head, then the body.
+    let body = reply.rsplit("\r\n\r\n").next().unwrap_or_default();
+    let body = body
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap_or(body);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {reply}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_duplicate_keys_mismatched_headers_and_other_paths_are_never_unprotected() {
+    let pki = TestPki::new("mcp");
+    // Stateless JSON: every POST stands alone, as in the 2026-07-28 revision.
+    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let session = {
+        let init = raw(
+            &w,
+            "/mcp",
+            &[],
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#,
+        );
+        init.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("mcp-session-id")
+                    .then(|| v.trim().to_string())
+            })
+            .unwrap_or_else(|| panic!("no session: {init}"))
+    };
+    let sid = format!("mcp-session-id: {session}");
+    let call = r#"{"jsonrpc":"2.0","id":"a-1","method":"tools/call","params":{"name":"send_email","arguments":{"to":"raw@example.com"}}}"#;
+
+    let batch = raw(&w, "/mcp", &[&sid], &format!("[{call}]"));
+    assert_eq!(
+        json_of(&batch)["error"]["data"]["slug"],
+        json!("ambiguous-request"),
+        "{batch}"
+    );
+    let twice = raw(
+        &w,
+        "/mcp",
+        &[&sid],
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"send_email","arguments":{"to":"a@x","to":"b@x"}}}"#,
+    );
+    assert_eq!(
+        json_of(&twice)["error"]["data"]["slug"],
+        json!("ambiguous-request"),
+        "{twice}"
+    );
+    assert_eq!(
+        json_of(&twice)["id"],
+        json!(2),
+        "the refusal answers the request's id"
+    );
+    let mirrored = raw(&w, "/mcp", &[&sid, "mcp-name: get_balance"], call);
+    assert_eq!(
+        json_of(&mirrored)["error"]["data"]["slug"],
+        json!("ambiguous-request"),
+        "{mirrored}"
+    );
+    let unreadable = raw(&w, "/mcp", &[&sid], "{\"jsonrpc\":");
+    assert_eq!(
+        json_of(&unreadable)["error"]["code"],
+        json!(-32700),
+        "{unreadable}"
+    );
+    assert_eq!(
+        server.count("send_email"),
+        0,
+        "nothing refused reached the server"
+    );
+
+    // The call, then the same call under another id (a string kept a string, a number a
+    // number): one effect, the re-run answered with its own id.
+    let first = raw(&w, "/mcp", &[&sid], call);
+    assert_eq!(json_of(&first)["id"], json!("a-1"), "{first}");
+    let again = raw(
+        &w,
+        "/mcp",
+        &[&sid],
+        &call.replace(r#""id":"a-1""#, r#""id":41"#),
+    );
+    let again_json = json_of(&again);
+    assert_eq!(again_json["id"], json!(41), "{again}");
+    assert_eq!(
+        again_json["result"]["_meta"]["io.idemproxy/replay"]["replayed"],
+        json!(true)
+    );
+    assert!(
+        again
+            .to_ascii_lowercase()
+            .contains("idempotent-replayed: true"),
+        "{again}"
+    );
+    assert_eq!(
+        json_of(&first)["result"]["content"],
+        again_json["result"]["content"]
+    );
+    // Another path on the server's host (the legacy transport's /messages, a trailing slash):
+    // still a tool call, still claimed — answered from the receipt, never run again.
+    for path in ["/messages", "/mcp/"] {
+        let other = raw(&w, path, &[&sid], call);
+        assert_eq!(
+            json_of(&other)["result"]["_meta"]["io.idemproxy/replay"]["replayed"],
+            json!(true),
+            "{path}: {other}"
+        );
+    }
+    assert_eq!(server.count("send_email"), 1);
+    // A client's own idempotencyKey with other arguments: refused (the 422 analogue).
+    let keyed = |to: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"name":"send_email","idempotencyKey":"k-1","arguments":{{"to":"{to}"}}}}}}"#
+        )
+    };
+    ok_json(&raw(&w, "/mcp", &[&sid], &keyed("k@example.com")));
+    let reused = raw(&w, "/mcp", &[&sid], &keyed("other@example.com"));
+    assert_eq!(
+        json_of(&reused)["error"]["data"]["slug"],
+        json!("idempotency-key-reused"),
+        "{reused}"
+    );
+    assert_eq!(server.count("send_email"), 2);
+}
+
+fn ok_json(reply: &str) {
+    assert!(json_of(reply).get("result").is_some(), "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_2026_revision_json_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::V2, Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_2026_revision_stream_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::V2, Framing::Sse).await;
+}
+
+/// An elicitation inside the call: in 2025 a server request inside the call's stream, answered
+/// by a POST the proxy passes unclaimed; in 2026 an `input_required` result (nothing executed,
+/// released), then the same call with `inputResponses`. Either way: one effect, and the re-run
+/// gets the result without asking the person again.
+async fn elicitation_is_answered_once(sdk: Sdk) {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start_with(sdk, &pki, Framing::Sse, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let first =
+        ok(&call_with(sdk, &w, "confirm_refund", json!({"charge": "ch_5"}), None).await).clone();
+    assert_eq!(first["asked"].as_array().map(Vec::len), Some(1), "{first}");
+    assert!(first["text"].to_string().contains("re_1"), "{first}");
+    let rerun =
+        ok(&call_with(sdk, &w, "confirm_refund", json!({"charge": "ch_5"}), None).await).clone();
+    assert_eq!(rerun["asked"], json!([]), "the re-run asks no one: {rerun}");
+    assert_eq!(rerun["text"], first["text"]);
+    assert_eq!(server.count("confirm_refund"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_elicitation_inside_the_stream_is_answered_and_the_call_runs_once() {
+    elicitation_is_answered_once(Sdk::V1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_2026_revision_input_required_then_answered_runs_once() {
+    elicitation_is_answered_once(Sdk::V2).await;
+}
+
+/// A 2025 session opened by hand (initialize), for raw POSTs: its `Mcp-Session-Id` header.
+fn open_session(w: &Worker) -> String {
+    let init = raw(
+        w,
+        "/mcp",
+        &[],
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#,
+    );
+    let id = init
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no session: {init}"));
+    format!("mcp-session-id: {id}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_hangs_up_mid_stream_does_not_abandon_the_call() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Sse, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    let sid = open_session(&w);
+    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow_refund","arguments":{"charge":"ch_hang"},"_meta":{"progressToken":"p1"}}}"#;
+    // The tool takes 0.6 s; the client hangs up after 0.3 s, mid-stream.
+    let cut = raw_within(&w, "/mcp", &[&sid], call, "0.3");
+    assert!(
+        !cut.contains("re_1"),
+        "the client went away before the result: {cut}"
+    );
+    crate::common::eventually("the tool ran", Duration::from_secs(10), || {
+        (server.count("slow_refund") == 1).then_some(())
+    })
+    .await;
+    // The proxy read the stream on and settled: the re-run (another process, another id, no
+    // progress token) gets the result, and the tool ran once.
+    let rerun =
+        crate::common::eventually_async("the claim settled", Duration::from_secs(10), || async {
+            let r = raw(&w, "/mcp", &[&sid], &call.replace(r#""id":1"#, r#""id":2"#));
+            json_of(&r).get("result").is_some().then_some(r)
+        })
+        .await;
+    let replayed = json_of(&rerun);
+    assert_eq!(replayed["id"], json!(2));
+    assert_eq!(
+        replayed["result"]["_meta"]["io.idemproxy/replay"]["replayed"],
+        json!(true),
+        "{rerun}"
+    );
+    assert!(replayed["result"].to_string().contains("re_1"), "{rerun}");
+    assert!(
+        !rerun.contains("notifications/progress"),
+        "a replay holds the result only: {rerun}"
+    );
+    assert_eq!(server.count("slow_refund"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn trusted_annotations_leave_read_only_tools_unclaimed_and_everything_else_protected() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    // The example with trust_annotations on, and nothing listed read-only.
+    let trusting = |cfg: &mut toml::Table| {
+        let routes = cfg.get_mut("routes").and_then(|r| r.as_array_mut());
+        for route in routes
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_table_mut())
+        {
+            if let Some(mcp) = route.get_mut("mcp").and_then(|m| m.as_table_mut()) {
+                mcp.insert("trust_annotations".into(), true.into());
+                mcp.insert("read_only".into(), toml::Value::Array(vec![]));
+            }
+        }
+    };
+    let w = Worker::start_edited(
+        "mcp.toml",
+        &[("tools-mcp", server.port), ("payments", rest.port())],
+        &pki,
+        None,
+        &trusting,
+    );
+    // get_balance says readOnlyHint (and is): executed every time, never replayed.
+    let a = ok(&call(&w, "get_balance", json!({}), None).await).clone();
+    ok(&call(&w, "send_email", json!({"to": "t@example.com"}), None).await);
+    let b = ok(&call(&w, "get_balance", json!({}), None).await).clone();
+    assert_eq!(b["replayed"], json!(false), "{b}");
+    assert_eq!(
+        result(&b)["effects_so_far"].as_i64(),
+        result(&a)["effects_so_far"].as_i64().map(|n| n + 1),
+        "the second read saw the write"
+    );
+    // mark_paid says readOnlyHint and writes: a route that trusts annotations takes the
+    // server at its word (the documented risk), so it runs twice.
+    call(&w, "mark_paid", json!({"invoice": "in_9"}), None).await;
+    call(&w, "mark_paid", json!({"invoice": "in_9"}), None).await;
+    assert_eq!(server.count("mark_paid"), 2);
+    // A tool without the hint stays protected.
+    ok(&call(&w, "send_email", json!({"to": "t@example.com"}), None).await);
+    assert_eq!(server.count("send_email"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typescript_client_json_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::Node, Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typescript_client_stream_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::Node, Framing::Sse).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typescript_client_elicitation_inside_the_stream_runs_once() {
+    elicitation_is_answered_once(Sdk::Node).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_agents_adapter_json_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::Agents, Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_agents_adapter_stream_rerun_is_one_effect_and_read_only_tools_run_every_time() {
+    rerun_is_one_effect(Sdk::Agents, Framing::Sse).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_closed_early_settles_from_the_resumed_get_one_effect_nothing_held() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start_flags(Sdk::V1, &pki, Framing::Sse, &["--resumable"]).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker(&pki, &server, &rest);
+    // The server closes the call's stream after a progress event; the client resumes it with a
+    // GET and Last-Event-ID, where the result arrives.
+    let first = ok(&call(&w, "polled_refund", json!({"charge": "ch_poll"}), None).await).clone();
+    assert_eq!(result(&first)["refund"], json!("re_1"), "{first}");
+    // The result on the resumed GET settled the claim: the re-run is a replay, not held.
+    let rerun = call(&w, "polled_refund", json!({"charge": "ch_poll"}), None).await;
+    assert_eq!(ok(&rerun)["replayed"], json!(true), "{rerun}");
+    assert_eq!(result(&rerun), result(&first));
+    assert_eq!(server.count("polled_refund"), 1);
+}

@@ -1,0 +1,45 @@
+"""One tool call through the OpenAI Agents SDK's MCP adapter (`agents.mcp.MCPServerStreamableHttp`,
+defaults), the way an agent run makes it: the server's tools listed, then the tool called. A new
+process per call, no idempotency key, no model needed. Prints one JSON line like mcp_call.py.
+Usage: agents_mcp_call.py URL TOOL ARGS_JSON (MCP_TOKEN: the bearer token)."""
+import asyncio
+import json
+import os
+import sys
+
+from agents.mcp import MCPServerStreamableHttp
+
+
+def flat(e: BaseException) -> BaseException:
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
+
+
+async def main() -> dict:
+    url, tool, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    token = os.environ.get("MCP_TOKEN")
+    params = {"url": url}
+    if token:
+        params["headers"] = {"Authorization": f"Bearer {token}"}
+    async with MCPServerStreamableHttp(params=params, name="tools") as server:
+        listed = await server.list_tools()
+        if tool not in {t.name for t in listed}:
+            return {"error": {"message": f"no tool {tool}"}}
+        result = await server.call_tool(tool, args)
+        meta = result.meta or {}
+        return {
+            "isError": result.isError,
+            "text": [c.text for c in result.content if getattr(c, "text", None) is not None],
+            "replayed": "io.idemproxy/replay" in meta,
+            "progress": [],
+            "asked": [],
+        }
+
+
+try:
+    out = asyncio.run(asyncio.wait_for(main(), 40))
+except BaseException as e:  # noqa: BLE001 - the test reads what the adapter raised
+    e = flat(e)
+    out = {"error": {"exception": type(e).__name__, "message": str(e)[:500]}}
+print(json.dumps(out))

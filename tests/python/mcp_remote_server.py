@@ -1,0 +1,222 @@
+"""A remote MCP server over Streamable HTTP and TLS, built with the official SDK (FastMCP in mcp 1.x,
+MCPServer in 2.x, which also serves the 2026-07-28 revision), whose
+write tools count their effects in a file (one JSON line per effect). Started by
+tests/it/mcp.rs: --json answers calls with one JSON body, otherwise with an event stream;
+--auth refuses the bearer token `expired` with 401, as an OAuth resource server does."""
+import argparse
+import asyncio
+import json
+import os
+
+import uvicorn
+from pydantic import BaseModel
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types import ToolAnnotations
+
+try:  # mcp 1.x: the 2025-11-25 revision (initialize, sessions)
+    from mcp.server.fastmcp import Context, FastMCP
+
+    MODERN = False
+except ModuleNotFoundError:  # mcp 2.x: also the 2026-07-28 revision (server/discover, stateless)
+    from mcp.server.mcpserver import Context
+    from mcp.server.mcpserver import MCPServer as FastMCP
+
+    MODERN = True
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int, required=True)
+parser.add_argument("--cert", required=True)
+parser.add_argument("--key", required=True)
+parser.add_argument("--effects", required=True)
+parser.add_argument("--json", action="store_true")
+parser.add_argument("--auth", action="store_true")
+parser.add_argument("--resumable", action="store_true")
+opts = parser.parse_args()
+
+class MemoryEvents:
+    """Events kept for resumption (`--resumable`, 2025-11-25 SSE polling): a POST stream the
+    server closes early is resumed by the client with a GET carrying Last-Event-ID."""
+
+    def __init__(self):
+        self.events = []  # (event id, stream id, message)
+
+    async def store_event(self, stream_id, message):
+        event_id = str(len(self.events) + 1)
+        self.events.append((event_id, stream_id, message))
+        return event_id
+
+    async def replay_events_after(self, last_event_id, send_callback):
+        from mcp.server.streamable_http import EventMessage
+
+        stream = next((s for e, s, _ in self.events if e == last_event_id), None)
+        if stream is None:
+            return None
+        after = False
+        for event_id, stream_id, message in self.events:
+            if after and stream_id == stream and message is not None:
+                await send_callback(EventMessage(message, event_id))
+            after = after or event_id == last_event_id
+        return stream
+
+
+# The Host header is the public name the client dialled through the proxy.
+security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+if MODERN:
+    server = FastMCP("tools", log_level="WARNING")
+else:
+    resumable = {"event_store": MemoryEvents(), "retry_interval": 200} if opts.resumable else {}
+    server = FastMCP(
+        "tools", json_response=opts.json, log_level="WARNING", transport_security=security, **resumable
+    )
+
+
+def effect(tool: str, args: dict) -> int:
+    with open(opts.effects, "a") as f:
+        f.write(json.dumps({"tool": tool, "args": args}) + "\n")
+    with open(opts.effects) as f:
+        return sum(1 for _ in f)
+
+
+def effects() -> int:
+    try:
+        with open(opts.effects) as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+@server.tool()
+def create_refund(charge: str, amount: int, reason: str = "") -> dict:
+    """Refunds a charge."""
+    n = effect("create_refund", {"charge": charge, "amount": amount, "reason": reason})
+    return {"refund": f"re_{n}", "charge": charge, "amount": amount}
+
+
+@server.tool()
+def create_customer(email: str) -> dict:
+    """Creates a customer."""
+    n = effect("create_customer", {"email": email})
+    return {"customer": f"cus_{n}", "email": email}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def get_balance() -> dict:
+    """Reads the balance: changes nothing."""
+    return {"effects_so_far": effects()}
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def mark_paid(invoice: str) -> dict:
+    """Says it is read-only, but marks an invoice paid (a lying annotation)."""
+    n = effect("mark_paid", {"invoice": invoice})
+    return {"invoice": invoice, "paid": True, "n": n}
+
+
+@server.tool()
+def send_email(to: str) -> dict:
+    """Sends an e-mail."""
+    n = effect("send_email", {"to": to})
+    return {"message": f"msg_{n}", "to": to}
+
+
+@server.tool()
+async def slow_refund(charge: str, ctx: Context) -> dict:
+    """Refunds a charge, reporting progress on the way."""
+    for step in range(3):
+        await ctx.report_progress(step, 3, f"step {step}")
+        await asyncio.sleep(0.2)
+    n = effect("slow_refund", {"charge": charge})
+    return {"refund": f"re_{n}", "charge": charge}
+
+
+class Confirm(BaseModel):
+    ok: bool
+
+
+def refund_confirmed(charge: str) -> dict:
+    n = effect("confirm_refund", {"charge": charge})
+    return {"refunded": True, "refund": f"re_{n}", "charge": charge}
+
+
+if MODERN:
+    from typing import Annotated
+
+    from mcp.server.mcpserver import Elicit, Resolve
+
+    def ask(charge: str) -> Elicit[Confirm]:
+        return Elicit(f"Refund {charge}?", Confirm)
+
+    @server.tool()
+    def confirm_refund(charge: str, answer: Annotated[Confirm, Resolve(ask)]) -> dict:
+        """Asks the person before refunding: in 2026-07-28 an input_required result, then the
+        same call again with the answer; in 2025-11-25 an elicitation inside the call."""
+        if not answer.ok:
+            return {"refunded": False, "charge": charge}
+        return refund_confirmed(charge)
+
+else:
+
+    @server.tool()
+    async def confirm_refund(charge: str, ctx: Context) -> dict:
+        """Asks the person before refunding (an elicitation inside the call's stream)."""
+        answer = await ctx.elicit(f"Refund {charge}?", Confirm)
+        if answer.action != "accept" or not answer.data.ok:
+            return {"refunded": False, "charge": charge}
+        return refund_confirmed(charge)
+
+
+@server.tool()
+async def polled_refund(charge: str, ctx: Context) -> dict:
+    """Refunds a charge slowly, closing its stream early (SSE polling): the result arrives on
+    the client's resumed GET."""
+    await ctx.report_progress(0, 2, "started")
+    await ctx.close_sse_stream()
+    await asyncio.sleep(0.5)
+    n = effect("polled_refund", {"charge": charge})
+    return {"refund": f"re_{n}", "charge": charge}
+
+
+@server.tool()
+def failing_transfer(account: str) -> dict:
+    """Starts a transfer, then fails (an isError result: the proxy cannot know nothing happened)."""
+    effect("failing_transfer", {"account": account})
+    raise ValueError("the bank said no after the transfer was queued")
+
+
+@server.tool()
+def crash_after(charge: str) -> dict:
+    """Refunds, then the server dies before answering: the connection is cut."""
+    effect("crash_after", {"charge": charge})
+    os._exit(3)
+
+
+if MODERN:
+    app = server.streamable_http_app(json_response=opts.json, transport_security=security)
+else:
+    app = server.streamable_http_app()
+
+
+def with_auth(inner):
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"authorization") == b"Bearer expired":
+                body = b'{"error":"invalid_token"}'
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b'Bearer error="invalid_token"'),
+                    (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await inner(scope, receive, send)
+    return guarded
+
+
+uvicorn.run(
+    with_auth(app) if opts.auth else app,
+    host="127.0.0.1",
+    port=opts.port,
+    ssl_certfile=opts.cert,
+    ssl_keyfile=opts.key,
+    log_level="warning",
+)
