@@ -247,7 +247,7 @@ fn sent<'l>(lines: &'l [String], cmd: &'l str) -> impl Iterator<Item = &'l Strin
 }
 
 /// Issue 32, spend control's cost in store round trips: a new payment on a capped route is the
-/// claim, ONE reservation and the commit; its retry, answered by a replica whose receipt cache
+/// claim, ONE reservation, the commit and the marker of the charge it created; its retry, answered by a replica whose receipt cache
 /// never saw it (so it asks Redis), is the claim's one command and touches no budget — no
 /// script runs, no spend key is named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,14 +300,19 @@ async fn a_capped_payment_reserves_in_one_round_trip_and_its_replay_touches_no_b
     })
     .await;
     let clients = paying.iter().filter(|l| !l.contains(" [0 lua] ")).count();
+    let reservations = sent(&paying, "EVALSHA")
+        .filter(|l| l.contains("{spend}:res:"))
+        .count();
     assert_eq!(
         (
             clients,
             sent(&paying, "SET").count(),
-            sent(&paying, "EVALSHA").count()
+            sent(&paying, "EVALSHA").count(),
+            reservations
         ),
-        (3 * n, n, 2 * n),
-        "per payment: the claim's SET, one reservation script, the commit script:\n{}",
+        (4 * n, 2 * n, 2 * n, n),
+        "per payment: the claim's SET, ONE reservation script, the commit script, and the \
+         SET NX marking the created charge counted (so its later steps cost nothing more):\n{}",
         paying.join("\n")
     );
     let replaying = monitored(&store.url(), async {
