@@ -3,7 +3,7 @@
 //! Optionally tunnels through `CONNECT` and speaks TLS, so the same tool measures direct
 //! calls, reverse proxies, HTTPS interception and blind tunnels alike.
 //!
-//! Prints one JSON line: requests, rps, p50/p90/p99 latency (µs), errors, non-2xx.
+//! Prints one JSON line: requests, rps, p50/p90/p99/p99.9 latency (µs), errors, non-2xx.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -114,6 +114,8 @@ fn tls_connector(args: &Args) -> anyhow::Result<Option<tokio_rustls::TlsConnecto
 
 struct ConnStats {
     hist: Histogram<u64>,
+    /// Answered during the warm-up too: what the proxy and its store served in all.
+    sent: u64,
     requests: u64,
     errors: u64,
     non2xx: u64,
@@ -127,6 +129,7 @@ async fn worker(
 ) -> ConnStats {
     let mut stats = ConnStats {
         hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds are valid"),
+        sent: 0,
         requests: 0,
         errors: 0,
         non2xx: 0,
@@ -176,6 +179,9 @@ async fn worker(
             }
             .await;
             let elapsed = t0.elapsed();
+            if result.is_ok() {
+                stats.sent += 1;
+            }
             if t0 < measure_from {
                 if result.is_err() {
                     continue 'reconnect;
@@ -231,21 +237,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .map(|id| tokio::spawn(worker(args.clone(), tls.clone(), id, start)))
         .collect();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let (mut requests, mut errors, mut non2xx) = (0u64, 0u64, 0u64);
+    let (mut sent, mut requests, mut errors, mut non2xx) = (0u64, 0u64, 0u64, 0u64);
     for t in tasks {
         let s = t.await?;
         hist.add(&s.hist)?;
+        sent += s.sent;
         requests += s.requests;
         errors += s.errors;
         non2xx += s.non2xx;
     }
     let secs = args.duration.as_secs_f64();
     println!(
-        "{{\"requests\":{requests},\"rps\":{:.1},\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"errors\":{errors},\"non2xx\":{non2xx}}}",
+        "{{\"sent\":{sent},\"requests\":{requests},\"rps\":{:.1},\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"errors\":{errors},\"non2xx\":{non2xx}}}",
         requests as f64 / secs,
         hist.value_at_quantile(0.50),
         hist.value_at_quantile(0.90),
         hist.value_at_quantile(0.99),
+        hist.value_at_quantile(0.999),
     );
     Ok(())
 }

@@ -8,8 +8,12 @@
 #   BENCH_ONLY='postgres|redis-tls' bench/run.sh   # the store rows beside the baselines
 #   BENCH_ONLY='redis: A' BENCH_BIN=/tmp/idemproxy-old bench/run.sh
 #                                     # the baselines plus the rows matching a regex, with
-#                                     # another build: run it for each build, alternating, to
-#                                     # compare two builds (every run starts a fresh Redis)
+#                                     # another build
+#   BENCH_BINS='before=/tmp/old/idemproxy after=target/release/idemproxy' BENCH_ONLY='redis: (A new|B)' bench/run.sh
+#                                     # two (or more) builds side by side in ONE run: each
+#                                     # repetition runs every build in turn (before, after,
+#                                     # before, after, ...) against the same provider and stores;
+#                                     # rows are named idemproxy[label]
 #
 # Only loopback traffic; every process it starts is stopped on exit. Installs nginx-light if
 # missing (Debian). Pinning on 2 cores: load generator + provider on CPU 0, the proxy under test
@@ -36,10 +40,17 @@ for tool in redis-server redis-benchmark openssl python3 taskset pgrep; do
   command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
 done
 
-echo "building (release)..." >&2
-cargo build --release --locked --quiet --bin idemproxy --example loadgen
+# BENCH_LOADGEN names a load generator already built: nothing is built then.
+LOADGEN=${BENCH_LOADGEN:-target/release/examples/loadgen}
+if [ -z "${BENCH_LOADGEN:-}" ]; then
+  echo "building (release)..." >&2
+  cargo build --release --locked --quiet --bin idemproxy --example loadgen
+fi
 BIN=${BENCH_BIN:-target/release/idemproxy}
-LOADGEN=target/release/examples/loadgen
+# The builds under test, as label=path (an empty label for the one build of a plain run).
+read -r -a BINS <<<"${BENCH_BINS:-=$BIN}"
+for b in "${BINS[@]}"; do [ -x "${b#*=}" ] || { echo "not an executable: ${b#*=}" >&2; exit 1; }; done
+BIN=${BINS[0]#*=}   # the build that makes the CA
 ONLY=${BENCH_ONLY:-.}
 
 WORK=$(mktemp -d /tmp/idemproxy-bench.XXXXXX)
@@ -187,9 +198,9 @@ provider = "stripe"
 TOML
 }
 PROXY_PID=""; PROXY_ADDR=""
-start_proxy() { # $1 config
+start_proxy() { # $1 config, $2 the build (default: the first)
   : > "$WORK/proxy.out"
-  taskset -c $PROXY_CPU "$BIN" serve --config "$1" > "$WORK/proxy.out" 2> "$WORK/proxy.err" & PROXY_PID=$!; PIDS+=($PROXY_PID)
+  taskset -c $PROXY_CPU "${2:-$BIN}" serve --config "$1" > "$WORK/proxy.out" 2> "$WORK/proxy.err" & PROXY_PID=$!; PIDS+=($PROXY_PID)
   for _ in $(seq 200); do
     PROXY_ADDR=$(sed -n 's/^idemproxy listening proxy=\([^ ]*\).*/\1/p' "$WORK/proxy.out")
     [ -n "$PROXY_ADDR" ] && return 0
@@ -220,6 +231,15 @@ cpu_ticks() {
 HZ=$(getconf CLK_TCK)
 # Whose CPU each row charges to the proxy under test and to its store (set before each block).
 CPU_PROXY=""; CPU_STORE=""
+# Calls per command so far, from a Redis's own `INFO commandstats`, as a JSON object.
+redis_calls() { # $1 port, $2 "tls" for the TLS Redis
+  local tls=(); [ "${2:-}" = tls ] && tls=(--tls --cacert "$WORK/bench-ca.pem")
+  redis-cli -p "$1" "${tls[@]}" INFO commandstats 2>/dev/null | tr -d '\r' |
+    awk -F'[:,=]' '/^cmdstat_/ { sub("cmdstat_", "", $1); printf "%s\"%s\":%s", (n++ ? "," : ""), $1, $3 } END { print "" }' |
+    sed 's/^/{/; s/$/}/'
+}
+# Whose commands each row counts (a Redis port, "tls" for the TLS one; empty: none).
+CMD_PORT=""; CMD_TLS=""
 measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: loadgen args
   local name=$1 rss_of=$2; shift 2
   # The direct and nginx rows are what every other row is a ratio of: always measured.
@@ -227,14 +247,29 @@ measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: lo
     "direct to provider"*|"nginx reverse proxy"*) ;;
     *) grep -Eq -- "$ONLY" <<<"$name" || return 0 ;;
   esac
-  for rep in $(seq "$REPS"); do
-    local line p0 s0 t0 p1 s1 t1 rss=-
+  local rep
+  for rep in $(seq "${ROW_REPS:-$REPS}"); do
+    local line p0 s0 t0 p1 s1 t1 c0='{}' c1='{}' rss=-
+    [ -n "$CMD_PORT" ] && c0=$(redis_calls "$CMD_PORT" "$CMD_TLS")
     p0=$(cpu_ticks $CPU_PROXY); s0=$(cpu_ticks $CPU_STORE); t0=$(date +%s.%N)
     line=$(taskset -c $LOAD_CPU "$LOADGEN" --connections "${ROW_CONNS:-$CONNS}" --duration "${SECS}s" --warmup "${WARMUP}s" "$@")
     p1=$(cpu_ticks $CPU_PROXY); s1=$(cpu_ticks $CPU_STORE); t1=$(date +%s.%N)
+    [ -n "$CMD_PORT" ] && c1=$(redis_calls "$CMD_PORT" "$CMD_TLS")
     [ "$rss_of" = peak ] && rss=$(peak_rss_mib "$CPU_PROXY")
-    echo "{\"name\":\"$name\",\"rep\":$rep,\"rss\":\"$rss\",\"cpu\":{\"proxy\":$((p1 - p0)),\"store\":$((s1 - s0)),\"hz\":$HZ,\"secs\":$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')},\"result\":$line}" >> "$RESULTS"
-    echo "  $name rep $rep: $line" >&2
+    echo "{\"name\":\"$name\",\"rep\":${REP:-$rep},\"rss\":\"$rss\",\"calls\":[$c0,$c1],\"cpu\":{\"proxy\":$((p1 - p0)),\"store\":$((s1 - s0)),\"hz\":$HZ,\"secs\":$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')},\"result\":$line}" >> "$RESULTS"
+    echo "  $name rep ${REP:-$rep}: $line" >&2
+  done
+}
+# Runs `$1` (a function taking the build's row prefix and path) once per repetition per build,
+# builds alternating, each with a proxy of its own: with one build, $REPS repetitions of each
+# row; with several, the same rows side by side from one run.
+each_build() {
+  local rep b
+  for rep in $(seq "$REPS"); do
+    for b in "${BINS[@]}"; do
+      local label=${b%%=*}
+      REP=$rep ROW_REPS=1 "$1" "idemproxy${label:+[$label]}" "${b#*=}"
+    done
   done
 }
 
@@ -247,52 +282,69 @@ echo "nginx reverse proxy" >&2
 CPU_PROXY=$NGINX_PROXY_PID; CPU_STORE=""
 measure "nginx reverse proxy (no idempotency)" "-" --addr "127.0.0.1:$P_NGINX" --keys none
 
-for store in redis sqlite postgres redis-tls; do
-  more=""
-  case $store in
-    redis) url="redis://127.0.0.1:$P_REDIS/0"; CPU_STORE=$REDIS_PID ;;
-    sqlite) url="sqlite://$WORK/claims-$RANDOM.db"; CPU_STORE="" ;;
-    postgres) [ -n "$P_PG" ] || continue
-      url="postgres://postgres@127.0.0.1:$P_PG/postgres?sslmode=disable"; CPU_STORE=$PG_PID ;;
-    redis-tls) url="rediss://127.0.0.1:$P_REDIS_TLS/0"; more="tls_ca = \"$WORK/bench-ca.pem\""; CPU_STORE=$REDIS_TLS_PID ;;
-  esac
-  write_config "$WORK/$store.toml" "$url" "$more"
-  start_proxy "$WORK/$store.toml"
+store_rows() { # $1 row prefix, $2 build; $store, $url, $more set by the loop below
+  local who=$1 db="${url}"
+  # A file of its own for each proxy on the embedded store.
+  [ "$store" = sqlite ] && db="sqlite://$WORK/claims-$RANDOM$RANDOM.db"
+  write_config "$WORK/$store.toml" "$db" "$more"
+  start_proxy "$WORK/$store.toml" "$2"
   CPU_PROXY=$PROXY_PID
-  echo "idemproxy on $store ($PROXY_ADDR)" >&2
+  echo "$who on $store ($PROXY_ADDR)" >&2
   # No Idempotency-Key: forwarded without touching the store. What the proxy costs before
   # any claim, the ceiling of every keyed row (measured once; the store plays no part).
   if [ $store = redis ]; then
-    measure "idemproxy, no key (forwarding only)" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys none
+    measure "$who, no key (forwarding only)" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys none
   fi
-  measure "idemproxy $store: A new key per request" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
-  # The same with spend caps on the route (a reservation before each claim).
-  measure "idemproxy $store: A, capped route" peak --addr "$PROXY_ADDR" --path /capped/v1/charges --keys unique
-  ROW_CONNS=1 measure "idemproxy $store: A, 1 connection" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
-  measure "idemproxy $store: B replay (one key)" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys fixed
+  measure "$who $store: A new key per request" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
+  # The same with spend caps on the route (a reservation after each claim).
+  measure "$who $store: A, capped route" peak --addr "$PROXY_ADDR" --path /capped/v1/charges --keys unique
+  ROW_CONNS=1 measure "$who $store: A, 1 connection" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
+  measure "$who $store: B replay (one key)" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys fixed
+  # A replay on a capped route: answered from the claim, no budget touched.
+  measure "$who $store: B, capped route" peak --addr "$PROXY_ADDR" --path /capped/v1/charges --keys fixed
   stop_proxy
+}
+for store in redis sqlite postgres redis-tls; do
+  more=""; CMD_PORT=""; CMD_TLS=""
+  case $store in
+    redis) url="redis://127.0.0.1:$P_REDIS/0"; CPU_STORE=$REDIS_PID; CMD_PORT=$P_REDIS ;;
+    sqlite) url=sqlite; CPU_STORE="" ;;
+    postgres) [ -n "$P_PG" ] || continue
+      url="postgres://postgres@127.0.0.1:$P_PG/postgres?sslmode=disable"; CPU_STORE=$PG_PID ;;
+    redis-tls) url="rediss://127.0.0.1:$P_REDIS_TLS/0"; more="tls_ca = \"$WORK/bench-ca.pem\""; CPU_STORE=$REDIS_TLS_PID
+      CMD_PORT=$P_REDIS_TLS; CMD_TLS=tls ;;
+  esac
+  each_build store_rows
 done
+CMD_PORT=""; CMD_TLS=""
 
 # The embedded store without an fsync per commit: what `sqlite_synchronous = "full"` costs.
-write_config "$WORK/sqlite-normal.toml" "sqlite://$WORK/claims-normal.db" 'sqlite_synchronous = "normal"'
-start_proxy "$WORK/sqlite-normal.toml"
-CPU_PROXY=$PROXY_PID; CPU_STORE=""
-echo "idemproxy on sqlite, synchronous = normal ($PROXY_ADDR)" >&2
-measure "idemproxy sqlite (synchronous = normal): A" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
-stop_proxy
+sqlite_normal_rows() {
+  write_config "$WORK/sqlite-normal.toml" "sqlite://$WORK/claims-normal-$RANDOM$RANDOM.db" 'sqlite_synchronous = "normal"'
+  start_proxy "$WORK/sqlite-normal.toml" "$2"
+  CPU_PROXY=$PROXY_PID; CPU_STORE=""
+  echo "$1 on sqlite, synchronous = normal ($PROXY_ADDR)" >&2
+  measure "$1 sqlite (synchronous = normal): A" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
+  stop_proxy
+}
+each_build sqlite_normal_rows
 
-if [ $HAVE_TLS = 1 ]; then
+https_rows() {
   write_config "$WORK/tls.toml" "redis://127.0.0.1:$P_REDIS/0"
-  start_proxy "$WORK/tls.toml"
+  start_proxy "$WORK/tls.toml" "$2"
   CPU_PROXY=$PROXY_PID; CPU_STORE=$REDIS_PID
-  echo "HTTPS_PROXY ($PROXY_ADDR)" >&2
-  measure "HTTPS_PROXY blind tunnel (baseline)" peak --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TLS" \
+  local who=${1#idemproxy}
+  echo "HTTPS_PROXY$who ($PROXY_ADDR)" >&2
+  measure "HTTPS_PROXY$who blind tunnel (baseline)" peak --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TLS" \
     --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
-  measure "HTTPS_PROXY interception, no key (TLS both legs, no store)" peak --addr "$PROXY_ADDR" \
+  measure "HTTPS_PROXY$who interception, no key (TLS both legs, no store)" peak --addr "$PROXY_ADDR" \
     --connect "secure.bench.test:443" --host secure.bench.test --cacert "$WORK/ca/ca.pem" --keys none
-  measure "HTTPS_PROXY interception, redis: A" peak --addr "$PROXY_ADDR" --connect "secure.bench.test:443" \
+  measure "HTTPS_PROXY$who interception, redis: A" peak --addr "$PROXY_ADDR" --connect "secure.bench.test:443" \
     --host secure.bench.test --cacert "$WORK/ca/ca.pem" --keys unique
   stop_proxy
+}
+if [ $HAVE_TLS = 1 ]; then
+  each_build https_rows
 else
   echo "this build has no 'ca init': HTTPS_PROXY rows skipped" >&2
 fi
@@ -312,7 +364,7 @@ RB=$(taskset -c $LOAD_CPU redis-benchmark -p "$P_REDIS" -c "$CONNS" -n 200000 -r
   SET "bench:__rand_int__" v NX PX 60000 2>/dev/null | tr '\r' '\n' | grep -v '^$' | tail -1)
 
 python3 - "$RESULTS" "$SECS" "$REPS" "$CONNS" "$IDLE_RSS" "$RB" "$LOAD_CPU" "$PROXY_CPU" <<'PY'
-import json, statistics, sys
+import json, re, statistics, sys
 path, secs, reps, conns, idle_rss, rb, load_cpu, proxy_cpu = sys.argv[1:]
 rows = [json.loads(l) for l in open(path)]
 names = list(dict.fromkeys(r["name"] for r in rows))
@@ -327,19 +379,34 @@ for n in names:
         if not c or not r["result"]["rps"]:
             return None
         return c[who] / c["hz"] / c["secs"] / r["result"]["rps"] * 1e6
+    # Redis commands per answered request (warm-up included on both sides).
+    def calls_per_req(r):
+        before, after = r.get("calls") or [{}, {}]
+        sent = r["result"].get("sent")
+        if not after or not sent:
+            return None
+        d = {k: (v - before.get(k, 0)) / sent for k, v in after.items()}
+        return {k: v for k, v in d.items() if v >= 0.005 and k not in ("info",)}
     cpu_p = [x for x in (us_per_req(r, "proxy") for r in rs) if x]
     cpu_s = [x for x in (us_per_req(r, "store") for r in rs) if x]
-    med[n] = dict(rps=m("rps"), p50=m("p50_us"), p99=m("p99_us"),
+    calls = [c for c in (calls_per_req(r) for r in rs) if c is not None]
+    cmds = {}
+    for c in calls:
+        for k, v in c.items():
+            cmds.setdefault(k, []).append(v)
+    rps = [r["result"]["rps"] for r in rs]
+    med[n] = dict(rps=m("rps"), lo=min(rps), hi=max(rps), p50=m("p50_us"), p99=m("p99_us"),
+                  p999=statistics.median(r["result"].get("p999_us", 0) for r in rs),
                   cpu_proxy=statistics.median(cpu_p) if cpu_p else None,
                   cpu_store=statistics.median(cpu_s) if cpu_s else None,
+                  cmds=", ".join(f"{k} {statistics.median(v):.2f}" for k, v in sorted(cmds.items())),
                   errors=sum(r["result"]["errors"] for r in rs), non2xx=sum(r["result"]["non2xx"] for r in rs),
                   rss=rs[-1]["rss"])
 direct = med["direct to provider"]; nginx = med["nginx reverse proxy (no idempotency)"]
 direct1 = med.get("direct to provider, 1 connection")
-tunnel = med.get("HTTPS_PROXY blind tunnel (baseline)")
-print(f"\n{conns} connections, {reps} x {secs}s per row (medians), load generator + provider pinned to CPU {load_cpu}, proxy + store to CPU {proxy_cpu}.\n")
-print("| scenario | req/s | × direct | × nginx | × tunnel | p50 ms | p99 ms | p50 added vs direct (ms) | proxy CPU µs/req | store CPU µs/req | errors | non-2xx | peak RSS MiB |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print(f"\n{conns} connections, {reps} x {secs}s per row (medians; req/s range over the repetitions), load generator + provider pinned to CPU {load_cpu}, proxy + store to CPU {proxy_cpu}.\n")
+print("| scenario | req/s | req/s range | × direct | × nginx | × tunnel | p50 ms | p99 ms | p99.9 ms | proxy CPU µs/req | store CPU µs/req | Redis commands/req | errors | non-2xx | peak RSS MiB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
 fmt_us = lambda v: f"{v:.1f}" if v is not None else ""
 for n in names:
     r = med[n]
@@ -347,15 +414,21 @@ for n in names:
     one = n.endswith("1 connection") and direct1 is not None
     base = direct1 if one else direct
     xn = "" if one else f"{r['rps']/nginx['rps']:.2f}"
-    xt = f"{r['rps']/tunnel['rps']:.2f}" if tunnel and tunnel["rps"] and n.startswith("HTTPS") else ""
-    print(f"| {n} | {r['rps']:.0f} | {r['rps']/base['rps']:.2f} | {xn} | {xt} | "
-          f"{r['p50']/1000:.3f} | {r['p99']/1000:.3f} | {(r['p50']-base['p50'])/1000:+.3f} | "
-          f"{fmt_us(r['cpu_proxy'])} | {fmt_us(r['cpu_store'])} | {r['errors']} | {r['non2xx']} | {r['rss']} |")
+    xt = ""
+    if n.startswith("HTTPS"):
+        # The same build's blind tunnel.
+        label = re.match(r"HTTPS_PROXY(\[[^\]]*\])?", n).group(1) or ""
+        tunnel = med.get(f"HTTPS_PROXY{label} blind tunnel (baseline)")
+        xt = f"{r['rps']/tunnel['rps']:.2f}" if tunnel and tunnel["rps"] else ""
+    print(f"| {n} | {r['rps']:.0f} | {r['lo']:.0f}–{r['hi']:.0f} | {r['rps']/base['rps']:.2f} | {xn} | {xt} | "
+          f"{r['p50']/1000:.3f} | {r['p99']/1000:.3f} | {r['p999']/1000:.3f} | "
+          f"{fmt_us(r['cpu_proxy'])} | {fmt_us(r['cpu_store'])} | {r['cmds']} | {r['errors']} | {r['non2xx']} | {r['rss']} |")
 print("\nRows ending in \"1 connection\" run one connection instead (the latency one caller sees, nothing queued"
-      " ahead of it); their ratio and added latency are against the direct row with one connection.")
+      " ahead of it); their ratio is against the direct row with one connection.")
 print("\nCPU µs/req: CPU time the proxy under test (its threads; nginx: its workers) and its store server (Redis with"
       " its AOF rewrite children; PostgreSQL's postmaster and backends) used during the row, over its requests."
-      " The embedded store runs inside the proxy process.")
+      " The embedded store runs inside the proxy process. Redis commands/req: Redis's own INFO commandstats over"
+      " the row, per answered request (warm-up included), commands a script runs counted too.")
 print(f"\nidemproxy RSS with 1,000 idle keep-alive connections (after a warm replay run): {idle_rss} MiB")
 print(f"Redis SET NX PX round trip (redis-benchmark, {conns} clients): {rb}")
 PY

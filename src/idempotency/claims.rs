@@ -408,7 +408,7 @@ impl Claims {
     ) -> Result<Acquired, StoreError> {
         // A replay from the receipt cache claims nothing, so it needs no token.
         if let Some(cached) = self.cached_answer(req) {
-            return Ok(cached);
+            return Ok(Acquired::Found(cached));
         }
         let token = Token::random();
         // If the request goes away (client reset, shutdown) while a claim insert or take-over
@@ -538,7 +538,7 @@ impl Claims {
     /// (Declined receipts are never cached: a corrected request must reach the store.)
     /// A retry whose first attempt was made under the other derivation's scope is answered
     /// from there too.
-    fn cached_answer(&self, req: &ClaimRequest<'_>) -> Option<Acquired> {
+    pub fn cached_answer(&self, req: &ClaimRequest<'_>) -> Option<Found> {
         let cache = self.receipts.as_ref()?;
         let (hit, same) = match cache.get(req.scope) {
             Some(hit) => {
@@ -553,12 +553,12 @@ impl Claims {
             }
         };
         Some(if same || !req.strict {
-            Acquired::Found(Found::Replay {
+            Found::Replay {
                 receipt: hit.receipt.clone(),
                 differs: !same,
-            })
+            }
         } else {
-            Acquired::Found(Found::Mismatch)
+            Found::Mismatch
         })
     }
 

@@ -1,6 +1,7 @@
 //! The pipeline of one protected request, top to bottom: `route → read → refuse what reads
-//! two ways → identify (key, account, fingerprint) → scope → spend → prepare → claim (or
-//! reconcile, or answer) → forward → settle → respond`.
+//! two ways → identify (key, account, fingerprint) → scope → (on a capped route: a replay
+//! the receipt cache holds is answered, then the price) → prepare → claim (or reconcile, or
+//! answer) → spend gate → forward → settle → respond`.
 //! (The route was chosen by `dispatch`, the path read in the one grammar by `routed`; the
 //! claim's life — lease, settle, waking waiters — is `Claims::execute`.) This file is HTTP
 //! only: each stage below is one function, and every stage reads the request through one
@@ -106,22 +107,31 @@ where
         },
     };
     trace.identified(&identified);
+    let mut op = scope(app, route, tenant, identified);
+    trace.scope = Some(op.scope.clone());
+    if capped.is_some() {
+        // A retry this proxy's receipt cache answers executes nothing and reserves nothing,
+        // so it is not priced: pricing (the canonical body and its hash) was a third of a
+        // capped replay's CPU. Answered from the cache itself, so no claim can follow
+        // unpriced.
+        if let Some(cached) = app.claims.cached_answer(&claim_request(route, &op)) {
+            let resp = answer(app, route, cached, trace)?;
+            return Ok(said_if_merged(resp, &op, true));
+        }
+    }
     let plan = match capped {
         Some(rules) => {
-            let counted = counted_before(app, route, tenant, rules, &view, &identified).await?;
-            Some((
-                rules,
-                plan(route, rules, &req, &view, &identified, counted, trace)?,
-            ))
+            let counted = counted_before(app, route, tenant, rules, &view, &op.identified).await?;
+            let plan = plan(route, rules, &req, &view, &op.identified, counted, trace)?;
+            op.priced = Some(plan.binding.clone());
+            Some((rules, plan))
         }
         None => None,
     };
-    let mut op = scope(app, route, tenant, identified, plan.as_ref());
     if let Some(lookup) = &route.lookup {
         op.lookup_target = lookup.first_target(&view);
         op.lookup_credentials = Some(lookup::credentials(&view, &key_headers(route)));
     }
-    trace.scope = Some(op.scope.clone());
     let outgoing = Outgoing::prepare(
         route,
         &req.parts,
@@ -133,7 +143,7 @@ where
     let (mut claim, mut ticket) =
         match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
             Gated::Forward(claim, ticket) => (*claim, ticket),
-            Gated::Answered(resp) => return Ok(resp),
+            Gated::Answered(resp) => return Ok(said_if_merged(resp, &op, capped.is_some())),
         };
     // Only a request about to execute can be a re-run under a new key: a replay or a
     // conflict came under a key already seen.
@@ -266,13 +276,7 @@ async fn unprotected(
 }
 
 /// The scope the operation claims: within the namespace, tenant, route, upstream and account.
-fn scope(
-    app: &App,
-    route: &Route,
-    tenant: &str,
-    identified: Box<Identified>,
-    plan: Option<&(&RouteSpend, spending::Plan)>,
-) -> Scoped {
+fn scope(app: &App, route: &Route, tenant: &str, identified: Box<Identified>) -> Scoped {
     let place = route.place(&app.namespace, tenant);
     let scope = place.scope_of(&identified.derived);
     let other_scope = identified.other.as_ref().map(|d| place.scope_of(d));
@@ -282,7 +286,7 @@ fn scope(
         scope,
         other_scope,
         policy,
-        priced: plan.map(|(_, p)| p.binding.clone()),
+        priced: None,
         lookup_target: None,
         lookup_credentials: None,
     }
@@ -483,7 +487,7 @@ async fn gated(
     loop {
         let claim = match claim(app, route, req, op, outgoing, trace).await? {
             Claimed::Forward(claim) => *claim,
-            Claimed::Answered(resp) => return Ok(Gated::Answered(said_if_merged(resp, op, &plan))),
+            Claimed::Answered(resp) => return Ok(Gated::Answered(resp)),
         };
         let Some((rules, plan)) = &plan else {
             return Ok(Gated::Forward(Box::new(claim), None));
@@ -537,16 +541,12 @@ async fn gated(
 
 /// A replay of a capped operation identified by its whole request says so: two identical
 /// charges within the window are one, and the client learns it rather than a silent merge.
-fn said_if_merged(
-    mut resp: Response<Body>,
-    op: &Scoped,
-    plan: &Option<(&RouteSpend, spending::Plan)>,
-) -> Response<Body> {
+fn said_if_merged(mut resp: Response<Body>, op: &Scoped, capped: bool) -> Response<Body> {
     let replayed = resp
         .headers()
         .get("idempotent-replayed")
         .is_some_and(|v| v.as_bytes() == b"true");
-    if plan.is_some() && replayed && matches!(op.identified.derived.identity, Identity::Request) {
+    if capped && replayed && matches!(op.identified.derived.identity, Identity::Request) {
         let window = humantime::format_duration(op.policy.retention);
         let note = format!("replayed: an identical request within the {window} window is the same payment; to pay twice, send each with its own Idempotency-Key (key_source = \"client\") or a field that differs");
         if let Ok(v) = HeaderValue::from_str(&note) {

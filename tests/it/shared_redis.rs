@@ -202,3 +202,160 @@ async fn the_happy_path_costs_exactly_two_store_round_trips() {
     );
     assert_eq!(provider.effects(), n as usize + 1);
 }
+
+/// What Redis was asked while `during` ran, as MONITOR shows it: each line with the client
+/// that sent it (`127.0.0.1:PORT`), or `lua` for what a script ran.
+async fn monitored<F: std::future::Future<Output = ()>>(url: &str, during: F) -> Vec<String> {
+    let port = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .expect("a port in the redis url");
+    let out = tempfile::NamedTempFile::new().expect("temp file");
+    let mut monitor = std::process::Command::new("redis-cli")
+        .args(["-p", port, "monitor"])
+        .stdout(out.reopen().expect("reopen"))
+        .spawn()
+        .expect("redis-cli must be installed");
+    // MONITOR answers OK once it is on.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::fs::read_to_string(out.path())
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "MONITOR never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    during.await;
+    // redis-cli flushes each line as it comes; give the last ones a moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    std::fs::read_to_string(out.path())
+        .expect("read the monitor's output")
+        .lines()
+        .filter(|l| l.contains(" [0 "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Round trips (commands a client sent, not those a script ran) whose command is `cmd`.
+fn sent<'l>(lines: &'l [String], cmd: &'l str) -> impl Iterator<Item = &'l String> + 'l {
+    lines.iter().filter(move |l| {
+        !l.contains(" [0 lua] ") && l.to_uppercase().contains(&format!("] \"{cmd}\""))
+    })
+}
+
+/// Issue 32, spend control's cost in store round trips: a new payment on a capped route is the
+/// claim, ONE reservation, the commit and the marker of the charge it created; its retry, answered by a replica whose receipt cache
+/// never saw it (so it asks Redis), is the claim's one command and touches no budget — no
+/// script runs, no spend key is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_payment_reserves_in_one_round_trip_and_its_replay_touches_no_budget() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Redis);
+    let text = config(
+        &store.url(),
+        &route(
+            "stripe",
+            provider.port(),
+            "provider = \"stripe\"\nkey_source = \"client\"\n[routes.spend]\ncaps_currency = \"usd\"\nper_run = \"100000.00\"\nper_tenant = \"100000.00\"\n",
+        ),
+    );
+    let first = Proxy::start(&text);
+    let replica = Proxy::start(&text);
+    let pay = |addr, key: String| async move {
+        let h = [
+            ("content-type", "application/json"),
+            ("idempotency-key", key.as_str()),
+            ("authorization", "Bearer sk_test_one"),
+        ];
+        send(
+            addr,
+            "POST",
+            "/stripe/v1/charges",
+            &h,
+            r#"{"amount":2500,"currency":"usd"}"#,
+        )
+        .await
+        .expect("send")
+    };
+    // Warm up both: the first script call of each loads it (NOSCRIPT, then EVAL).
+    assert_eq!(pay(first.addr, "warm".into()).await.status, 200);
+    assert_eq!(
+        pay(replica.addr, "warm".into()).await.replayed(),
+        Some("true")
+    );
+    let n = 10;
+    let paying = monitored(&store.url(), async {
+        for i in 0..n {
+            let r = pay(first.addr, format!("pay-{i}")).await;
+            assert_eq!(
+                (r.status, r.replayed()),
+                (200, Some("false")),
+                "{}",
+                r.text()
+            );
+        }
+    })
+    .await;
+    let clients = paying.iter().filter(|l| !l.contains(" [0 lua] ")).count();
+    let reservations = sent(&paying, "EVALSHA")
+        .filter(|l| l.contains("{spend}:res:"))
+        .count();
+    assert_eq!(
+        (
+            clients,
+            sent(&paying, "SET").count(),
+            sent(&paying, "EVALSHA").count(),
+            reservations
+        ),
+        (4 * n, 2 * n, 2 * n, n),
+        "per payment: the claim's SET, ONE reservation script, the commit script, and the \
+         SET NX marking the created charge counted (so its later steps cost nothing more):\n{}",
+        paying.join("\n")
+    );
+    let replaying = monitored(&store.url(), async {
+        for i in 0..n {
+            let r = pay(replica.addr, format!("pay-{i}")).await;
+            assert_eq!(
+                (r.status, r.replayed()),
+                (200, Some("true")),
+                "{}",
+                r.text()
+            );
+        }
+    })
+    .await;
+    assert_eq!(
+        (replaying.len(), sent(&replaying, "SET").count()),
+        (n, n),
+        "per replay: the claim's one SET NX GET, nothing else (no script, no spend key):\n{}",
+        replaying.join("\n")
+    );
+    assert!(
+        !replaying.iter().any(|l| l.contains("spend")),
+        "a replay names no spend key:\n{}",
+        replaying.join("\n")
+    );
+    // Replayed once from the store, the receipts are in the replica's cache: the next retries
+    // are answered without Redis (and, on a capped route, without being priced).
+    let cached = monitored(&store.url(), async {
+        for i in 0..n {
+            let r = pay(replica.addr, format!("pay-{i}")).await;
+            assert_eq!(
+                (r.status, r.replayed()),
+                (200, Some("true")),
+                "{}",
+                r.text()
+            );
+        }
+    })
+    .await;
+    assert!(
+        cached.is_empty(),
+        "cached replays ask Redis nothing:\n{}",
+        cached.join("\n")
+    );
+    assert_eq!(provider.effects(), n + 1);
+}

@@ -440,6 +440,17 @@ async fn identical_keyless_payouts_are_refused_and_merged_charges_say_so(backend
         warning.contains("window") && warning.contains("Idempotency-Key"),
         "a merged charge says so: {warning:?}"
     );
+    // The third is answered from the receipt cache, before pricing: it says so too.
+    let third = post(
+        &proxy,
+        "/stripe/v1/payment_intents",
+        None,
+        "r",
+        &payment(2500, ""),
+    )
+    .await;
+    assert_eq!(third.replayed(), Some("true"));
+    assert_eq!(third.header("x-idemproxy-warning"), Some(warning));
     assert_eq!(provider.effects(), 1);
 }
 
