@@ -1,0 +1,209 @@
+//! The shipped `config/examples/stripe-mcp.toml` in front of a stand-in for Stripe's remote MCP
+//! server (`tests/python/stripe_mcp_server.py`: FastMCP, TLS for `mcp.stripe.com`, at the
+//! server's root path, Stripe's tool names and argument shapes, objects in memory). Only the
+//! route's address and upstream CA change. Every call is a new process of the official Python
+//! MCP client (`tests/python/mcp_call.py`: defaults, no key) with the setup `idemproxy env`
+//! prints and a restricted key as its bearer token, as an agent's tool makes it.
+
+use serde_json::{json, Value};
+
+use crate::common::pki::TestPki;
+use crate::common::worker::{python_script, Worker};
+use crate::mcp::{ok, result, Framing, McpServer};
+
+const URL: &str = "https://mcp.stripe.com/";
+const HOST: &str = "mcp.stripe.com";
+const KEY: &str = "rk_test_agent";
+
+async fn stripe_server(pki: &TestPki, framing: Framing) -> McpServer {
+    McpServer::start_script("python3", "stripe_mcp_server.py", HOST, pki, framing, &[]).await
+}
+
+fn worker(pki: &TestPki, server: &McpServer) -> Worker {
+    Worker::start("stripe-mcp.toml", &[("stripe-mcp", server.port)], pki)
+}
+
+/// One tool call: a new process of the official client.
+async fn call(w: &Worker, tool: &str, args: Value) -> Value {
+    let script = python_script("mcp_call.py");
+    let args = args.to_string();
+    w.run(
+        "python3",
+        &[&script, URL, tool, &args],
+        &[("MCP_TOKEN", KEY)],
+    )
+    .await
+}
+
+/// `first`, then `rerun` in another process: one effect of `tool` (as many as before plus
+/// one), the re-run a replay of the first result. Returns the first result.
+async fn once(server: &McpServer, w: &Worker, tool: &str, first: Value, rerun: Value) -> Value {
+    let before = server.count(tool);
+    let a = call(w, tool, first).await;
+    let b = call(w, tool, rerun).await;
+    assert_eq!(server.count(tool), before + 1, "{tool}: {a} / {b}");
+    assert_eq!(ok(&a)["replayed"], json!(false), "{tool}: {a}");
+    assert_eq!(ok(&b)["replayed"], json!(true), "{tool}: {b}");
+    assert_eq!(a["isError"], json!(false), "{tool}: {a}");
+    assert_eq!(a["text"], b["text"], "{tool}");
+    result(&a)
+}
+
+async fn toolkit_sequence_runs_once(framing: Framing) {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, framing).await;
+    let w = worker(&pki, &server);
+    let id = |v: &Value| {
+        v["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no id: {v}"))
+            .to_string()
+    };
+
+    let customer = id(&once(
+        &server,
+        &w,
+        "create_customer",
+        json!({"name": "Jane Doe", "email": "jane@example.com"}),
+        json!({"email": "jane@example.com", "name": "Jane Doe"}),
+    )
+    .await);
+    // The model reworded the description on the re-run: the same product, whose id every
+    // later call uses.
+    let product = id(&once(
+        &server,
+        &w,
+        "create_product",
+        json!({"name": "Pro plan", "description": "Monthly access to the pro plan"}),
+        json!({"name": "Pro plan", "description": "The pro plan, billed every month"}),
+    )
+    .await);
+    let price = id(&once(
+        &server,
+        &w,
+        "create_price",
+        json!({"product": product, "unit_amount": 1500, "currency": "usd"}),
+        json!({"product": product, "unit_amount": 1500, "currency": "USD"}),
+    )
+    .await);
+    let link = once(
+        &server,
+        &w,
+        "create_payment_link",
+        json!({"price": price, "quantity": 1}),
+        json!({"price": price, "quantity": 1, "redirect_url": "https://example.com/thanks"}),
+    )
+    .await;
+    assert!(link["url"].as_str().is_some(), "{link}");
+    let invoice = id(&once(
+        &server,
+        &w,
+        "create_invoice",
+        json!({"customer": customer}),
+        json!({"customer": customer, "days_until_due": 30}),
+    )
+    .await);
+    once(
+        &server,
+        &w,
+        "create_invoice_item",
+        json!({"customer": customer, "price": price, "invoice": invoice}),
+        json!({"invoice": invoice, "price": price, "customer": customer}),
+    )
+    .await;
+    // Finalizing charges the customer: once. The second finalization gets the first's result,
+    // not Stripe's "already finalized" error.
+    let finalized = once(
+        &server,
+        &w,
+        "finalize_invoice",
+        json!({"invoice": invoice}),
+        json!({"invoice": invoice}),
+    )
+    .await;
+    assert_eq!(finalized["status"], json!("open"), "{finalized}");
+    once(
+        &server,
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_1", "amount": 500}),
+        json!({"amount": 500, "payment_intent": "pi_1"}),
+    )
+    .await;
+    // Another amount of the same payment intent is another partial refund.
+    ok(&call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_1", "amount": 300}),
+    )
+    .await);
+    assert_eq!(server.count("create_refund"), 2);
+
+    // Read-only tools (listed in the example) run every time: one product, seen twice live.
+    for _ in 0..2 {
+        let listed = ok(&call(&w, "list_products", json!({})).await).clone();
+        assert_eq!(listed["replayed"], json!(false), "{listed}");
+        let products = result(&listed)["data"].clone();
+        assert_eq!(
+            products.as_array().map(Vec::len),
+            Some(1),
+            "one product: {listed}"
+        );
+    }
+    let balance = ok(&call(&w, "retrieve_balance", json!({})).await).clone();
+    assert_eq!(balance["replayed"], json!(false), "{balance}");
+    assert_eq!(
+        result(&balance)["available"][0]["amount"],
+        json!(100_000 - 800)
+    );
+
+    // Everything the stand-in executed: one effect per operation.
+    let tools: Vec<String> = server
+        .effects()
+        .iter()
+        .map(|e| e["tool"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            "create_customer",
+            "create_product",
+            "create_price",
+            "create_payment_link",
+            "create_invoice",
+            "create_invoice_item",
+            "finalize_invoice",
+            "create_refund",
+            "create_refund",
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stripe_toolkit_sequence_rerun_tool_by_tool_is_one_effect_per_operation() {
+    toolkit_sequence_runs_once(Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stripe_toolkit_sequence_over_event_streams_is_one_effect_per_operation() {
+    toolkit_sequence_runs_once(Framing::Sse).await;
+}
+
+/// A template names required arguments only: a call without one is refused with a JSON-RPC
+/// error the client raises, and nothing reaches the server.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_without_a_templated_argument_is_refused_before_the_server() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = worker(&pki, &server);
+    let refused = call(
+        &w,
+        "create_price",
+        json!({"product": "prod_1", "unit_amount": 1500}),
+    )
+    .await;
+    assert_eq!(refused["error"]["code"], json!(-32600), "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("args.currency"), "{refused}");
+    assert_eq!(server.count("create_price"), 0);
+}
