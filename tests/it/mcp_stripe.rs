@@ -207,3 +207,48 @@ async fn a_call_without_a_templated_argument_is_refused_before_the_server() {
     assert!(message.contains("args.currency"), "{refused}");
     assert_eq!(server.count("create_price"), 0);
 }
+
+/// The example caps refunds (`[routes.spend]`, priced from the tool's `amount` argument): one
+/// over the cap is refused with a JSON-RPC error the client raises and whose message tells the
+/// model what happened and what to do, and nothing reaches the server; one without an amount
+/// cannot be priced and is refused the same way; one under the cap goes through once, its
+/// re-run a replay that the gate never counts again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refund_over_the_cap_or_unpriced_is_a_jsonrpc_error_one_under_it_runs_once() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = worker(&pki, &server);
+    let refused = |v: &Value, slug: &str, says: &str| {
+        assert_eq!(v["error"]["code"], json!(-32000), "{v}");
+        assert_eq!(v["error"]["data"]["slug"], json!(slug), "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{says}: {v}");
+        assert!(message.contains("Nothing was forwarded"), "{v}");
+    };
+
+    // 250.00 usd against a per-request cap of 200.00, twice: refused both times.
+    for _ in 0..2 {
+        let over = call(
+            &w,
+            "create_refund",
+            json!({"payment_intent": "pi_big", "amount": 25_000}),
+        )
+        .await;
+        refused(&over, "spend-cap-exceeded", "cap");
+    }
+    // A whole refund names no amount: the capped route cannot price it.
+    let whole = call(&w, "create_refund", json!({"payment_intent": "pi_big"})).await;
+    refused(&whole, "unpriced-operation", "amount argument");
+    assert_eq!(server.count("create_refund"), 0, "{:?}", server.effects());
+
+    // 150.00 usd: under the cap, once; the re-run is the first refund.
+    let under = json!({"payment_intent": "pi_big", "amount": 15_000});
+    let first = ok(&call(&w, "create_refund", under.clone()).await).clone();
+    let rerun = ok(&call(&w, "create_refund", under).await).clone();
+    assert_eq!(server.count("create_refund"), 1, "{first} / {rerun}");
+    assert_eq!(rerun["replayed"], json!(true), "{rerun}");
+    assert_eq!(first["text"], rerun["text"]);
+    // Tools the section does not list are not gated.
+    ok(&call(&w, "create_customer", json!({"name": "Ann"})).await);
+    assert_eq!(server.count("create_customer"), 1);
+}

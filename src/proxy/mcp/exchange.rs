@@ -24,7 +24,9 @@ use crate::outbound::receipt::REPLAYED;
 use crate::outbound::upstream::{Upstream, UpstreamBody, UpstreamError};
 use crate::proxy::admission::Admitted;
 use crate::proxy::error::ProxyError;
+use crate::proxy::spending;
 use crate::proxy::App;
+use crate::spend::gate::Ticket;
 use crate::routes::Route;
 
 /// Live events buffered toward a slow client before the upstream read waits for it.
@@ -45,6 +47,13 @@ pub(super) struct Answering {
     pub resume: Option<String>,
 }
 
+/// A capped call's reservation, settled from the claim's outcome in the claim's own task (a
+/// client that hangs up does not leave it uncounted or unreleased).
+pub(super) struct Spent {
+    pub ticket: Option<Ticket>,
+    pub tenant: String,
+}
+
 /// How the server's answer reaches the client, once its head is in.
 enum Head {
     /// A JSON body (or an HTTP error), read whole: answered once the claim is settled.
@@ -63,6 +72,7 @@ pub(super) async fn forward(
     request: Request<Body>,
     admitted: Admitted,
     answering: Answering,
+    spent: Spent,
 ) -> (Result<Response<Body>, ProxyError>, RequestOutcome) {
     let Answering { id, resume } = answering;
     let (head, head_rx) = oneshot::channel();
@@ -103,7 +113,15 @@ pub(super) async fn forward(
         }
     };
     let claims = app.claims.clone();
-    let settled = tokio::spawn(async move { claims.execute(claim, policy, call).await });
+    let (metrics, route_name) = (app.metrics.clone(), route.name.clone());
+    let settled = tokio::spawn(async move {
+        let executed = claims.execute(claim, policy, call).await;
+        if let Ok(done) = &executed {
+            let Spent { ticket, tenant } = spent;
+            spending::settle(&metrics, &route_name, &tenant, ticket, &done.outcome).await;
+        }
+        executed
+    });
     match head_rx.await {
         Ok(Head::Streaming(mut parts)) => {
             strip_hop_by_hop(&mut parts.headers);
