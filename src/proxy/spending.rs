@@ -150,8 +150,9 @@ pub fn plan_tool(
     let cost = match spend.budget.cost(view) {
         Ok(cost) => cost,
         Err(PriceError::Unreadable(why)) => Cost::Unpriced(format!(
-            "the tool {tool} is capped and this call carries no amount the route reads ({why}); \
-             call it again with its amount argument, or ask a person to make it"
+            "the tool {tool} is capped and this call carries no amount the route reads ({}); \
+             call it again with its amount argument, or ask a person to make it",
+            why.replace("{body.params.arguments.", "{args.")
         )),
         Err(e) => return Err(e.into()),
     };

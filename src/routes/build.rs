@@ -477,26 +477,25 @@ impl<'a> Builder<'a> {
             )
         };
         let mcp = self.r.protocol == Protocol::Mcp;
-        let operations: Vec<String> = match (&c.operations, defaults) {
-            (Some(o), _) if mcp => o
-                .iter()
-                .enumerate()
-                .map(|(j, tool)| {
-                    tool_operation(tool)
-                        .map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))
-                })
-                .collect::<Result<_, _>>()?,
-            (None, _) if mcp => {
-                return Err(self.invalid(
+        let operations: Vec<String> =
+            match (&c.operations, defaults) {
+                (Some(o), _) if mcp => o
+                    .iter()
+                    .enumerate()
+                    .map(|(j, tool)| {
+                        tool_operation(tool)
+                            .map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))
+                    })
+                    .collect::<Result<_, _>>()?,
+                (None, _) if mcp => return Err(self.invalid(
                     "spend.operations",
                     "needed on an MCP route: the tools that move money, e.g. [\"create_refund\"]"
                         .into(),
-                ))
-            }
-            (Some(o), _) => o.clone(),
-            (None, Some(d)) => d.operations.iter().map(|s| s.to_string()).collect(),
-            (None, None) => return Err(missing("operations")),
-        };
+                )),
+                (Some(o), _) => o.clone(),
+                (None, Some(d)) => d.operations.iter().map(|s| s.to_string()).collect(),
+                (None, None) => return Err(missing("operations")),
+            };
         // On an MCP route `{args.NAME}` is the tool call's argument NAME.
         let args = |t: &str| {
             if mcp {

@@ -252,3 +252,51 @@ async fn a_refund_over_the_cap_or_unpriced_is_a_jsonrpc_error_one_under_it_runs_
     ok(&call(&w, "create_customer", json!({"name": "Ann"})).await);
     assert_eq!(server.count("create_customer"), 1);
 }
+
+/// What an MCP route's spend section cannot say yet is a start-up error naming the field.
+#[test]
+fn check_config_names_what_an_mcp_spend_section_cannot_say() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let init = crate::common::pki::run_ca_init(&work.path().join("certs"), &[]);
+    assert!(init.status.success());
+    let shipped = std::fs::read_to_string(crate::common::worker::repo(
+        "config/examples/stripe-mcp.toml",
+    ))
+    .expect("the example");
+    for (edit, field, says) in [
+        (
+            r#"per_request = "200.00""#,
+            "spend.approve_above",
+            "approvals of MCP tool calls are not done yet",
+        ),
+        (
+            r#"operations = ["create_refund"]"#,
+            "spend.operations[0]",
+            "name a tool",
+        ),
+    ] {
+        let replacement = match field {
+            "spend.approve_above" => format!("{edit}\napprove_above = \"50.00\""),
+            _ => r#"operations = ["POST /v1/refunds"]"#.to_string(),
+        };
+        assert!(shipped.contains(edit), "{edit}");
+        let path = work.path().join("edited.toml");
+        // An operator who sets approvals also sets who approves: the refusal is about MCP.
+        let edited = shipped.replacen(edit, &replacement, 1).replacen(
+            "listen = \"127.0.0.1:8080\"",
+            "listen = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:9090\"",
+            1,
+        );
+        std::fs::write(&path, edited).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .current_dir(work.path())
+            .env("IDEMPROXY_ADMIN_TOKEN", "example-admin-token")
+            .output()
+            .expect("check-config");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{field}: {err}");
+        assert!(err.contains(field) && err.contains(says), "{field}: {err}");
+    }
+}

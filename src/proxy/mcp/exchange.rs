@@ -26,8 +26,8 @@ use crate::proxy::admission::Admitted;
 use crate::proxy::error::ProxyError;
 use crate::proxy::spending;
 use crate::proxy::App;
-use crate::spend::gate::Ticket;
 use crate::routes::Route;
+use crate::spend::gate::Ticket;
 
 /// Live events buffered toward a slow client before the upstream read waits for it.
 const LIVE_EVENTS: usize = 64;
@@ -47,9 +47,12 @@ pub(super) struct Answering {
     pub resume: Option<String>,
 }
 
-/// A capped call's reservation, settled from the claim's outcome in the claim's own task (a
-/// client that hangs up does not leave it uncounted or unreleased).
-pub(super) struct Spent {
+/// What the call executes under: its claim and policy, and on a capped tool its reservation,
+/// settled from the claim's outcome in the claim's own task (a client that hangs up does not
+/// leave it unreleased or uncounted).
+pub(super) struct Under {
+    pub claim: Claim,
+    pub policy: Arc<Policy>,
     pub ticket: Option<Ticket>,
     pub tenant: String,
 }
@@ -67,13 +70,17 @@ enum Head {
 pub(super) async fn forward(
     app: &App,
     route: &Arc<Route>,
-    claim: Claim,
-    policy: Arc<Policy>,
+    under: Under,
     request: Request<Body>,
     admitted: Admitted,
     answering: Answering,
-    spent: Spent,
 ) -> (Result<Response<Body>, ProxyError>, RequestOutcome) {
+    let Under {
+        claim,
+        policy,
+        ticket,
+        tenant,
+    } = under;
     let Answering { id, resume } = answering;
     let (head, head_rx) = oneshot::channel();
     let (live, live_rx) = mpsc::channel::<Bytes>(LIVE_EVENTS);
@@ -117,7 +124,6 @@ pub(super) async fn forward(
     let settled = tokio::spawn(async move {
         let executed = claims.execute(claim, policy, call).await;
         if let Ok(done) = &executed {
-            let Spent { ticket, tenant } = spent;
             spending::settle(&metrics, &route_name, &tenant, ticket, &done.outcome).await;
         }
         executed

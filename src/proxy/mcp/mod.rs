@@ -34,9 +34,9 @@ use crate::outbound::receipt::REPLAYED;
 use crate::proxy::error::ProxyError;
 use crate::proxy::spending;
 use crate::proxy::App;
-use crate::spend::gate::Admission;
 use crate::request::Request as Read;
 use crate::routes::Route;
+use crate::spend::gate::Admission;
 
 mod exchange;
 mod probe;
@@ -146,8 +146,9 @@ async fn serve(
                 .get("arguments")
                 .cloned()
                 .unwrap_or_else(|| Value::Object(Default::default()));
-            let plan = spending::plan_tool(spend, &view, tunnel, &call.account, &call.tool, &arguments)
-                .map_err(ProxyError::Spend)?;
+            let plan =
+                spending::plan_tool(spend, &view, tunnel, &call.account, &call.tool, &arguments)
+                    .map_err(ProxyError::Spend)?;
             Some((spend, plan))
         }
         None => None,
@@ -241,12 +242,13 @@ async fn serve(
         id: message.id.clone(),
         resume,
     };
-    let settle = exchange::Spent {
+    let under = exchange::Under {
+        claim,
+        policy,
         ticket,
         tenant: tenant.to_string(),
     };
-    let forwarded =
-        exchange::forward(app, route, claim, policy, request, admitted, answering, settle).await;
+    let forwarded = exchange::forward(app, route, under, request, admitted, answering).await;
     *outcome = forwarded.1;
     tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "executed a tool call");
     forwarded.0
