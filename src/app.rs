@@ -46,7 +46,12 @@ impl Parts {
     pub fn check(config: &Config) -> Result<Parts, ConfigError> {
         // Parsed here so check-config refuses what serve would; serve parses it again when
         // it opens the store (with the rest of `[store]`).
-        StoreUrl::parse(&config.store.url).map_err(|m| config.invalid("store.url", m))?;
+        let store_url =
+            StoreUrl::parse(&config.store.url).map_err(|m| config.invalid("store.url", m))?;
+        if let StoreUrl::Postgres(pg) = &store_url {
+            pg.check_ca(config.store.tls_ca.is_some())
+                .map_err(|m| config.invalid("store.tls_ca", m))?;
+        }
         let egress = Arc::new(Egress::build(config)?);
         let default_client = UpstreamClient::new(&ClientOptions {
             extra_roots: None,
@@ -79,10 +84,15 @@ impl Parts {
 fn approvals_can_be_decided(config: &Config, admin: &AdminSettings) -> Result<(), ConfigError> {
     let with_approvals = config.routes.iter().enumerate().find_map(|(i, r)| {
         let spend = r.spend.as_ref()?;
-        let field = match (&spend.approve_above, &spend.approve_run_above) {
-            (Some(_), _) => "approve_above",
-            (None, Some(_)) => "approve_run_above",
-            (None, None) => return None,
+        let field = match (
+            &spend.approve_above,
+            &spend.approve_run_above,
+            spend.unpriced.as_deref(),
+        ) {
+            (Some(_), _, _) => "approve_above",
+            (None, Some(_), _) => "approve_run_above",
+            (None, None, Some("approve")) => "unpriced",
+            (None, None, _) => return None,
         };
         Some(format!("routes[{i}] ({}).spend.{field}", r.name))
     });

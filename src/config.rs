@@ -465,6 +465,10 @@ pub struct RouteConfig {
     /// stored. Default: the profile's account headers, else every header whose name looks like
     /// a credential (see `identity::account`).
     pub credential_headers: Option<Vec<String>>,
+    /// On a route without a provider profile: query and body fields whose values identify
+    /// the caller's account (hashed, never stored), besides its headers. Default:
+    /// `identity::account::CREDENTIAL_FIELDS`; `[]` reads none.
+    pub credential_fields: Option<Vec<String>>,
     /// When the store is unreachable, forward unprotected instead of answering 503.
     #[serde(default)]
     pub fail_open: bool,
@@ -550,6 +554,13 @@ pub struct SpendConfig {
     pub currency: Option<String>,
     /// `minor` (integers of cents: Stripe) or `major` (decimals: PayPal). Default: the profile's.
     pub unit: Option<String>,
+    /// What a money-moving request the proxy cannot price gets where money is limited:
+    /// `refuse` (403 `unpriced-operation`, the default) or `approve` (parked for a person).
+    pub unpriced: Option<String>,
+    /// Currencies whose minor unit differs from ISO 4217 for this route's provider, beyond
+    /// the profile's own list: `{ mga = 0 }`.
+    #[serde(default)]
+    pub exponents: BTreeMap<String, u32>,
     /// The currency caps and thresholds are written in.
     pub caps_currency: String,
     /// Other currencies a request may use: units of `caps_currency` per unit of each.
@@ -569,15 +580,20 @@ pub struct SpendConfig {
     pub count_per_run: Option<u32>,
     pub count_per_tenant: Option<u32>,
     pub count_per_route: Option<u32>,
-    /// The rolling window of `per_tenant`.
-    #[serde(default = "default_tenant_window")]
-    pub tenant_window: Dur,
-    /// How long a run's spend counts (a run id reused later starts afresh).
-    #[serde(default = "default_run_window")]
-    pub run_window: Dur,
-    /// The rolling window of `per_route` and `count_per_route`.
-    #[serde(default = "default_run_window")]
-    pub route_window: Dur,
+    /// The window of `per_tenant`, `count_per_tenant` and `approve_tenant_above`: a rolling
+    /// duration (`24h`), or `calendar-day` (from midnight in `time_zone`).
+    #[serde(default = "default_window")]
+    pub tenant_window: String,
+    /// How long a run's spend counts (a run id reused later starts afresh); a duration or
+    /// `calendar-day`.
+    #[serde(default = "default_window")]
+    pub run_window: String,
+    /// The window of `per_route` and `count_per_route`; a duration or `calendar-day`.
+    #[serde(default = "default_window")]
+    pub route_window: String,
+    /// The IANA time zone (`Europe/Berlin`) whose midnight starts a `calendar-day` window.
+    /// Default: UTC.
+    pub time_zone: Option<String>,
     /// A single request above this needs a person's approval.
     #[serde(default, deserialize_with = "amount::approve_above")]
     pub approve_above: Option<String>,
@@ -723,11 +739,8 @@ mod amount {
     }
 }
 
-fn default_tenant_window() -> Dur {
-    Dur(Duration::from_secs(24 * 3600))
-}
-fn default_run_window() -> Dur {
-    Dur(Duration::from_secs(24 * 3600))
+fn default_window() -> String {
+    "24h".into()
 }
 /// Short enough that a tool held for a decision gets its answer within a tool call's usual
 /// 30 s timeout (Stripe's SDKs are told not to retry a pending approval).

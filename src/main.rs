@@ -50,6 +50,12 @@ enum Command {
     Keys(Box<idemproxy::admin::cli::KeysArgs>),
     /// Payments parked by spend control: list them, approve or deny one.
     Approvals(Box<idemproxy::admin::cli::ApprovalsArgs>),
+    /// Stop every capped operation of a tenant, a run or a route at once (until unfrozen).
+    Freeze(Box<idemproxy::admin::cli::FreezeArgs>),
+    /// Lift a freeze.
+    Unfreeze(Box<idemproxy::admin::cli::FreezeArgs>),
+    /// List the freezes in effect.
+    Freezes(Box<idemproxy::admin::cli::AdminTarget>),
     /// Exit 0 when the admin listener answers /healthz (for container health checks).
     Healthcheck {
         #[arg(long, default_value = "http://127.0.0.1:9090/healthz")]
@@ -101,6 +107,18 @@ fn main() -> ExitCode {
         }),
         Command::Approvals(args) => run_client(async move {
             println!("{}", idemproxy::admin::cli::run_approvals(*args).await?);
+            Ok(())
+        }),
+        Command::Freeze(args) => run_client(async move {
+            println!("{}", idemproxy::admin::cli::run_freeze(*args, true).await?);
+            Ok(())
+        }),
+        Command::Unfreeze(args) => run_client(async move {
+            println!("{}", idemproxy::admin::cli::run_freeze(*args, false).await?);
+            Ok(())
+        }),
+        Command::Freezes(target) => run_client(async move {
+            println!("{}", idemproxy::admin::cli::list_freezes(*target).await?);
             Ok(())
         }),
         Command::Healthcheck { url } => run_client(async move {

@@ -59,6 +59,7 @@ pub async fn listen(path: PathBuf, config: Config) -> Result<Listening, StartErr
         None => None,
     };
     tracing::info!(local = %proxy, store = %config.store.url, routes = config.routes.len(), "idemproxy started");
+    say_where_accounts_come_from(&config);
     let options = ServerOptions {
         header_read_timeout: config.server.header_read_timeout.0,
         shutdown_grace: config.server.shutdown_grace.0,
@@ -126,4 +127,29 @@ fn local_addr(
             .invalid(field, format!("the listener has no local address: {e}"))
             .into()
     })
+}
+
+/// On a route without a profile the account is read from credential-looking headers and
+/// query and body fields: said once per route at start, so an operator sees what splits
+/// accounts (and a per-request field that would split every retry).
+fn say_where_accounts_come_from(config: &Config) {
+    for r in config
+        .routes
+        .iter()
+        .filter(|r| r.provider.is_none() && r.account.is_none())
+    {
+        let fields = match &r.credential_fields {
+            Some(f) => f.join(", "),
+            None => crate::identity::account::CREDENTIAL_FIELDS.join(", "),
+        };
+        let headers = match &r.credential_headers {
+            Some(h) => h.join(", "),
+            None => "every credential-looking header".to_string(),
+        };
+        tracing::info!(route = %r.name, %headers, query_and_body_fields = %fields, "the route's account is read from these (credential_fields, credential_headers to change)");
+        eprintln!(
+            "route {}: account from headers: {headers}; query and body fields: {fields}",
+            r.name
+        );
+    }
 }

@@ -1,5 +1,5 @@
 //! The audit trail: every decision a person makes through the admin listener (approve,
-//! deny, release, attested commit, later freeze) as one JSON line in the log (target
+//! deny, release, attested commit, freeze and unfreeze) as one JSON line in the log (target
 //! `idemproxy::audit`) and as a notice to the `[approvals] webhook`. Records live for the
 //! retention period; this trail is what finance keeps for months.
 
@@ -11,13 +11,13 @@ use sha2::{Digest, Sha256};
 use super::access::Principal;
 use crate::idempotency::record::ResolvedBy;
 use crate::outbound::announce::Webhook;
-use crate::spend::port::Approval;
+use crate::spend::port::{Approval, FreezeTarget};
 
 /// One decision.
 #[derive(Debug, Clone, Serialize)]
 pub struct AuditEvent {
     /// `approval.approved`, `approval.first_approval`, `approval.denied`, `claim.released`,
-    /// `claim.attested`.
+    /// `claim.attested`, `spend.frozen`, `spend.unfrozen`.
     pub event: &'static str,
     pub by: String,
     pub role: &'static str,
@@ -150,5 +150,38 @@ pub fn about_claim(
         amount: None,
         bound_fingerprint: fingerprint,
         detail: r.object.as_ref().map(|o| format!("provider object {o}")),
+    }
+}
+
+/// A freeze or its lifting (`event`: `spend.frozen`, `spend.unfrozen`) by `who`. The subject
+/// is the target as the store names it (`tenant:acme`, `run:acme/r1`, `route:stripe`).
+pub fn about_freeze(
+    event: &'static str,
+    who: &Principal,
+    by: &str,
+    via: &'static str,
+    at_ms: u64,
+    why: &str,
+    target: &FreezeTarget,
+) -> AuditEvent {
+    let (route, tenant, run) = match target {
+        FreezeTarget::Tenant(t) => ("*".to_string(), t.clone(), None),
+        FreezeTarget::Run { tenant, run } => ("*".to_string(), tenant.clone(), Some(run.clone())),
+        FreezeTarget::Route(r) => (r.clone(), "*".to_string(), None),
+    };
+    AuditEvent {
+        event,
+        by: by.to_string(),
+        role: who.role.as_str(),
+        via,
+        at_ms,
+        why: (!why.is_empty()).then(|| why.to_string()),
+        subject: target.key(),
+        route,
+        tenant,
+        run,
+        amount: None,
+        bound_fingerprint: String::new(),
+        detail: Some(FreezeTarget::describe(&target.key())),
     }
 }

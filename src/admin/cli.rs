@@ -1,5 +1,5 @@
-//! `idemproxy keys list|show|resolve|reconcile` and `idemproxy approvals list|approve|deny`:
-//! the admin API from a shell.
+//! `idemproxy keys list|show|resolve|reconcile`, `idemproxy approvals list|approve|deny` and
+//! `idemproxy freeze|unfreeze|freezes`: the admin API from a shell.
 
 use clap::{Args, Subcommand};
 use http::Method;
@@ -321,6 +321,62 @@ pub async fn run_approvals(args: ApprovalsArgs) -> Result<String, CliError> {
         ),
     };
     send(&args.target.admin, &token, method, &path, body).await
+}
+
+/// `idemproxy freeze|unfreeze`: what to stop (or let go again), and who says so.
+#[derive(Debug, Args)]
+pub struct FreezeArgs {
+    #[command(flatten)]
+    pub target: AdminTarget,
+    /// Every capped operation of this tenant, on every route (with --run: that run's only).
+    #[arg(long, required_unless_present = "route")]
+    pub tenant: Option<String>,
+    /// One run of --tenant (default tenant when --tenant is absent).
+    #[arg(long, conflicts_with = "route")]
+    pub run: Option<String>,
+    /// Every capped operation of this route, whoever asks.
+    #[arg(long, conflicts_with = "tenant")]
+    pub route: Option<String>,
+    /// Who (recorded; a named admin token acts as its own name).
+    #[arg(long)]
+    pub by: Option<String>,
+    /// Why: recorded, and told to the tools that are refused (required to freeze).
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+/// Runs `idemproxy freeze` (`freeze`: true) or `idemproxy unfreeze`.
+pub async fn run_freeze(args: FreezeArgs, freeze: bool) -> Result<String, CliError> {
+    let token = args.target.token()?;
+    let scope = match (&args.route, &args.run) {
+        (Some(_), _) => "route",
+        (None, Some(_)) => "run",
+        (None, None) => "tenant",
+    };
+    let mut body = serde_json::json!({"scope": scope});
+    for (k, v) in [
+        ("tenant", &args.tenant),
+        ("run", &args.run),
+        ("route", &args.route),
+        ("by", &args.by),
+        ("reason", &args.reason),
+    ] {
+        if let Some(v) = v {
+            body[k] = v.clone().into();
+        }
+    }
+    let path = if freeze {
+        "/v1/freezes/freeze"
+    } else {
+        "/v1/freezes/unfreeze"
+    };
+    send(&args.target.admin, &token, Method::POST, path, Some(body)).await
+}
+
+/// `idemproxy freezes`: every freeze in effect.
+pub async fn list_freezes(target: AdminTarget) -> Result<String, CliError> {
+    let token = target.token()?;
+    send(&target.admin, &token, Method::GET, "/v1/freezes", None).await
 }
 
 /// `idemproxy healthcheck`: exit 0 when `url` answers 200.

@@ -394,6 +394,20 @@ async fn reconcile(admin: &Admin, who: &Principal, r: Reconcile) -> Response<Bod
             route.name
         ));
     };
+    // A key the operator typed is checked against the hash the held attempt kept: a typo
+    // would be "not found" at the provider and release an operation that happened.
+    if let Some(typed) = &r.passed_down {
+        let typed_hash = crate::hex::lower(&crate::auth::sha256(typed.as_bytes()));
+        match found.body.passed_down_sha256.as_deref() {
+            Some(kept) if kept == typed_hash => {}
+            Some(_) => {
+                return bad("passed_down is not the key the held attempt passed down to the provider (the claim keeps its hash): check it, or give key (the client's key) instead")
+            }
+            None => {
+                return bad("this claim keeps no hash of the key its attempt passed down (its holder stopped before settling), so a typed passed_down cannot be checked: give key (the client's key), or look the operation up at the provider and use keys resolve")
+            }
+        }
+    }
     let Some(passed_down) = r.passed_down.or_else(|| {
         client_key.map(|k| {
             route
@@ -403,7 +417,16 @@ async fn reconcile(admin: &Admin, who: &Principal, r: Reconcile) -> Response<Bod
     }) else {
         return bad("give key (the client's key) or passed_down (the key the provider got)");
     };
-    let verdict = ask(admin, &route, lookup, &credentials, &tenant, &passed_down).await;
+    let verdict = ask(
+        admin,
+        &route,
+        lookup,
+        &credentials,
+        &tenant,
+        &passed_down,
+        found.body.lookup_target.as_deref(),
+    )
+    .await;
     apply(admin, who, &scope, &r.token, &route, verdict).await
 }
 
@@ -441,6 +464,7 @@ async fn ask(
     credentials: &BTreeMap<String, String>,
     tenant: &str,
     passed_down: &str,
+    target: Option<&str>,
 ) -> Verdict {
     let mut headers = HeaderMap::new();
     for (name, value) in credentials {
@@ -455,6 +479,7 @@ async fn ask(
     let asking = Asking {
         request: &request,
         key: passed_down,
+        target,
     };
     lookup
         .ask(

@@ -42,6 +42,10 @@ pub struct ClaimRequest<'a> {
     pub priced: Option<&'a str>,
     /// How `scope` and `fingerprint` were derived (kept in the record).
     pub derivation: u8,
+    /// On a route with a lookup: its target as this request renders it (`{key}` left in),
+    /// and a hash of its credentials (see `RecordBody::lookup_target`).
+    pub lookup_target: Option<&'a str>,
+    pub lookup_credentials: Option<&'a str>,
     /// The same operation as the other derivation scopes it, during an upgrade's window.
     pub other: Option<OtherDerivation<'a>>,
 }
@@ -147,6 +151,16 @@ impl HeldClaim {
     pub fn attempt(&self) -> u32 {
         self.record.body.attempt
     }
+
+    /// Where that attempt would be looked up (`{key}` left in), as it rendered it.
+    pub fn lookup_target(&self) -> Option<&str> {
+        self.record.body.lookup_target.as_deref()
+    }
+
+    /// The hash of the credentials that attempt carried.
+    pub fn lookup_credentials(&self) -> Option<&str> {
+        self.record.body.lookup_credentials.as_deref()
+    }
 }
 
 /// What asking the provider found.
@@ -212,6 +226,9 @@ impl Claim {
                 settled_ms: 0,
                 resolved: None,
                 priced: req.priced.map(str::to_string),
+                lookup_target: req.lookup_target.map(str::to_string),
+                lookup_credentials: req.lookup_credentials.map(str::to_string),
+                passed_down_sha256: None,
             },
             restore: None,
             after_hold: false,
@@ -230,6 +247,13 @@ impl Claim {
     /// Which attempt at the operation this is (see `RecordBody::attempt`).
     pub fn attempt(&self) -> u32 {
         self.body.attempt
+    }
+
+    /// Keeps a hash of the key this attempt passes down (never the key), written with its
+    /// lease renewals and its outcome: an operator's `passed_down` is checked against it.
+    pub fn note_passed_down(&mut self, key: &str) {
+        use sha2::{Digest, Sha256};
+        self.body.passed_down_sha256 = Some(crate::hex::lower(&Sha256::digest(key.as_bytes())));
     }
 
     /// Whether it took over an operation held as unknown whose hold ended (a provider

@@ -62,6 +62,8 @@ fn receipt(status: u16) -> Receipt {
 
 fn request<'a>(scope: &'a str, fingerprint: &'a str, strict: bool) -> ClaimRequest<'a> {
     ClaimRequest {
+        lookup_target: None,
+        lookup_credentials: None,
         scope,
         fingerprint,
         strict,

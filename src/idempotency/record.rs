@@ -184,6 +184,21 @@ pub struct RecordBody {
     /// its own is the same: what executes is what was priced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priced: Option<String>,
+    /// On a route with a lookup: its target as the attempt that executes rendered it, with
+    /// `{key}` left for the key that attempt passed down. A retry never steers where the
+    /// proxy asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookup_target: Option<String>,
+    /// On a route with a lookup: a hash of the credentials that attempt carried (never the
+    /// credentials). A lookup runs with a retry's credentials only when they hash the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookup_credentials: Option<String>,
+    /// SHA-256 (hex) of the key the attempt passed down, never the key: what an operator's
+    /// `passed_down` in `keys reconcile` is checked against, so a typo never releases an
+    /// operation that happened. Written with the attempt's first lease renewal or its
+    /// outcome; a claim whose holder died before either keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed_down_sha256: Option<String>,
     /// How the scope and fingerprint were derived from the request (`identity::derivation`);
     /// records written before versions were kept are version 1.
     #[serde(default = "first_derivation")]
@@ -317,6 +332,9 @@ impl Record {
                 settled_ms: 0,
                 resolved: None,
                 priced: None,
+                lookup_target: None,
+                lookup_credentials: None,
+                passed_down_sha256: None,
             },
         }
     }
@@ -379,6 +397,9 @@ mod tests {
                     object: Some("ch_1".into()),
                 })),
                 priced: Some("p".into()),
+                lookup_target: Some("/v1/x/{key}".into()),
+                lookup_credentials: Some("c".into()),
+                passed_down_sha256: None,
             },
         };
         let enc = r.encode();

@@ -40,7 +40,30 @@ pub enum AccountPart {
     /// name, and refuses a request that sends two different ones; derivation 1 hashed the
     /// headers, then the body fields, apart.
     HeaderOrBody(Vec<(HeaderName, Template)>),
+    /// Credentials in the query string or the body under these names (`api_key`,
+    /// `client_secret`): what a route without a profile counts besides its headers
+    /// (`credential_fields`, default [`CREDENTIAL_FIELDS`]). Derivation 2 only.
+    Fields(Vec<String>),
 }
+
+/// The query and body fields a route without a profile reads as credentials: names APIs
+/// use for a secret, a key or an account, and never one a request carries anew on each try
+/// (a card `token` or `nonce`, which would split every retry into a new scope).
+pub const CREDENTIAL_FIELDS: [&str; 13] = [
+    "api_key",
+    "apikey",
+    "api_token",
+    "access_token",
+    "auth_token",
+    "client_id",
+    "client_secret",
+    "secret",
+    "secret_key",
+    "password",
+    "account",
+    "account_id",
+    "account_sid",
+];
 
 /// How a route tells accounts apart.
 #[derive(Debug, Clone)]
@@ -123,7 +146,7 @@ impl AccountSpec {
                 name == http::header::AUTHORIZATION
             }
             AccountPart::HeaderOrBody(pairs) => pairs.iter().any(|(h, _)| h == name),
-            AccountPart::PathAfter(_) => false,
+            AccountPart::PathAfter(_) | AccountPart::Fields(_) => false,
         })
     }
 
@@ -191,6 +214,22 @@ impl AccountPart {
                     _ => h.header(req.headers, &http::header::AUTHORIZATION),
                 }
             }
+            AccountPart::Fields(names) if derivation == Derivation::V2 => {
+                for name in names {
+                    // In the query, it is read there (the body's reader refuses a field
+                    // named in both, which a credential may well be).
+                    if let Some(v) = crate::request::form::value_of(req.query().as_bytes(), name) {
+                        h.add(&format!("query {name}"), v.as_bytes());
+                        continue;
+                    }
+                    let field = Template::parse(&format!("{{body.{name}}}"))
+                        .map_err(AccountError::Unreadable)?;
+                    if let Some(v) = body_value(req, &field)? {
+                        h.add(&format!("body {name}"), v.as_bytes());
+                    }
+                }
+            }
+            AccountPart::Fields(_) => {}
             AccountPart::HeaderOrBody(pairs) => match derivation {
                 Derivation::V1 => {
                     for (name, _) in pairs {

@@ -17,6 +17,8 @@ use crate::http::body::{empty, read_limited};
 use crate::http::headers::for_upstream;
 use crate::idempotency::claims::Verdict;
 use crate::idempotency::policy::{Condition, StatusSet, Test};
+use crate::identity::account::{AccountPart, AccountSpec};
+use crate::identity::derivation::Derivation;
 use crate::request::form::encode;
 use crate::request::template::Template;
 use crate::request::Request;
@@ -42,10 +44,28 @@ enum Part {
     Field(Template),
 }
 
-/// The retry's request, and the key the held attempt passed down.
+/// The retry's request (whose headers carry the credentials to ask with), the key the held
+/// attempt passed down, and where that attempt said to look (`Lookup::first_target`).
 pub struct Asking<'r, 'a> {
     pub request: &'r Request<'a>,
     pub key: &'r str,
+    pub target: Option<&'r str>,
+}
+
+/// What stands for the key in a kept target until the lookup fills it in. Never in a
+/// rendered field: `encode` escapes braces.
+const KEY: &str = "{key}";
+
+/// A hash of the credentials a request would ask a lookup with: every credential-looking
+/// header (never the key headers, never `Proxy-Authorization`, never `Cookie`, which an
+/// SDK's cookie jar sends on a retry and not on the first try), never stored in clear.
+pub fn credentials(req: &Request<'_>, key_headers: &[&HeaderName]) -> String {
+    let mut ignore: Vec<&HeaderName> = key_headers.to_vec();
+    ignore.push(&header::PROXY_AUTHORIZATION);
+    ignore.push(&header::COOKIE);
+    AccountSpec::Parts(vec![AccountPart::CredentialLike])
+        .fingerprint(req, &ignore, Derivation::CURRENT)
+        .unwrap_or_default()
 }
 
 impl Lookup {
@@ -96,14 +116,16 @@ impl Lookup {
         })
     }
 
-    /// The path and query to ask, or `None` when the retry lacks a field the request needs.
-    fn target(&self, asking: &Asking<'_, '_>) -> Option<String> {
+    /// The path and query to ask about the attempt `req` makes, its fields rendered now and
+    /// `{key}` left for the key it passes down; `None` when it lacks a field the request needs.
+    /// Kept on the claim, so a retry never steers where the proxy asks.
+    pub fn first_target(&self, req: &Request<'_>) -> Option<String> {
         let mut out = String::new();
         for part in &self.parts {
             match part {
                 Part::Literal(l) => out.push_str(l),
-                Part::Key => out.push_str(&encode(asking.key)),
-                Part::Field(t) => match t.first_value(asking.request) {
+                Part::Key => out.push_str(KEY),
+                Part::Field(t) => match t.first_value(req) {
                     Ok(Some(v)) => out.push_str(&encode(&v)),
                     _ => return None,
                 },
@@ -122,8 +144,12 @@ impl Lookup {
         deadline: Duration,
         max_receipt: usize,
     ) -> Verdict {
-        let Some(uri) = self.target(asking).and_then(|t| upstream(&t)) else {
-            return Verdict::Unclear("the retry lacks a field the lookup request needs".into());
+        let target = asking.target.map(|t| t.replace(KEY, &encode(asking.key)));
+        let Some(uri) = target.and_then(|t| upstream(&t)) else {
+            return Verdict::Unclear(
+                "the held attempt kept no lookup target (it lacked a field the lookup needs)"
+                    .into(),
+            );
         };
         let mut headers: HeaderMap = asking.request.headers.clone();
         for_upstream(&mut headers, true);
@@ -218,13 +244,14 @@ mod tests {
             br#"{"symbol":"BTC USDT"}"#,
             "default",
         );
-        let asking = Asking {
-            request: &request,
-            key: "order:1/a",
-        };
+        let kept = l.first_target(&request).expect("renders");
         assert_eq!(
-            l.target(&asking).as_deref(),
-            Some("/api/v3/order?symbol=BTC%20USDT&origClientOrderId=order%3A1%2Fa")
+            kept,
+            "/api/v3/order?symbol=BTC%20USDT&origClientOrderId={key}"
+        );
+        assert_eq!(
+            kept.replace(KEY, &encode("order:1/a")),
+            "/api/v3/order?symbol=BTC%20USDT&origClientOrderId=order%3A1%2Fa"
         );
     }
 

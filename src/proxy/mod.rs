@@ -6,6 +6,7 @@ pub mod state;
 
 pub mod connect;
 pub mod connection;
+pub mod counted;
 pub mod dispatch;
 pub mod drain;
 pub mod error;

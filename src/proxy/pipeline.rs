@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Request, Response, Uri};
+use http::{header, HeaderName, HeaderValue, Request, Response, Uri};
 
 use super::admission::Admitted;
+use super::counted;
 use super::outgoing::Outgoing;
 use super::spending;
 use crate::http::body::{read_limited, stream, Body, BoxError, ReadError};
@@ -29,7 +30,7 @@ use crate::identity::provider_key::{in_tenant, KeyField};
 use crate::identity::DEFAULT_TENANT;
 use crate::identity::{Derived, Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
-use crate::outbound::lookup::{Asking, Lookup};
+use crate::outbound::lookup::{self, Asking, Lookup};
 use crate::outbound::receipt;
 use crate::outbound::upstream::{Upstream, UpstreamError};
 use crate::proxy::error::ProxyError;
@@ -38,6 +39,7 @@ use crate::request::ambiguity;
 use crate::request::body::BodyError;
 use crate::request::{AsSent, Request as Read};
 use crate::routes::{Route, RouteSpend};
+use crate::spend::cost::Pricing;
 use crate::spend::gate::{Admission, Ticket};
 
 /// Where a protected request goes upstream, in the one grammar, and where it would have gone
@@ -105,10 +107,20 @@ where
     };
     trace.identified(&identified);
     let plan = match capped {
-        Some(rules) => Some((rules, plan(route, rules, &req, &view, &identified, trace)?)),
+        Some(rules) => {
+            let counted = counted_before(app, route, tenant, rules, &view, &identified).await?;
+            Some((
+                rules,
+                plan(route, rules, &req, &view, &identified, counted, trace)?,
+            ))
+        }
         None => None,
     };
-    let op = scope(app, route, tenant, identified, plan.as_ref());
+    let mut op = scope(app, route, tenant, identified, plan.as_ref());
+    if let Some(lookup) = &route.lookup {
+        op.lookup_target = lookup.first_target(&view);
+        op.lookup_credentials = Some(lookup::credentials(&view, &key_headers(route)));
+    }
     trace.scope = Some(op.scope.clone());
     let outgoing = Outgoing::prepare(
         route,
@@ -118,21 +130,37 @@ where
         tenant,
         op.identified.provider_set.as_deref(),
     )?;
-    let (claim, mut ticket) = match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
-        Gated::Forward(claim, ticket) => (*claim, ticket),
-        Gated::Answered(resp) => return Ok(resp),
-    };
+    let (mut claim, mut ticket) =
+        match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
+            Gated::Forward(claim, ticket) => (*claim, ticket),
+            Gated::Answered(resp) => return Ok(resp),
+        };
     // Only a request about to execute can be a re-run under a new key: a replay or a
     // conflict came under a key already seen.
     notice_minted_keys(app, route, tenant, &op.identified);
     let key = passed_down(route, tenant, &op, &claim.scope, claim.attempt());
+    claim.note_passed_down(key.as_str());
     // Going out: from here on the reservation stays unless the outcome says nothing happened.
     if let Some(t) = ticket.as_mut() {
         t.keep();
     }
     let request = outgoing.request(key.ours());
+    let policy = op.policy.clone();
     let executed = forward(app, route, claim, op.policy, request, admitted, trace).await?;
     settle_spend(app, route, tenant, ticket, &executed.outcome).await;
+    if let Some(rules) = capped {
+        record_counted(
+            app,
+            route,
+            tenant,
+            rules,
+            &view,
+            &op.identified,
+            &policy,
+            &executed,
+        )
+        .await;
+    }
     respond(executed, key.as_str())
 }
 
@@ -179,6 +207,10 @@ struct Scoped {
     /// On a capped operation, its canonical fingerprint (`spending::Plan::binding`): what a
     /// takeover of its claim must execute.
     priced: Option<String>,
+    /// On a route with a lookup: where this attempt would be looked up, and a hash of its
+    /// credentials (kept on the claim; see `RecordBody::lookup_target`).
+    lookup_target: Option<String>,
+    lookup_credentials: Option<String>,
 }
 
 impl Scoped {
@@ -251,6 +283,8 @@ fn scope(
         other_scope,
         policy,
         priced: plan.map(|(_, p)| p.binding.clone()),
+        lookup_target: None,
+        lookup_credentials: None,
     }
 }
 
@@ -279,6 +313,85 @@ fn key_required(route: &Route, view: &Read<'_>, why: &str) -> ProxyError {
     ProxyError::Spend(spending::SpendError::KeyRequired(what))
 }
 
+/// Whether a step of an object (confirming a PaymentIntent) names one this route counted at
+/// its creation, for the same account: then it costs nothing more. The store down: refused.
+async fn counted_before(
+    app: &App,
+    route: &Route,
+    tenant: &str,
+    rules: &RouteSpend,
+    view: &Read<'_>,
+    identified: &Identified,
+) -> Result<bool, ProxyError> {
+    let Some(Pricing::Counted { kind, id_segment }) =
+        rules.operation(view.method, view.path).map(|o| &o.pricing)
+    else {
+        return Ok(false);
+    };
+    let Some(id) = counted::id_in_path(view.path, *id_segment) else {
+        return Ok(false);
+    };
+    let scope = counted::scope(
+        &route.place(&app.namespace, tenant),
+        &identified.derived.account,
+        kind,
+        id,
+    );
+    counted::was_counted(app.claims.store().as_ref(), &scope)
+        .await
+        .map_err(ProxyError::StoreUnavailable)
+}
+
+/// After a counted request that creates an object committed with a 2xx answer: marks the
+/// object counted (before the client hears of it), so its later steps cost nothing more.
+/// Best effort: an object left unmarked is only priced as unknown later, never undercounted.
+#[allow(clippy::too_many_arguments)]
+async fn record_counted(
+    app: &App,
+    route: &Route,
+    tenant: &str,
+    rules: &RouteSpend,
+    view: &Read<'_>,
+    identified: &Identified,
+    policy: &Policy,
+    executed: &Executed<UpstreamError>,
+) {
+    let Some((kind, at)) = rules
+        .operation(view.method, view.path)
+        .and_then(|o| o.records)
+    else {
+        return;
+    };
+    let Ok(receipt) = &executed.result else {
+        return;
+    };
+    if !matches!(executed.outcome, Outcome::Committed) || !(200..300).contains(&receipt.status) {
+        return;
+    }
+    let Some(id) = counted::id_in_answer(&receipt.body, at) else {
+        return;
+    };
+    let scope = counted::scope(
+        &route.place(&app.namespace, tenant),
+        &identified.derived.account,
+        kind,
+        &id,
+    );
+    let now = app.claims.clock().now_ms();
+    if let Err(e) = counted::record(
+        app.claims.store().as_ref(),
+        &scope,
+        &route.name,
+        kind,
+        now,
+        policy.retention,
+    )
+    .await
+    {
+        tracing::warn!(route = %route.name, %kind, error = %e, "could not mark an object counted: its later steps will be priced as unknown");
+    }
+}
+
 /// Prices a capped request and binds it to its canonical form, before the claim (no store
 /// read). A request identified by its whole body on an operation that may not derive (a
 /// payout on a route that keys every request by its body) is refused: two deliberate
@@ -289,6 +402,7 @@ fn plan(
     req: &ReadRequest<'_>,
     view: &Read<'_>,
     identified: &Identified,
+    counted: bool,
     trace: &mut Trace,
 ) -> Result<spending::Plan, ProxyError> {
     if matches!(identified.derived.identity, Identity::Request)
@@ -302,7 +416,7 @@ fn plan(
         ));
     }
     let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
-    spending::plan(rules, view, tunnel, &identified.derived.account).map_err(|error| {
+    spending::plan(rules, view, tunnel, &identified.derived.account, counted).map_err(|error| {
         trace.spend = Some(error.slug().to_string());
         ProxyError::Spend(error)
     })
@@ -368,7 +482,7 @@ async fn gated(
     let mut approved = false;
     loop {
         let claim = match claim(app, route, req, op, outgoing, trace).await? {
-            Claimed::Forward(claim) => claim,
+            Claimed::Forward(claim) => *claim,
             Claimed::Answered(resp) => return Ok(Gated::Answered(said_if_merged(resp, op, &plan))),
         };
         let Some((rules, plan)) = &plan else {
@@ -541,7 +655,7 @@ fn notice_minted_keys(app: &App, route: &Route, tenant: &str, id: &Identified) {
 /// Where the claim stage leaves a request.
 enum Claimed {
     /// This request executes the operation: it is forwarded under the claim.
-    Forward(Claim),
+    Forward(Box<Claim>),
     /// Its response, without forwarding under a claim: a replay, or forwarded unprotected.
     Answered(Response<Body>),
 }
@@ -587,7 +701,7 @@ async fn claim(
     if claim.after_hold() {
         app.metrics.unknown_resolved(&route.name, "expired");
     }
-    Ok(Claimed::Forward(claim))
+    Ok(Claimed::Forward(Box::new(claim)))
 }
 
 /// The claim on the operation's scope, as the store gives it, with the other derivation's
@@ -610,6 +724,8 @@ fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
         derivation: derived.derivation.number(),
         other,
         priced: op.priced.as_deref(),
+        lookup_target: op.lookup_target.as_deref(),
+        lookup_credentials: op.lookup_credentials.as_deref(),
     }
 }
 
@@ -665,8 +781,24 @@ async fn reconcile(
     let Some(lookup) = &route.lookup else {
         return Ok(Reconciled::Held { retry_after: None });
     };
+    // The lookup asks with this retry's credentials: only when they are the held attempt's
+    // own (hashed alike), else a retry with other credentials could be told "not found" and
+    // execute the operation again. Otherwise it stays held.
+    let credentials = lookup::credentials(retry, &key_headers(route));
+    if held.lookup_credentials() != Some(credentials.as_str()) {
+        tracing::info!(route = %route.name, scope = %op.scope, "a retry with other credentials than the held attempt's: not looked up, still held");
+        return Ok(Reconciled::Held { retry_after: None });
+    }
     let key = passed_down(route, retry.tenant, op, held.scope(), held.attempt());
-    let verdict = ask(app, route, lookup, retry, key.as_str()).await;
+    let verdict = ask(
+        app,
+        route,
+        lookup,
+        retry,
+        key.as_str(),
+        held.lookup_target(),
+    )
+    .await;
     let reconciled = app
         .claims
         .reconcile(held, verdict, &claim_request(route, op), &op.policy)
@@ -689,15 +821,20 @@ async fn reconcile(
 
 /// Asks the provider, with the retry's request, whether the attempt that passed down `key`
 /// happened.
-async fn ask(app: &App, route: &Route, lookup: &Lookup, retry: &Read<'_>, key: &str) -> Verdict {
+async fn ask(
+    app: &App,
+    route: &Route,
+    lookup: &Lookup,
+    retry: &Read<'_>,
+    key: &str,
+    target: Option<&str>,
+) -> Verdict {
     let asking = Asking {
         request: retry,
         key,
+        target,
     };
-    let mut key_headers = vec![&route.identity.key_header];
-    if let Some(KeyField::Header(h)) = &route.pass_key {
-        key_headers.push(h);
-    }
+    let key_headers = key_headers(route);
     let verdict = lookup
         .ask(
             &*route.client,
@@ -715,6 +852,15 @@ async fn ask(app: &App, route: &Route, lookup: &Lookup, retry: &Read<'_>, key: &
     };
     app.metrics.lookup(&route.name, seen);
     verdict
+}
+
+/// The headers that carry an idempotency key on this route: never a credential.
+fn key_headers(route: &Route) -> Vec<&HeaderName> {
+    let mut headers = vec![&route.identity.key_header];
+    if let Some(KeyField::Header(h)) = &route.pass_key {
+        headers.push(h);
+    }
+    headers
 }
 
 /// The key the provider gets.

@@ -8,7 +8,7 @@ use crate::idempotency::outcome::Outcome;
 use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::binding::{self, Bound};
-use crate::spend::budget::{Cost, PriceError, Spender};
+use crate::spend::budget::{Cost, PriceError, Pricing, Spender};
 use crate::spend::gate::{Admission, Charge, Gate, Refusal, Ticket};
 
 /// The run the proxy user named on the CONNECT that opened an intercepted tunnel: requests
@@ -42,7 +42,8 @@ impl SpendError {
                 Refusal::OverCap { .. }
                 | Refusal::Denied { .. }
                 | Refusal::Unpriced(_)
-                | Refusal::TooLargeToApprove { .. },
+                | Refusal::TooLargeToApprove { .. }
+                | Refusal::Frozen { .. },
             ) => StatusCode::FORBIDDEN,
             SpendError::Refused(Refusal::Pending { .. } | Refusal::Mismatch { .. }) => {
                 StatusCode::CONFLICT
@@ -61,6 +62,7 @@ impl SpendError {
             SpendError::Refused(Refusal::Unpriced(_)) => "unpriced-operation",
             SpendError::Refused(Refusal::TooLargeToApprove { .. }) => "approval-too-large",
             SpendError::Refused(Refusal::TooManyPending(_)) => "approvals-pending-limit",
+            SpendError::Refused(Refusal::Frozen { .. }) => "spend-frozen",
             SpendError::Refused(Refusal::OverCap { .. }) => "spend-cap-exceeded",
             SpendError::Refused(Refusal::Pending { .. }) => "approval-pending",
             SpendError::Refused(Refusal::Denied { .. }) => "approval-denied",
@@ -78,6 +80,7 @@ impl SpendError {
             SpendError::Refused(Refusal::Unpriced(_)) => "Nothing was forwarded: a capped route counts every payment, so one it cannot price does not go out.",
             SpendError::Refused(Refusal::TooLargeToApprove { .. }) => "Nothing was forwarded or parked.",
             SpendError::Refused(Refusal::TooManyPending(_)) => "Nothing was forwarded or parked; retry once a person has decided.",
+            SpendError::Refused(Refusal::Frozen { .. }) => "Nothing was forwarded or parked: an operator stopped these payments. Retry once they lift the freeze (idemproxy unfreeze).",
             SpendError::Refused(Refusal::OverCap { .. }) => "Nothing was forwarded. An operator can raise the cap in the route's [routes.spend].",
             SpendError::Refused(Refusal::Pending { .. }) => "Nothing was sent. Ask again later with the same request: once a person approves it, it goes out, once.",
             SpendError::Refused(Refusal::Denied { .. }) => "Nothing was forwarded, and every retry gets this answer.",
@@ -107,14 +110,23 @@ pub struct Plan {
     pub binding: String,
 }
 
-/// Prices a capped request and binds it to its canonical form; reads no store.
+/// Prices a capped request and binds it to its canonical form; reads no store (`counted`:
+/// whether the object a step names was counted at its creation, read by the caller).
 pub fn plan(
     spend: &RouteSpend,
     view: &Request<'_>,
     tunnel: Option<&TunnelRun>,
     account: &str,
+    counted: bool,
 ) -> Result<Plan, SpendError> {
-    let cost = spend.budget.cost(view)?;
+    let pricing = spend
+        .operation(view.method, view.path)
+        .map(|o| &o.pricing)
+        .unwrap_or(&Pricing::Amount(0));
+    let cost = match pricing {
+        Pricing::Counted { .. } if counted => Cost::Free,
+        p => spend.budget.cost(view, p)?,
+    };
     let run = run_of(spend, view.headers, tunnel)?.unwrap_or_else(|| view.tenant.to_string());
     let amount = match &cost {
         Cost::Priced(p) => p.asked.to_string(),
@@ -147,7 +159,11 @@ pub fn plan_tool(
     tool: &str,
     arguments: &serde_json::Value,
 ) -> Result<Plan, SpendError> {
-    let cost = match spend.budget.cost(view) {
+    let pricing = spend
+        .operation(&http::Method::POST, &format!("/{tool}"))
+        .map(|o| &o.pricing)
+        .unwrap_or(&Pricing::Amount(0));
+    let cost = match spend.budget.cost(view, pricing) {
         Ok(cost) => cost,
         Err(PriceError::Unreadable(why)) => Cost::Unpriced(format!(
             "the tool {tool} is capped and this call carries no amount the route reads ({}); \
@@ -314,5 +330,9 @@ impl crate::spend::gate::SpendEvents for crate::metrics::Metrics {
 
     fn shadow(&self, route: &str, cap: crate::spend::port::CapName) {
         self.spend_shadow(route, cap.as_str());
+    }
+
+    fn frozen(&self, route: &str) {
+        self.spend_refused(route, "frozen");
     }
 }

@@ -33,24 +33,30 @@ pub fn escape_at(s: &[u8], i: usize) -> Option<u8> {
 /// Decodes one form component strictly: `+` is a space, `%` must start an escape, and the
 /// result must be UTF-8.
 pub fn decode(s: &[u8]) -> Result<String, FormDecodeError> {
-    String::from_utf8(decode_bytes(s, true)?).map_err(|_| FormDecodeError::NotUtf8)
+    String::from_utf8(decode_bytes(s, true, true)?).map_err(|_| FormDecodeError::NotUtf8)
+}
+
+/// Decodes one component of a URL (RFC 3986: a connection URL's query) strictly: `%` must
+/// start an escape, and `+` is a plus, not a space (only forms make it one).
+pub fn decode_url_component(s: &[u8]) -> Result<String, FormDecodeError> {
+    String::from_utf8(decode_bytes(s, true, false)?).map_err(|_| FormDecodeError::NotUtf8)
 }
 
 /// Decodes one form component for comparison only (a fingerprint): an escape that is not one
 /// stays as written, bytes that are not UTF-8 become U+FFFD. Never fails.
 pub fn decode_lossy(s: &[u8]) -> String {
-    match decode_bytes(s, false) {
+    match decode_bytes(s, false, true) {
         Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
         Err(_) => String::from_utf8_lossy(s).into_owned(),
     }
 }
 
-fn decode_bytes(s: &[u8], strict: bool) -> Result<Vec<u8>, FormDecodeError> {
+fn decode_bytes(s: &[u8], strict: bool, plus_is_space: bool) -> Result<Vec<u8>, FormDecodeError> {
     let mut out = Vec::with_capacity(s.len());
     let mut i = 0;
     while i < s.len() {
         match s[i] {
-            b'+' => out.push(b' '),
+            b'+' if plus_is_space => out.push(b' '),
             b'%' => match escape_at(s, i) {
                 Some(b) => {
                     out.push(b);

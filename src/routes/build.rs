@@ -7,12 +7,12 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::{HeaderName, Method, Uri};
 
-use super::{Route, RouteSpend, RunSource, UpstreamBase};
+use super::{PricedOperation, Route, RouteSpend, RunSource, UpstreamBase};
 use crate::config::{
     self, Config, ConfigError, Hold, KeySource, OutcomeRuleConfig, Protocol, RouteConfig,
 };
 use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, StatusSet, Test};
-use crate::identity::account::{AccountPart, AccountSpec};
+use crate::identity::account::{AccountPart, AccountSpec, CREDENTIAL_FIELDS};
 use crate::identity::derivation::{Derivation, Derivations};
 use crate::identity::operations::Operation;
 use crate::identity::operations::Pattern;
@@ -21,9 +21,10 @@ use crate::identity::{RouteIdentity, Signing};
 use crate::mcp::McpRules;
 use crate::outbound::lookup::Lookup;
 use crate::outbound::upstream::{ClientBuildError, ClientOptions, UpstreamClient};
-use crate::providers::{self, ErrorShape, KeyLimits, LimitsError, Profile};
+use crate::providers::catalogue::RowPrice;
+use crate::providers::{self, ErrorShape, KeyLimits, LimitsError, Profile, SpendDefaults};
 use crate::request::template::Template;
-use crate::spend::budget::{Budget, BudgetText};
+use crate::spend::budget::{Budget, BudgetText, OnUnpriced, Pricing};
 
 /// How long identical tool calls are one, unless `[routes.mcp] window` says otherwise.
 const DEFAULT_MCP_WINDOW: Duration = Duration::from_secs(24 * 3600);
@@ -360,17 +361,47 @@ impl<'a> Builder<'a> {
                     format!("the account template cannot be used: {m}"),
                 )
             })?)),
-            (None, Some(names)) => Ok(AccountSpec::Parts(vec![AccountPart::Headers(
-                names
-                    .iter()
-                    .map(|h| self.header_name("credential_headers", h))
-                    .collect::<Result<Vec<_>, _>>()?,
-            )])),
+            (None, Some(names)) => {
+                let mut parts = vec![AccountPart::Headers(
+                    names
+                        .iter()
+                        .map(|h| self.header_name("credential_headers", h))
+                        .collect::<Result<Vec<_>, _>>()?,
+                )];
+                if self.profile.is_none() {
+                    parts.push(AccountPart::Fields(self.credential_fields()?));
+                }
+                Ok(AccountSpec::Parts(parts))
+            }
             (None, None) => Ok(AccountSpec::Parts(match &self.profile {
                 Some(p) => p.account.clone(),
-                None => vec![AccountPart::CredentialLike],
+                None => vec![
+                    AccountPart::CredentialLike,
+                    AccountPart::Fields(self.credential_fields()?),
+                ],
             })),
         }
+    }
+
+    /// The query and body fields a route without a profile reads as credentials.
+    fn credential_fields(&self) -> Result<Vec<String>, ConfigError> {
+        let fields: Vec<String> = match &self.r.credential_fields {
+            Some(f) => f.clone(),
+            None => CREDENTIAL_FIELDS.iter().map(|s| s.to_string()).collect(),
+        };
+        for (j, f) in fields.iter().enumerate() {
+            if f.is_empty()
+                || !f
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+            {
+                return Err(self.invalid(
+                    &format!("credential_fields[{j}]"),
+                    format!("`{f}` is not a field name (letters, digits, _ and -)"),
+                ));
+            }
+        }
+        Ok(fields)
     }
 
     /// What becomes of a claim: statuses and rules, hold, lease and retention.
@@ -447,6 +478,12 @@ impl<'a> Builder<'a> {
                     "approvals of MCP tool calls are not done yet: cap the tools (per_request, per_run, per_tenant, per_route, count_*) instead".into(),
                 ));
             }
+            if spend.unpriced.as_deref() == Some("approve") {
+                return Err(self.invalid(
+                    "spend.unpriced",
+                    "approvals of MCP tool calls are not done yet: an unpriced tool call is refused on a route with money caps (unpriced = \"refuse\")".into(),
+                ));
+            }
         }
         let c = r.mcp.clone().unwrap_or_default();
         let window = c.window.map_or(DEFAULT_MCP_WINDOW, |d| d.0);
@@ -477,25 +514,6 @@ impl<'a> Builder<'a> {
             )
         };
         let mcp = self.r.protocol == Protocol::Mcp;
-        let operations: Vec<String> =
-            match (&c.operations, defaults) {
-                (Some(o), _) if mcp => o
-                    .iter()
-                    .enumerate()
-                    .map(|(j, tool)| {
-                        tool_operation(tool)
-                            .map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))
-                    })
-                    .collect::<Result<_, _>>()?,
-                (None, _) if mcp => return Err(self.invalid(
-                    "spend.operations",
-                    "needed on an MCP route: the tools that move money, e.g. [\"create_refund\"]"
-                        .into(),
-                )),
-                (Some(o), _) => o.clone(),
-                (None, Some(d)) => d.operations.iter().map(|s| s.to_string()).collect(),
-                (None, None) => return Err(missing("operations")),
-            };
         // On an MCP route `{args.NAME}` is the tool call's argument NAME.
         let args = |t: &str| {
             if mcp {
@@ -504,13 +522,6 @@ impl<'a> Builder<'a> {
                 t.to_string()
             }
         };
-        let on = operations
-            .iter()
-            .enumerate()
-            .map(|(j, o)| {
-                Pattern::parse(o).map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         // A section with only count caps counts executions: it needs no amount.
         let amount: Vec<String> = match (&c.amount, defaults) {
             (Some(a), _) => a.iter().map(|t| args(t)).collect(),
@@ -531,7 +542,28 @@ impl<'a> Builder<'a> {
             .or_else(|| defaults.map(|d| d.unit.to_string()))
             .or_else(|| (!priced).then(|| "minor".to_string()))
             .ok_or_else(|| missing("unit"))?;
-        let budget = Budget::parse(&BudgetText {
+        let on_unpriced = match c.unpriced.as_deref() {
+            None | Some("refuse") => OnUnpriced::Refuse,
+            Some("approve") => OnUnpriced::Approve,
+            Some(other) => {
+                return Err(self.invalid(
+                    "spend.unpriced",
+                    format!("`{other}` is not refuse or approve"),
+                ))
+            }
+        };
+        let mut exponents: Vec<(&str, u32)> =
+            defaults.map(|d| d.exponents.to_vec()).unwrap_or_default();
+        for (code, places) in &c.exponents {
+            if *places > 4 {
+                return Err(self.invalid(
+                    &format!("spend.exponents.{code}"),
+                    format!("{places} decimal places: no currency has more than 4"),
+                ));
+            }
+            exponents.push((code.as_str(), *places));
+        }
+        let mut budget = Budget::parse(&BudgetText {
             amount: &amount,
             currency: &currency,
             unit: &unit,
@@ -544,16 +576,20 @@ impl<'a> Builder<'a> {
             count_per_run: c.count_per_run,
             count_per_tenant: c.count_per_tenant,
             count_per_route: c.count_per_route,
-            tenant_window: c.tenant_window.0,
-            run_window: c.run_window.0,
-            route_window: c.route_window.0,
+            tenant_window: &c.tenant_window,
+            run_window: &c.run_window,
+            route_window: &c.route_window,
+            time_zone: c.time_zone.as_deref(),
             approve_above: c.approve_above.as_deref(),
             approve_run_above: c.approve_run_above.as_deref(),
             approve_tenant_above: c.approve_tenant_above.as_deref(),
             approval_wait: c.approval_wait.0,
             approval_expires: c.approval_expires.0,
+            exponents: &exponents,
+            on_unpriced,
         })
         .map_err(|(f, m)| self.invalid(&format!("spend.{f}"), m))?;
+        let (on, priced_elsewhere) = self.spend_operations(c, defaults, &mut budget)?;
         let run_from = c
             .run_from
             .iter()
@@ -564,7 +600,15 @@ impl<'a> Builder<'a> {
             .collect::<Result<Vec<_>, _>>()?;
         let derive: Vec<String> = match (&c.derive_without_key, defaults) {
             (Some(d), _) => d.clone(),
-            (None, Some(d)) => d.derive_without_key.iter().map(|s| s.to_string()).collect(),
+            // Steps of counted objects and unpriced requests name no amount a duplicate
+            // could be told apart by: identified by the whole request like a charge (and
+            // then refused, parked, or free as their row says).
+            (None, Some(d)) => d
+                .derive_without_key
+                .iter()
+                .map(|s| s.to_string())
+                .chain(priced_elsewhere)
+                .collect(),
             (None, None) => Vec::new(),
         };
         let derive_without_key = derive
@@ -583,6 +627,83 @@ impl<'a> Builder<'a> {
             derive_without_key,
             descriptive: c.descriptive.clone(),
         }))
+    }
+
+    /// The requests that cost money: the route's own `operations` (priced by its `amount`),
+    /// else its profile's catalogue, each row priced as it says. Also the rows not priced
+    /// from the body (steps of counted objects, unpriced requests).
+    fn spend_operations(
+        &self,
+        c: &crate::config::SpendConfig,
+        defaults: Option<SpendDefaults>,
+        budget: &mut Budget,
+    ) -> Result<(Vec<PricedOperation>, Vec<String>), ConfigError> {
+        let parse = |j: usize, o: &str| {
+            Pattern::parse(o).map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))
+        };
+        let mcp = self.r.protocol == Protocol::Mcp;
+        if mcp && c.operations.is_none() {
+            return Err(self.invalid(
+                "spend.operations",
+                "needed on an MCP route: the tools that move money, e.g. [\"create_refund\"]"
+                    .into(),
+            ));
+        }
+        if let Some(ops) = &c.operations {
+            let on = ops
+                .iter()
+                .enumerate()
+                .map(|(j, o)| {
+                    let o = if mcp {
+                        tool_operation(o)
+                            .map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))?
+                    } else {
+                        o.clone()
+                    };
+                    Ok(PricedOperation {
+                        pattern: parse(j, &o)?,
+                        pricing: Pricing::Amount(0),
+                        records: None,
+                    })
+                })
+                .collect::<Result<Vec<_>, ConfigError>>()?;
+            return Ok((on, Vec::new()));
+        }
+        let Some(d) = defaults else {
+            return Err(self.invalid(
+                "spend.operations",
+                "needed: this route's provider has no default for it".into(),
+            ));
+        };
+        let mut on = Vec::new();
+        let mut elsewhere = Vec::new();
+        for (j, row) in d.rows.iter().enumerate() {
+            let pricing = match row.price {
+                RowPrice::Body => Pricing::Amount(0),
+                RowPrice::Fields(amount, currency, unit) => {
+                    let amount: Vec<String> = amount.iter().map(|s| s.to_string()).collect();
+                    let i = budget
+                        .add_amount(&amount, currency, unit)
+                        .map_err(|(f, m)| self.invalid(&format!("spend.{f}"), m))?;
+                    Pricing::Amount(i)
+                }
+                RowPrice::Counted(kind, id_segment) => Pricing::Counted { kind, id_segment },
+                RowPrice::UnpricedIf(fields, why) => Pricing::UnpricedIf {
+                    fields: fields.iter().map(|s| s.to_string()).collect(),
+                    why: why.to_string(),
+                },
+                RowPrice::Unpriced(why) => Pricing::Unpriced(why.to_string()),
+            };
+            if !matches!(pricing, Pricing::Amount(_)) {
+                elsewhere.push(row.op.to_string());
+            }
+            on.push(PricedOperation {
+                pattern: parse(j, row.op)?,
+                pricing,
+                records: row.records,
+            });
+        }
+        Ok((on, elsewhere))
     }
 
     /// The route's own lookup, else the profile's.

@@ -19,6 +19,7 @@ use crate::outbound::upstream::Upstream;
 use crate::providers::{ErrorShape, KeyLimits};
 use crate::request::path::PathRules;
 use crate::spend::budget::Budget;
+use crate::spend::cost::Pricing;
 
 mod build;
 
@@ -78,8 +79,8 @@ pub struct Route {
 /// `[routes.spend]`, built.
 #[derive(Debug, Clone)]
 pub struct RouteSpend {
-    /// The requests that cost money.
-    pub on: Vec<Pattern>,
+    /// The requests that move or change money, and how each is priced.
+    pub on: Vec<PricedOperation>,
     pub budget: Budget,
     /// Where a request's run comes from, first match wins; none: the tenant is one run.
     pub run_from: Vec<RunSource>,
@@ -91,6 +92,15 @@ pub struct RouteSpend {
     pub descriptive: Vec<String>,
 }
 
+/// One money-moving request of a route: which, how it is priced, and whether its answer
+/// names an object whose later steps cost nothing more (kind, where the id is).
+#[derive(Debug, Clone)]
+pub struct PricedOperation {
+    pub pattern: Pattern,
+    pub pricing: Pricing,
+    pub records: Option<(&'static str, &'static str)>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunSource {
     /// The `Proxy-Authorization` user `tenant.run`.
@@ -100,7 +110,12 @@ pub enum RunSource {
 
 impl RouteSpend {
     pub fn covers(&self, method: &Method, path: &str) -> bool {
-        self.on.iter().any(|p| p.matches(method, path))
+        self.operation(method, path).is_some()
+    }
+
+    /// The first of the route's money-moving requests this one is.
+    pub fn operation(&self, method: &Method, path: &str) -> Option<&PricedOperation> {
+        self.on.iter().find(|p| p.pattern.matches(method, path))
     }
 
     /// Whether a keyless request to this capped operation may derive its identity from the

@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
+use jiff::tz::TimeZone;
 use rust_decimal::Decimal;
 
-pub use super::cost::Cost;
+pub use super::cost::{Cost, OnUnpriced, Pricing};
 use super::money::{Currency, Money, MoneyError, Unit};
-use super::port::{CapName, Counter, Reservation};
+use super::port::{CapName, Counter, FreezeTarget, Reservation};
 use crate::request::body::{BodyError, Field as BodyField, Parsed};
 use crate::request::template::Template;
 use crate::request::Request;
@@ -56,11 +57,25 @@ enum CurrencySource {
     Field(String, Field),
 }
 
+/// Where one kind of request says what it costs: amount expressions tried in order, the
+/// currency, and the unit the amount is written in.
 #[derive(Debug, Clone)]
-pub struct Budget {
+struct AmountSpec {
     amount: Vec<AmountExpr>,
     currency: CurrencySource,
     unit: Unit,
+}
+
+#[derive(Debug, Clone)]
+pub struct Budget {
+    /// `[0]`: the route's own (or its profile's default); then one per catalogue row that
+    /// reads other fields (`Pricing::Amount`).
+    amounts: Vec<AmountSpec>,
+    /// Currencies whose minor unit the provider counts otherwise than ISO 4217 (upper-case
+    /// code → decimal places).
+    exponents: BTreeMap<String, u32>,
+    /// What an unpriced request gets where money is limited.
+    pub on_unpriced: OnUnpriced,
     pub caps_currency: Currency,
     rates: BTreeMap<Currency, Decimal>,
     pub per_request: Option<Money>,
@@ -70,9 +85,11 @@ pub struct Budget {
     pub count_per_run: Option<i64>,
     pub count_per_tenant: Option<i64>,
     pub count_per_route: Option<i64>,
-    pub tenant_window: Duration,
-    pub run_window: Duration,
-    pub route_window: Duration,
+    pub tenant_window: Window,
+    pub run_window: Window,
+    pub route_window: Window,
+    /// Where a calendar day starts and ends.
+    pub time_zone: TimeZone,
     pub approve_above: Option<Money>,
     pub approve_run_above: Option<Money>,
     pub approve_tenant_above: Option<Money>,
@@ -94,14 +111,18 @@ pub struct BudgetText<'a> {
     pub count_per_run: Option<u32>,
     pub count_per_tenant: Option<u32>,
     pub count_per_route: Option<u32>,
-    pub tenant_window: Duration,
-    pub run_window: Duration,
-    pub route_window: Duration,
+    pub tenant_window: &'a str,
+    pub run_window: &'a str,
+    pub route_window: &'a str,
+    pub time_zone: Option<&'a str>,
     pub approve_above: Option<&'a str>,
     pub approve_run_above: Option<&'a str>,
     pub approve_tenant_above: Option<&'a str>,
     pub approval_wait: Duration,
     pub approval_expires: Duration,
+    /// The provider's own minor units where they differ from ISO 4217.
+    pub exponents: &'a [(&'a str, u32)],
+    pub on_unpriced: OnUnpriced,
 }
 
 /// What a request costs: as asked, and in the caps currency.
@@ -114,21 +135,15 @@ pub struct Price {
 impl Budget {
     /// Checks every piece; the error names the field (`amount`, `rates.eur`, …) and why.
     pub fn parse(t: &BudgetText<'_>) -> Result<Budget, (String, String)> {
-        let amount = t
-            .amount
+        let exponents: BTreeMap<String, u32> = t
+            .exponents
             .iter()
-            .map(|a| AmountExpr::parse(a))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|m| field_error("amount", m))?;
-        let currency = CurrencySource::parse(t.currency)?;
-        let unit = match t.unit {
-            "minor" => Unit::Minor,
-            "major" => Unit::Major,
-            u => return Err(field_error("unit", format!("`{u}` is not minor or major"))),
-        };
-        let caps = Currency::parse(t.caps_currency)
+            .map(|(c, e)| (c.to_ascii_uppercase(), *e))
+            .collect();
+        let spec = AmountSpec::parse(t.amount, t.currency, t.unit)?;
+        let caps = currency_of(&exponents, t.caps_currency)
             .map_err(|e| field_error("caps_currency", e.to_string()))?;
-        let rates = parse_rates(t.rates)?;
+        let rates = parse_rates(&exponents, t.rates)?;
         let money = |name: &str, v: Option<&str>| {
             v.map(|v| {
                 Money::parse(v, Unit::Major, caps).map_err(|e| {
@@ -137,10 +152,35 @@ impl Budget {
             })
             .transpose()
         };
+        let windows = [
+            ("tenant_window", t.tenant_window),
+            ("run_window", t.run_window),
+            ("route_window", t.route_window),
+        ]
+        .map(|(name, text)| Window::parse(text).map_err(|m| field_error(name, m)));
+        let [tenant_window, run_window, route_window] = windows;
+        let (tenant_window, run_window, route_window) =
+            (tenant_window?, run_window?, route_window?);
+        let calendar = [tenant_window, run_window, route_window].contains(&Window::CalendarDay);
+        let time_zone = match t.time_zone {
+            None => TimeZone::UTC,
+            Some(_) if !calendar => {
+                return Err(field_error(
+                    "time_zone",
+                    "applies to calendar-day windows only: set tenant_window, run_window or route_window to \"calendar-day\", or remove it".into(),
+                ))
+            }
+            Some(name) => TimeZone::get(name.trim()).map_err(|e| {
+                field_error(
+                    "time_zone",
+                    format!("`{name}` is not an IANA time zone like \"Europe/Berlin\" or \"America/New_York\" ({e})"),
+                )
+            })?,
+        };
         let b = Budget {
-            amount,
-            currency,
-            unit,
+            amounts: vec![spec],
+            exponents,
+            on_unpriced: t.on_unpriced,
             caps_currency: caps,
             rates,
             per_request: money("per_request", t.per_request)?,
@@ -150,9 +190,10 @@ impl Budget {
             count_per_run: t.count_per_run.map(i64::from),
             count_per_tenant: t.count_per_tenant.map(i64::from),
             count_per_route: t.count_per_route.map(i64::from),
-            tenant_window: t.tenant_window,
-            run_window: t.run_window,
-            route_window: t.route_window,
+            tenant_window,
+            run_window,
+            route_window,
+            time_zone,
             approve_above: money("approve_above", t.approve_above)?,
             approve_run_above: money("approve_run_above", t.approve_run_above)?,
             approve_tenant_above: money("approve_tenant_above", t.approve_tenant_above)?,
@@ -172,7 +213,7 @@ impl Budget {
                 "a spend section needs a cap (per_request, per_run, per_tenant, per_route, count_per_run, count_per_tenant, count_per_route) or an approval threshold (approve_above, approve_run_above, approve_tenant_above)".into(),
             ));
         }
-        if self.limits_money() && self.amount.is_empty() {
+        if self.limits_money() && self.amounts.iter().all(|a| a.amount.is_empty()) {
             return Err(field_error(
                 "amount",
                 "name where the amount is, e.g. \"{body.amount}\" (a section with only count caps needs none)".into(),
@@ -212,27 +253,72 @@ impl Budget {
         .any(Option::is_some)
     }
 
-    /// What the request costs: its price, or `Free` on a section that counts executions
-    /// only. A request whose amount or currency cannot be read is refused, never waved
-    /// through.
-    pub fn cost(&self, req: &Request<'_>) -> Result<Cost, PriceError> {
-        if self.amount.is_empty() {
-            return Ok(Cost::Free);
-        }
-        self.price(req).map(Cost::Priced)
+    /// Another way to read an amount (a catalogue row's own fields); its number for
+    /// `Pricing::Amount`.
+    pub fn add_amount(
+        &mut self,
+        amount: &[String],
+        currency: &str,
+        unit: &str,
+    ) -> Result<usize, (String, String)> {
+        self.amounts
+            .push(AmountSpec::parse(amount, currency, unit)?);
+        Ok(self.amounts.len() - 1)
     }
 
-    fn price(&self, req: &Request<'_>) -> Result<Price, PriceError> {
-        let currency = match &self.currency {
-            CurrencySource::Fixed(c) => *c,
+    /// What the request costs as `pricing` says: its price, or `Free` on a section that
+    /// counts executions only, or unpriced. A request whose amount or currency cannot be
+    /// read is refused, never waved through. (`Pricing::Counted` is decided by the caller,
+    /// which reads the store; here it is unpriced.)
+    pub fn cost(&self, req: &Request<'_>, pricing: &Pricing) -> Result<Cost, PriceError> {
+        match pricing {
+            Pricing::Amount(i) => {
+                let Some(spec) = self.amounts.get(*i).filter(|s| !s.amount.is_empty()) else {
+                    return Ok(Cost::Free);
+                };
+                self.price(spec, req).map(Cost::Priced)
+            }
+            Pricing::Counted { kind, .. } => Ok(Cost::Unpriced(format!(
+                "this {kind} was not created through this route for this account, so what it moves is unknown here"
+            ))),
+            Pricing::UnpricedIf { fields, why } => {
+                for f in fields {
+                    let t = Template::parse(&format!("{{body.{f}}}"))
+                        .map_err(PriceError::Unreadable)?;
+                    // A field that is there but not one value (an object) is set too.
+                    let set = match t.first_value(req) {
+                        Ok(v) => v.is_some(),
+                        Err(e) if e.is_ambiguity() => {
+                            return Err(PriceError::Ambiguous(e.to_string()))
+                        }
+                        Err(_) => true,
+                    };
+                    if set {
+                        return Ok(Cost::Unpriced(format!("it sets {f}: {why}")));
+                    }
+                }
+                Ok(Cost::Free)
+            }
+            Pricing::Unpriced(why) => Ok(Cost::Unpriced(why.clone())),
+        }
+    }
+
+    /// A currency as this route's provider counts it.
+    pub fn currency(&self, code: &str) -> Result<Currency, MoneyError> {
+        currency_of(&self.exponents, code)
+    }
+
+    fn price(&self, spec: &AmountSpec, req: &Request<'_>) -> Result<Price, PriceError> {
+        let currency = match &spec.currency {
+            CurrencySource::Fixed(c) => self.currency(c.code()).map_err(PriceError::Currency)?,
             CurrencySource::Field(text, f) => {
                 let code = f
                     .agreed(req)?
                     .ok_or_else(|| PriceError::Unreadable(format!("{text} is missing")))?;
-                Currency::parse(&code).map_err(PriceError::Currency)?
+                self.currency(&code).map_err(PriceError::Currency)?
             }
         };
-        let asked = self.asked(req, currency)?;
+        let asked = asked(spec, req, currency)?;
         let counted = if currency == self.caps_currency {
             asked
         } else {
@@ -250,42 +336,16 @@ impl Budget {
     /// Whether reading the amount or the currency reads the header `name`.
     pub fn reads_header(&self, name: &http::HeaderName) -> bool {
         let reads = |f: &Field| matches!(f, Field::Template(t) if t.reads_header(name));
-        self.amount.iter().any(|a| a.factors.iter().any(reads))
-            || matches!(&self.currency, CurrencySource::Field(_, f) if reads(f))
-    }
-
-    /// The first amount expression the request has every field of.
-    fn asked(&self, req: &Request<'_>, currency: Currency) -> Result<Money, PriceError> {
-        let mut tried = Vec::new();
-        for expr in &self.amount {
-            let mut values = Vec::new();
-            for f in &expr.factors {
-                match f.sum(req)? {
-                    Some(v) => values.push(v),
-                    None => break,
-                }
-            }
-            if values.len() < expr.factors.len() {
-                tried.push(expr.text.as_str());
-                continue;
-            }
-            let money = match (values.as_slice(), self.unit) {
-                ([one], unit) => Money::parse(one, unit, currency),
-                (many, _) => Money::product(many, currency),
-            };
-            return money.map_err(PriceError::Invalid);
-        }
-        Err(PriceError::Unreadable(format!(
-            "none of {} is in the request",
-            tried.join(", ")
-        )))
+        self.amounts.iter().any(|s| {
+            s.amount.iter().any(|a| a.factors.iter().any(reads))
+                || matches!(&s.currency, CurrencySource::Field(_, f) if reads(f))
+        })
     }
 
     /// The reservation of attempt `token`: on the run's, the tenant's and the route's
     /// budgets of money (when priced) and of executions (when capped), each in its window.
     pub fn reservation(&self, at: &Attempt<'_>, approved: bool, now_ms: u64) -> Reservation {
-        let ms = |d: Duration| d.as_millis() as u64;
-        let since = |d: Duration| now_ms.saturating_sub(ms(d));
+        let since = |w: Window| self.since(w, now_ms);
         let who = at.who;
         let amount = match at.cost {
             Cost::Priced(p) => Some(p.counted.minor),
@@ -370,10 +430,36 @@ impl Budget {
             replaces: at.replaces.map(str::to_string),
             enforce: at.enforce,
             now_ms,
-            keep_ms: ms(self
-                .run_window
-                .max(self.tenant_window)
-                .max(self.route_window)),
+            keep_ms: [self.run_window, self.tenant_window, self.route_window]
+                .iter()
+                .map(|w| w.longest().as_millis() as u64)
+                .max()
+                .unwrap_or(0),
+            frozen: FreezeTarget::covering(who.route, who.tenant, who.run),
+        }
+    }
+
+    /// Reservations made after this instant count in `window` at `now_ms`: `now - window` for
+    /// a rolling one, the last midnight in the route's time zone for a calendar day (a
+    /// reservation at midnight itself counts in the new day).
+    pub fn since(&self, window: Window, now_ms: u64) -> u64 {
+        match window {
+            Window::Rolling(d) => now_ms.saturating_sub(d.as_millis() as u64),
+            Window::CalendarDay => start_of_day(now_ms, &self.time_zone)
+                .map(|start| start.saturating_sub(1))
+                // Outside what a time zone can say (years past 9999): a rolling day.
+                .unwrap_or_else(|| now_ms.saturating_sub(24 * 3600 * 1000)),
+        }
+    }
+
+    /// For people: `24h`, or `calendar day (Europe/Berlin)`.
+    pub fn describe(&self, window: Window) -> String {
+        match window {
+            Window::Rolling(d) => humantime::format_duration(d).to_string(),
+            Window::CalendarDay => format!(
+                "calendar day ({})",
+                self.time_zone.iana_name().unwrap_or("UTC")
+            ),
         }
     }
 
@@ -399,6 +485,48 @@ impl Budget {
             _ => None,
         }
     }
+}
+
+/// How long spend counts against a cap: a rolling duration, or the calendar day (in the
+/// route's time zone) the request is made in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    Rolling(Duration),
+    CalendarDay,
+}
+
+impl Window {
+    /// `calendar-day`, or a duration like `24h` or `30m`.
+    pub fn parse(text: &str) -> Result<Window, String> {
+        let t = text.trim();
+        if t.eq_ignore_ascii_case("calendar-day") || t.eq_ignore_ascii_case("calendar_day") {
+            return Ok(Window::CalendarDay);
+        }
+        match humantime::parse_duration(t) {
+            Ok(d) if !d.is_zero() => Ok(Window::Rolling(d)),
+            Ok(_) => Err("a window must be longer than 0".into()),
+            Err(e) => Err(format!(
+                "`{text}` is not a duration like 30m or 24h, nor \"calendar-day\": {e}"
+            )),
+        }
+    }
+
+    /// The longest this window spans: how long a reservation in it must be kept (a
+    /// calendar day is 25 hours on the day clocks go back).
+    pub fn longest(self) -> Duration {
+        match self {
+            Window::Rolling(d) => d,
+            Window::CalendarDay => Duration::from_secs(25 * 3600),
+        }
+    }
+}
+
+/// The last midnight at or before `now_ms` in `zone`, in ms since the epoch (the start of the
+/// day: where a day has no midnight, its first instant).
+fn start_of_day(now_ms: u64, zone: &TimeZone) -> Option<u64> {
+    let now = jiff::Timestamp::from_millisecond(i64::try_from(now_ms).ok()?).ok()?;
+    let start = now.to_zoned(zone.clone()).start_of_day().ok()?;
+    u64::try_from(start.timestamp().as_millisecond()).ok()
 }
 
 /// One attempt at an operation, as the gate reserves for it.
@@ -438,17 +566,79 @@ impl Spender<'_> {
     }
 }
 
+/// The first amount expression of `spec` the request has every field of.
+fn asked(spec: &AmountSpec, req: &Request<'_>, currency: Currency) -> Result<Money, PriceError> {
+    let mut tried = Vec::new();
+    for expr in &spec.amount {
+        let mut values = Vec::new();
+        for f in &expr.factors {
+            match f.sum(req)? {
+                Some(v) => values.push(v),
+                None => break,
+            }
+        }
+        if values.len() < expr.factors.len() {
+            tried.push(expr.text.as_str());
+            continue;
+        }
+        let money = match (values.as_slice(), spec.unit) {
+            ([one], unit) => Money::parse(one, unit, currency),
+            (many, _) => Money::product(many, currency),
+        };
+        return money.map_err(PriceError::Invalid);
+    }
+    Err(PriceError::Unreadable(format!(
+        "none of {} is in the request",
+        tried.join(", ")
+    )))
+}
+
 fn field_error(field: &str, message: String) -> (String, String) {
     (field.to_string(), message)
 }
 
+/// An ISO 4217 currency, with the provider's own minor unit where it has one.
+fn currency_of(exponents: &BTreeMap<String, u32>, code: &str) -> Result<Currency, MoneyError> {
+    let c = Currency::parse(code)?;
+    Ok(match exponents.get(c.code()) {
+        Some(e) => c.with_exponent(*e),
+        None => c,
+    })
+}
+
+impl AmountSpec {
+    fn parse(
+        amount: &[String],
+        currency: &str,
+        unit: &str,
+    ) -> Result<AmountSpec, (String, String)> {
+        let amount = amount
+            .iter()
+            .map(|a| AmountExpr::parse(a))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|m| field_error("amount", m))?;
+        let currency = CurrencySource::parse(currency)?;
+        let unit = match unit {
+            "minor" => Unit::Minor,
+            "major" => Unit::Major,
+            u => return Err(field_error("unit", format!("`{u}` is not minor or major"))),
+        };
+        Ok(AmountSpec {
+            amount,
+            currency,
+            unit,
+        })
+    }
+}
+
 /// `rates`: units of the caps currency per unit of each other currency, each positive.
 fn parse_rates(
+    exponents: &BTreeMap<String, u32>,
     rates: &BTreeMap<String, String>,
 ) -> Result<BTreeMap<Currency, Decimal>, (String, String)> {
     let mut parsed = BTreeMap::new();
     for (code, rate) in rates {
-        let c = Currency::parse(code)
+        let c = currency_of(exponents, code)
             .map_err(|e| field_error(&format!("rates.{code}"), e.to_string()))?;
         let r = Decimal::from_str(rate.trim())
             .ok()

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::budget::{Attempt, Budget, Cost, Price, Spender};
+use super::budget::{Attempt, Budget, Cost, OnUnpriced, Price, Spender};
 use super::money::Money;
-use super::port::{Approval, ApprovalState, CapName, Opened, Reserved, SpendStore};
+use super::port::{Approval, ApprovalState, CapName, FreezeTarget, Opened, Reserved, SpendStore};
 use crate::idempotency::claims::Claims;
 use crate::idempotency::store::StoreError;
 
@@ -49,6 +49,12 @@ pub enum Refusal {
     TooLargeToApprove { size: usize, limit: usize },
     #[error("{0}")]
     TooManyPending(String),
+    #[error("spend on {what} is frozen by {by}: {reason}")]
+    Frozen {
+        what: String,
+        by: String,
+        reason: String,
+    },
     #[error("the spend store is unavailable: {0}")]
     Store(#[from] StoreError),
 }
@@ -79,6 +85,8 @@ pub trait SpendEvents: Send + Sync {
     fn approval(&self, route: &str, event: &'static str);
     /// Shadow mode: what would have been refused (or parked) went out.
     fn shadow(&self, route: &str, cap: CapName);
+    /// A request refused by an operator's freeze.
+    fn frozen(&self, route: &str);
 }
 
 /// Tells people a new approval waits (the `[approvals] webhook`). Must not block: the
@@ -220,7 +228,18 @@ impl Gate {
             Cost::Priced(p) => Some(*p),
             Cost::Free => None,
             Cost::Unpriced(why) if budget.limits_money() => {
-                return Err(Refusal::Unpriced(why.clone()))
+                if budget.on_unpriced == OnUnpriced::Refuse {
+                    return Err(Refusal::Unpriced(why.clone()));
+                }
+                // `unpriced = "approve"`: a person decides what the proxy cannot price.
+                if !approved {
+                    let why = format!("it has no price the proxy can count: {why}");
+                    match self.approval(budget, ask, None, why).await? {
+                        Decided::Approved => approved = true,
+                        Decided::Parked(a) => return Ok(Admission::Parked(a)),
+                    }
+                }
+                None
             }
             Cost::Unpriced(_) => None,
         };
@@ -240,7 +259,7 @@ impl Gate {
         if let (Some(p), Some(above), false) = (price, budget.approve_above, approved) {
             if p.counted.minor > above.minor {
                 let why = format!("{} is above approve_above {above}", p.asked);
-                match self.approval(budget, ask, p, why).await? {
+                match self.approval(budget, ask, Some(p), why).await? {
                     Decided::Approved => approved = true,
                     Decided::Parked(a) => return Ok(Admission::Parked(a)),
                 }
@@ -267,6 +286,10 @@ impl Gate {
                     let refusal = self.over_counter(budget, ask, name, spent, price);
                     shadowed = self.refuse_unless_shadow(ask, name, refusal)?;
                     return Ok(self.admitted(ask, true, price, shadowed));
+                }
+                Reserved::Frozen { index } => {
+                    let target = r.frozen.get(index).cloned().unwrap_or_default();
+                    return Err(self.frozen(ask, &target).await);
                 }
                 Reserved::NeedsApproval { index, spent } => {
                     let name = match cap(index) {
@@ -297,7 +320,7 @@ impl Gate {
                         p.asked,
                         name.as_str()
                     );
-                    match self.approval(budget, ask, p, why).await? {
+                    match self.approval(budget, ask, Some(p), why).await? {
                         Decided::Approved => approved = true,
                         Decided::Parked(a) => return Ok(Admission::Parked(a)),
                     }
@@ -337,6 +360,42 @@ impl Gate {
         tracing::warn!(route = ask.who.route, tenant = ask.who.tenant, run = ask.who.run, cap = cap.as_str(), would = %refusal, "shadow mode: a request spend control would refuse went out");
         self.shadow(ask, cap);
         Ok(Some(cap))
+    }
+
+    /// The refusal for a request `target`'s freeze covers, with who froze it and why (read
+    /// again: only refusals pay for it).
+    async fn frozen(&self, ask: &Charge<'_>, target: &str) -> Refusal {
+        self.events.frozen(ask.who.route);
+        let found = self
+            .store
+            .freezes()
+            .await
+            .ok()
+            .and_then(|all| all.into_iter().find(|f| f.target == target));
+        Refusal::Frozen {
+            what: FreezeTarget::describe(target),
+            by: found
+                .as_ref()
+                .map(|f| f.by.clone())
+                .unwrap_or_else(|| "an operator".into()),
+            reason: found
+                .map(|f| f.reason)
+                .unwrap_or_else(|| "lifted or changed since".into()),
+        }
+    }
+
+    /// A freeze covering this request, read before a person is asked to approve it (a
+    /// frozen tenant parks nothing). The reservation checks freezes itself.
+    async fn check_frozen(&self, ask: &Charge<'_>) -> Result<(), Refusal> {
+        let covering = FreezeTarget::covering(ask.who.route, ask.who.tenant, ask.who.run);
+        let all = self.store.freezes().await?;
+        match covering
+            .iter()
+            .find(|t| all.iter().any(|f| &&f.target == t))
+        {
+            Some(t) => Err(self.frozen(ask, t).await),
+            None => Ok(()),
+        }
     }
 
     fn shadow(&self, ask: &Charge<'_>, cap: CapName) {
@@ -398,7 +457,7 @@ impl Gate {
         &self,
         budget: &Budget,
         ask: &Charge<'_>,
-        price: Price,
+        price: Option<Price>,
         why: String,
     ) -> Result<Decided, Refusal> {
         if !ask.enforce {
@@ -406,6 +465,7 @@ impl Gate {
             self.shadow(ask, CapName::ApproveRunAbove);
             return Ok(Decided::Approved);
         }
+        self.check_frozen(ask).await?;
         if ask.body.len() > MAX_APPROVAL_BODY {
             return Err(Refusal::TooLargeToApprove {
                 size: ask.body.len(),
@@ -453,12 +513,10 @@ impl Gate {
     }
 
     /// `Some(why)` when the tenant or the run already has as many approvals pending as it
-    /// may (counted from the store's list, which holds no more than the caps allow).
+    /// may (counted from the store's index of pending approvals: no body is read).
     async fn pending_full(&self, fresh: &Approval, now: u64) -> Result<Option<String>, StoreError> {
-        let all = self.store.approvals(1000).await?;
-        let pending = all
-            .iter()
-            .filter(|a| a.state == ApprovalState::Pending && !a.expired(now) && a.id != fresh.id);
+        let all = self.store.pending(now).await?;
+        let pending = all.iter().filter(|a| a.id != fresh.id);
         let (mut tenant, mut run) = (0, 0);
         for a in pending.filter(|a| a.route == fresh.route && a.tenant == fresh.tenant) {
             tenant += 1;
@@ -548,22 +606,30 @@ fn denied(a: Approval) -> Refusal {
 }
 
 /// The approval this request would open: pending, until `approval_expires` from `now`.
+/// Without a price (an unpriced request sent for approval) it says so where the amount goes.
 fn fresh_approval(
     budget: &Budget,
     ask: &Charge<'_>,
-    price: Price,
+    price: Option<Price>,
     why: &str,
     now: u64,
 ) -> Approval {
-    let asked = price.asked;
+    let (amount, counted_minor, currency) = match price {
+        Some(p) => (
+            p.asked.to_string(),
+            p.counted.minor,
+            p.asked.currency.code(),
+        ),
+        None => ("unpriced".to_string(), 0, budget.caps_currency.code()),
+    };
     Approval {
         id: approval_id(ask.scope),
         route: ask.who.route.to_string(),
         tenant: ask.who.tenant.to_string(),
         run: ask.who.run.to_string(),
-        amount: asked.to_string(),
-        counted_minor: price.counted.minor,
-        currency: asked.currency.code().to_string(),
+        amount,
+        counted_minor,
+        currency: currency.to_string(),
         method: ask.method.to_string(),
         path: ask.path.to_string(),
         body: super::redact::card_data(ask.body),

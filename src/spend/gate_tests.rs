@@ -36,6 +36,9 @@ impl SpendEvents for Events {
             .expect("events")
             .push(format!("shadow {}", cap.as_str()));
     }
+    fn frozen(&self, _: &str) {
+        self.0.lock().expect("events").push("frozen".into());
+    }
 }
 
 struct World {
@@ -80,14 +83,17 @@ fn budget(configure: impl FnOnce(&mut BudgetText<'_>)) -> Budget {
         count_per_run: None,
         count_per_tenant: None,
         count_per_route: None,
-        tenant_window: Duration::from_secs(3600),
-        run_window: Duration::from_secs(3600),
-        route_window: Duration::from_secs(3600),
+        tenant_window: "1h",
+        run_window: "1h",
+        route_window: "1h",
+        time_zone: None,
         approve_above: None,
         approve_run_above: None,
         approve_tenant_above: None,
         approval_wait: Duration::from_secs(20),
         approval_expires: Duration::from_secs(3600),
+        exponents: &[],
+        on_unpriced: Default::default(),
     };
     configure(&mut t);
     Budget::parse(&t).expect("budget")
@@ -385,4 +391,88 @@ async fn an_approval_expires_and_the_next_retry_asks_again() {
             "approval requested"
         ]
     );
+}
+
+#[test]
+fn a_calendar_day_starts_at_midnight_in_the_routes_zone() {
+    use super::budget::Window;
+    let b = budget(|t| {
+        t.per_tenant = Some("1.00");
+        t.tenant_window = "calendar-day";
+        t.time_zone = Some("Europe/Berlin");
+    });
+    assert_eq!(b.tenant_window, Window::CalendarDay);
+    // 2026-03-29 12:00 UTC is 14:00 in Berlin (summer time began at 02:00 that morning):
+    // the day began at 2026-03-28 23:00 UTC.
+    let noon = 1_774_785_600_000u64;
+    let midnight = 1_774_738_800_000u64;
+    assert_eq!(b.since(b.tenant_window, noon), midnight - 1);
+    assert_eq!(
+        b.since(b.run_window, noon),
+        noon - 3_600_000,
+        "run_window stays rolling"
+    );
+    assert_eq!(b.describe(b.tenant_window), "calendar day (Europe/Berlin)");
+    // Kept long enough for the longest day (25 h when clocks go back).
+    let who = Spender {
+        route: "r",
+        tenant: "t",
+        run: "x",
+    };
+    let cost = Cost::Priced(usd(50));
+    let r = b.reservation(
+        &super::budget::Attempt {
+            token: "a",
+            who: &who,
+            cost: &cost,
+            replaces: None,
+            enforce: true,
+        },
+        false,
+        noon,
+    );
+    assert_eq!(r.keep_ms, 25 * 3_600_000);
+    assert_eq!(r.counters[1].since_ms, midnight - 1);
+}
+
+#[test]
+fn bad_windows_and_zones_are_named() {
+    let parse = |window: &'static str, zone: Option<&'static str>| {
+        let rates = BTreeMap::new();
+        let amount = ["{body.amount}".to_string()];
+        let t = BudgetText {
+            amount: &amount,
+            currency: "usd",
+            unit: "minor",
+            caps_currency: "usd",
+            rates: &rates,
+            per_request: None,
+            per_run: None,
+            per_tenant: Some("1.00"),
+            per_route: None,
+            count_per_run: None,
+            count_per_tenant: None,
+            count_per_route: None,
+            tenant_window: window,
+            run_window: "1h",
+            route_window: "1h",
+            time_zone: zone,
+            approve_above: None,
+            approve_run_above: None,
+            approve_tenant_above: None,
+            approval_wait: Duration::from_secs(20),
+            approval_expires: Duration::from_secs(3600),
+            exponents: &[],
+            on_unpriced: Default::default(),
+        };
+        Budget::parse(&t).map(|_| ()).map_err(|(field, _)| field)
+    };
+    assert_eq!(
+        parse("calendar-day", Some("Mars/Olympus")),
+        Err("time_zone".into())
+    );
+    assert_eq!(parse("24h", Some("Europe/Berlin")), Err("time_zone".into()));
+    assert_eq!(parse("daily", None), Err("tenant_window".into()));
+    assert_eq!(parse("0s", None), Err("tenant_window".into()));
+    assert_eq!(parse("calendar-day", None), Ok(()), "UTC by default");
 }

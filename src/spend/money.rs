@@ -53,6 +53,15 @@ impl Currency {
         })
     }
 
+    /// The same currency as a provider counts it: Stripe's MGA has no minor unit, Adyen's
+    /// CVE none, ISK two (`providers`, each list cited there).
+    pub fn with_exponent(self, exponent: u32) -> Currency {
+        Currency {
+            iso: self.iso,
+            exponent,
+        }
+    }
+
     /// Decimal places of the minor unit: 2 for USD, 0 for JPY, 3 for KWD.
     pub fn exponent(self) -> u32 {
         self.exponent

@@ -84,6 +84,9 @@ pub struct Reservation {
     pub now_ms: u64,
     /// How long the reservation is kept: at least the longest window it counts in.
     pub keep_ms: u64,
+    /// What an operator may have frozen that covers this request ([`Freeze::target`]):
+    /// checked in the same step, before any counter; a freeze refuses even in shadow mode.
+    pub frozen: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +99,8 @@ pub enum Reserved {
     OverCap { index: usize, spent: i64 },
     /// The spend on `counters[index]` would pass an approval threshold.
     NeedsApproval { index: usize, spent: i64 },
+    /// `frozen[index]` is frozen by an operator: nothing counted, whatever `enforce` says.
+    Frozen { index: usize },
 }
 
 impl Reserved {
@@ -105,16 +110,26 @@ impl Reserved {
             Reserved::Added => true,
             Reserved::Existing => false,
             Reserved::OverCap { .. } | Reserved::NeedsApproval { .. } => !enforce,
+            Reserved::Frozen { .. } => false,
         }
     }
 }
 
-/// What every store computes the same way: counters are checked in order, then the approval
-/// thresholds; `spent_excluding(i)` is what counter `i` holds after `since_ms`, not counting
-/// the reservation this one replaces.
-pub fn decide(r: &Reservation, existing: bool, spent_excluding: impl Fn(usize) -> i64) -> Reserved {
+/// What every store computes the same way: an attempt already counted stays counted (it was
+/// admitted before any freeze it would now meet); then freezes (`frozen(i)`: whether
+/// `r.frozen[i]` is frozen), counters in order, the approval thresholds. `spent_excluding(i)`
+/// is what counter `i` holds after `since_ms`, not counting the reservation this one replaces.
+pub fn decide(
+    r: &Reservation,
+    existing: bool,
+    frozen: impl Fn(usize) -> bool,
+    spent_excluding: impl Fn(usize) -> i64,
+) -> Reserved {
     if existing {
         return Reserved::Existing;
+    }
+    if let Some(index) = (0..r.frozen.len()).find(|&i| frozen(i)) {
+        return Reserved::Frozen { index };
     }
     for (index, c) in r.counters.iter().enumerate() {
         let spent = spent_excluding(index);
@@ -229,6 +244,115 @@ impl Approval {
     }
 }
 
+/// A pending approval without its body: what counting and capping pending approvals need
+/// (metrics, the per-tenant and per-run caps). Each store keeps these beside the approvals,
+/// written in the same step, so a count never loads a parked body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub id: String,
+    pub route: String,
+    pub tenant: String,
+    pub run: String,
+    pub expires_ms: u64,
+}
+
+impl Waiting {
+    /// What the index keeps for `a`: `Some` while it is pending, `None` once decided.
+    pub fn of(a: &Approval) -> Option<Waiting> {
+        (a.state == ApprovalState::Pending).then(|| Waiting {
+            id: a.id.clone(),
+            route: a.route.clone(),
+            tenant: a.tenant.clone(),
+            run: a.run.clone(),
+            expires_ms: a.expires_ms,
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Waiting, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Corrupt(crate::idempotency::record::DecodeError(format!(
+                "a pending approval's index entry: {e}"
+            )))
+        })
+    }
+}
+
+/// An operator's stop on every capped operation of a tenant, a run or a route, until lifted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Freeze {
+    /// What is frozen, as [`FreezeTarget::key`] names it (`tenant:acme`).
+    pub target: String,
+    pub by: String,
+    pub reason: String,
+    pub at_ms: u64,
+}
+
+impl Freeze {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Freeze, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Corrupt(crate::idempotency::record::DecodeError(format!(
+                "a freeze: {e}"
+            )))
+        })
+    }
+}
+
+/// What a freeze stops: every capped operation of a tenant (on every route), of one run of a
+/// tenant (runs are named by callers, so a run is always the tenant's), or of a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FreezeTarget {
+    Tenant(String),
+    Run { tenant: String, run: String },
+    Route(String),
+}
+
+impl FreezeTarget {
+    /// The name kept in the store, and checked by a reservation.
+    pub fn key(&self) -> String {
+        match self {
+            FreezeTarget::Tenant(t) => format!("tenant:{t}"),
+            FreezeTarget::Run { tenant, run } => format!("run:{tenant}/{run}"),
+            FreezeTarget::Route(r) => format!("route:{r}"),
+        }
+    }
+
+    /// Every target that covers a request of `tenant`'s `run` on `route`.
+    pub fn covering(route: &str, tenant: &str, run: &str) -> Vec<String> {
+        [
+            FreezeTarget::Route(route.to_string()),
+            FreezeTarget::Tenant(tenant.to_string()),
+            FreezeTarget::Run {
+                tenant: tenant.to_string(),
+                run: run.to_string(),
+            },
+        ]
+        .iter()
+        .map(FreezeTarget::key)
+        .collect()
+    }
+
+    /// For people: `the tenant acme`, `the run r1 of acme`, `the route stripe`.
+    pub fn describe(key: &str) -> String {
+        match key.split_once(':') {
+            Some(("tenant", t)) => format!("the tenant {t}"),
+            Some(("run", tr)) => match tr.split_once('/') {
+                Some((t, r)) => format!("the run {r} of {t}"),
+                None => format!("the run {tr}"),
+            },
+            Some(("route", r)) => format!("the route {r}"),
+            _ => key.to_string(),
+        }
+    }
+}
+
 /// What [`SpendStore::open_approval`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opened {
@@ -285,4 +409,18 @@ pub trait SpendStore: Send + Sync + 'static {
 
     /// Up to `limit` approvals, newest first.
     async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError>;
+
+    /// The approvals pending and not expired at `now_ms`, without their bodies (read from an
+    /// index the store keeps with them: never the approvals themselves).
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError>;
+
+    /// Stops every capped operation `f.target` covers, at once on every proxy sharing the
+    /// store (replaces an earlier freeze of the same target).
+    async fn freeze(&self, f: &Freeze) -> Result<(), StoreError>;
+
+    /// Lifts the freeze of `target`; `false` when there was none.
+    async fn unfreeze(&self, target: &str) -> Result<bool, StoreError>;
+
+    /// Every freeze in effect.
+    async fn freezes(&self) -> Result<Vec<Freeze>, StoreError>;
 }

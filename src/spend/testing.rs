@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::port::{
-    decide, opening, updating, Approval, ApprovalState, Opened, Reservation, Reserved, SpendStore,
+    decide, opening, updating, Approval, ApprovalState, Freeze, Opened, Reservation, Reserved,
+    SpendStore, Waiting,
 };
 use crate::idempotency::store::StoreError;
 
@@ -50,6 +51,7 @@ struct Inner {
     /// counter → token → (amount, at_ms)
     counters: HashMap<String, HashMap<String, (i64, u64)>>,
     approvals: HashMap<String, Approval>,
+    freezes: HashMap<String, Freeze>,
 }
 
 impl MemorySpend {
@@ -86,14 +88,19 @@ impl SpendStore for MemorySpend {
     async fn reserve(&self, r: &Reservation) -> Result<Reserved, StoreError> {
         let mut inner = self.lock();
         let existing = inner.counters.values().any(|m| m.contains_key(&r.token));
-        let verdict = decide(r, existing, |i| {
-            let c = &r.counters[i];
-            sum(
-                inner.counters.get(&c.key),
-                r.replaces.as_deref(),
-                c.since_ms,
-            )
-        });
+        let verdict = decide(
+            r,
+            existing,
+            |i| inner.freezes.contains_key(&r.frozen[i]),
+            |i| {
+                let c = &r.counters[i];
+                sum(
+                    inner.counters.get(&c.key),
+                    r.replaces.as_deref(),
+                    c.since_ms,
+                )
+            },
+        );
         if verdict.counts(r.enforce) {
             if let Some(old) = &r.replaces {
                 inner.release(old);
@@ -160,6 +167,31 @@ impl SpendStore for MemorySpend {
         let mut all: Vec<_> = self.lock().approvals.values().cloned().collect();
         all.sort_by_key(|a| std::cmp::Reverse(a.created_ms));
         all.truncate(limit);
+        Ok(all)
+    }
+
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError> {
+        Ok(self
+            .lock()
+            .approvals
+            .values()
+            .filter_map(Waiting::of)
+            .filter(|w| w.expires_ms > now_ms)
+            .collect())
+    }
+
+    async fn freeze(&self, f: &Freeze) -> Result<(), StoreError> {
+        self.lock().freezes.insert(f.target.clone(), f.clone());
+        Ok(())
+    }
+
+    async fn unfreeze(&self, target: &str) -> Result<bool, StoreError> {
+        Ok(self.lock().freezes.remove(target).is_some())
+    }
+
+    async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
+        let mut all: Vec<_> = self.lock().freezes.values().cloned().collect();
+        all.sort_by(|a, b| a.target.cmp(&b.target));
         Ok(all)
     }
 }

@@ -14,7 +14,7 @@ use super::seal::{self, Sealer};
 use crate::idempotency::record::{Fence, Record, State};
 use crate::idempotency::store::{Expiry, SettleSink, Store, StoreError};
 use crate::metrics::{Metrics, StoreOp};
-use crate::spend::port::{Approval, Opened, Reservation, Reserved, SpendStore};
+use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting};
 
 /// Every store operation, as the metrics label it. (`Approvals` stays last: it sizes the
 /// table of series.)
@@ -34,10 +34,12 @@ enum Op {
     Approval,
     UpdateApproval,
     Approvals,
+    Pending,
+    Freeze,
 }
 
 impl Op {
-    const COUNT: usize = Op::Approvals as usize + 1;
+    const COUNT: usize = Op::Freeze as usize + 1;
 
     fn label(self) -> &'static str {
         match self {
@@ -55,6 +57,8 @@ impl Op {
             Op::Approval => "approval",
             Op::UpdateApproval => "update_approval",
             Op::Approvals => "approvals",
+            Op::Pending => "pending",
+            Op::Freeze => "freeze",
         }
     }
 }
@@ -243,6 +247,22 @@ impl<S: SpendStore + ?Sized> SpendStore for Guard<S> {
             .map(|a| seal::open_approval(self.sealer(), a))
             .collect()
     }
+
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError> {
+        self.call(Op::Pending, self.inner.pending(now_ms)).await
+    }
+
+    async fn freeze(&self, f: &Freeze) -> Result<(), StoreError> {
+        self.call(Op::Freeze, self.inner.freeze(f)).await
+    }
+
+    async fn unfreeze(&self, target: &str) -> Result<bool, StoreError> {
+        self.call(Op::Freeze, self.inner.unfreeze(target)).await
+    }
+
+    async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
+        self.call(Op::Freeze, self.inner.freezes()).await
+    }
 }
 
 #[cfg(test)]
@@ -312,6 +332,18 @@ mod tests {
             async fn approvals(&self, _: usize) -> Result<Vec<Approval>, StoreError> {
                 Ok(vec![])
             }
+            async fn pending(&self, _: u64) -> Result<Vec<Waiting>, StoreError> {
+                Ok(vec![])
+            }
+            async fn freeze(&self, _: &Freeze) -> Result<(), StoreError> {
+                Ok(())
+            }
+            async fn unfreeze(&self, _: &str) -> Result<bool, StoreError> {
+                Ok(false)
+            }
+            async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
+                Ok(vec![])
+            }
         }
         let metrics = Arc::new(Metrics::new());
         let spend = guard(Arc::new(Hung), &metrics);
@@ -323,6 +355,7 @@ mod tests {
             enforce: true,
             now_ms: 0,
             keep_ms: 1,
+            frozen: vec![],
         };
         let started = tokio::time::Instant::now();
         assert!(matches!(

@@ -300,6 +300,23 @@ fn worker_vars(
     vars
 }
 
+/// Writes `contents` to `path` with mode 0600, also over a file that was there with a wider
+/// one: created so (never readable by others for a moment), then narrowed if it existed.
+fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    #[cfg(unix)]
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut file = options.open(path)?;
+    #[cfg(unix)]
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(contents)?;
+    file.sync_all()
+}
+
 /// Writes the worker files at `files` (the `.pth` names the Python hook's directory as the
 /// worker sees it) and returns what it wrote.
 fn write_files(
@@ -315,28 +332,36 @@ fn write_files(
          # hook reads it in processes started without these variables.",
     );
     let mut written = Vec::new();
-    let mut put = |path: &Path, contents: &[u8]| -> Result<(), EnvError> {
+    let mut put = |path: &Path, contents: &[u8], private: bool| -> Result<(), EnvError> {
+        let failed = |source| EnvError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|source| EnvError::Write {
                 path: parent.to_path_buf(),
                 source,
             })?;
         }
-        std::fs::write(path, contents).map_err(|source| EnvError::Write {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        if private {
+            write_private(path, contents).map_err(failed)?;
+        } else {
+            std::fs::write(path, contents).map_err(failed)?;
+        }
         written.push(path.to_path_buf());
         Ok(())
     };
-    put(&files.env_file, env_file.as_bytes())?;
+    // The env file holds the proxy URL with the tenant's secret: readable by its owner only.
+    put(&files.env_file, env_file.as_bytes(), true)?;
     put(
         &files.python.join("idemproxy_worker.py"),
         PYTHON_HOOK.as_bytes(),
+        false,
     )?;
     put(
         &files.python.join("sitecustomize.py"),
         PYTHON_SITECUSTOMIZE.as_bytes(),
+        false,
     )?;
     put(
         &files.python.join(PTH_FILE),
@@ -345,11 +370,13 @@ fn write_files(
             worker_files.python.display()
         )
         .as_bytes(),
+        false,
     )?;
-    put(&files.node_preload, NODE_PRELOAD.as_bytes())?;
+    put(&files.node_preload, NODE_PRELOAD.as_bytes(), false)?;
     put(
         &files.truststore,
         &jks_truststore(&ca.roots, &ca.der, TRUSTSTORE_PASSWORD, now_ms()),
+        false,
     )?;
     Ok(written)
 }

@@ -689,6 +689,115 @@ async fn the_overview_shows_traffic_and_unprotected_requests_by_reason() {
     );
 }
 
+/// The spend page (issues 24 and 29): count caps beside money caps, and freeze / unfreeze
+/// buttons that work for an operator only, through a CSRF-guarded POST, audited at the
+/// webhook; a frozen tenant's next payment is refused with no effect at the provider.
+async fn the_spend_page_freezes_and_shows_count_caps(backend: Backend) {
+    let provider = FakeProvider::start().await;
+    let hook = FakeProvider::start().await;
+    let store = StoreFixture::new(backend);
+    let routes = route(
+        "pay",
+        provider.port(),
+        "honours_key = false\n[routes.spend]\noperations = [\"POST /v1/payments\"]\namount = [\"{body.amount}\"]\ncurrency = \"{body.currency}\"\nunit = \"minor\"\ncaps_currency = \"usd\"\nper_tenant = \"100.00\"\ncount_per_tenant = 5\n",
+    );
+    let proxy = start(
+        &store,
+        &routes,
+        "",
+        &format!(
+            "[approvals]\nwebhook = \"http://127.0.0.1:{}/hook\"\n",
+            hook.port()
+        ),
+    );
+    let admin = proxy.admin.expect("admin");
+    assert_eq!(pay(&proxy, "f-1", "r", "1500", "one").await.status, 200);
+    let mut oscar = Operator::new(admin);
+    oscar.login("oscar").await;
+    let page = oscar.get("/console/spend").await.text();
+    assert!(
+        page.contains("15.00 USD") && page.contains("100.00 USD"),
+        "{page}"
+    );
+    assert!(
+        page.contains("tenant default, executions")
+            && page.contains("1 executions")
+            && page.contains("5 executions"),
+        "the count cap beside the money cap: {page}"
+    );
+    assert!(page.contains("action=\"/console/spend/freeze\""), "{page}");
+    let csrf = oscar.csrf().await;
+    let fields = |csrf: &str| {
+        vec![
+            ("csrf", csrf.to_string()),
+            ("scope", "tenant".to_string()),
+            ("tenant", "default".to_string()),
+            ("run", String::new()),
+            ("route", String::new()),
+            ("reason", "looping agent".to_string()),
+        ]
+    };
+
+    // A viewer sees no button and may not post; nobody may post without the CSRF token.
+    let mut vic = Operator::new(admin);
+    vic.login("vic").await;
+    let seen = vic.get("/console/spend").await.text();
+    assert!(!seen.contains("action=\"/console/spend/freeze\""), "{seen}");
+    let r = vic
+        .post("/console/spend/freeze", &pairs(&fields(&vic.csrf().await)))
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = oscar
+        .post("/console/spend/freeze", &pairs(&fields("not-the-token")))
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(pay(&proxy, "f-2", "r", "1500", "two").await.status, 200);
+    assert_eq!(provider.effects(), 2);
+
+    let r = oscar
+        .post("/console/spend/freeze", &pairs(&fields(&csrf)))
+        .await;
+    assert_eq!(r.status, 303, "{}", r.text());
+    let refused = pay(&proxy, "f-3", "r", "1500", "three").await;
+    assert_eq!(
+        refused.header("x-idemproxy-error"),
+        Some("spend-frozen"),
+        "{}",
+        refused.text()
+    );
+    assert_eq!(provider.effects(), 2);
+    let page = oscar.get("/console/spend").await.text();
+    assert!(
+        page.contains("the tenant default")
+            && page.contains("frozen by oscar")
+            && page.contains("looping agent"),
+        "{page}"
+    );
+    let r = oscar
+        .post("/console/spend/unfreeze", &pairs(&fields(&csrf)))
+        .await;
+    assert_eq!(r.status, 303, "{}", r.text());
+    assert_eq!(pay(&proxy, "f-3", "r", "1500", "three").await.status, 200);
+    assert_eq!(provider.effects(), 3);
+
+    let events = eventually_async("freeze audit notices", Duration::from_secs(10), || async {
+        let got: Vec<serde_json::Value> = hook
+            .received()
+            .iter()
+            .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
+            .filter_map(|j| j.get("audit").cloned())
+            .collect();
+        (got.len() >= 2).then_some(got)
+    })
+    .await;
+    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(names, ["spend.frozen", "spend.unfrozen"], "{events:?}");
+    assert_eq!(events[0]["by"], "oscar");
+    assert_eq!(events[0]["via"], "console");
+    assert_eq!(events[0]["subject"], "tenant:default");
+    assert_eq!(events[0]["why"], "looping agent");
+}
+
 mod sqlite {
     use super::*;
 
@@ -718,6 +827,11 @@ mod sqlite {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_spend_page_freezes_and_shows_count_caps() {
+        super::the_spend_page_freezes_and_shows_count_caps(Backend::Sqlite).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn login_attempts_are_limited() {
         super::login_attempts_are_limited().await
     }
@@ -739,5 +853,10 @@ mod redis {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn held_outcomes_released_or_attested_change_the_next_retry() {
         super::held_outcomes_released_or_attested_change_the_next_retry(Backend::Redis).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_spend_page_freezes_and_shows_count_caps() {
+        super::the_spend_page_freezes_and_shows_count_caps(Backend::Redis).await
     }
 }

@@ -362,6 +362,33 @@ async fn an_operator_decides_in_the_browser_on_one_replica_what_agents_wait_for_
     timings.push(format!("overview page load: {t:.0} ms"));
     let t = visit(&oscar, &console_url("/console/spend"), "spend.png").await;
     timings.push(format!("spend page load: {t:.0} ms"));
+    // Freeze the first budget's tenant from its row, see it listed, lift it again.
+    oscar
+        .type_into("form.inline input[name=reason]", "browser freeze")
+        .await;
+    oscar.click("form.inline button[type=submit]").await;
+    shows(&oscar, "li.frozen").await;
+    let frozen = oscar
+        .script(
+            "return document.querySelector('li.frozen').textContent;",
+            json!([]),
+        )
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        frozen.contains("frozen by oscar") && frozen.contains("browser freeze"),
+        "{frozen}"
+    );
+    let violations = axe(&oscar).await;
+    assert!(violations.is_empty(), "spend page, frozen: {violations:#?}");
+    oscar.screenshot(&artefact("spend-frozen.png")).await;
+    oscar.click("li.frozen button[type=submit]").await;
+    eventually_async("the freeze is lifted", Duration::from_secs(10), || async {
+        oscar.find("li.frozen").await.is_none().then_some(())
+    })
+    .await;
 
     // A viewer, on a phone-sized screen: sees the queue, cannot approve.
     let vic = driver.browser(390, 844).await;

@@ -274,9 +274,15 @@ fn check_config_names_what_an_mcp_spend_section_cannot_say() {
             "spend.operations[0]",
             "name a tool",
         ),
+        (
+            r#"unit = "minor""#,
+            "spend.unpriced",
+            "approvals of MCP tool calls are not done yet",
+        ),
     ] {
         let replacement = match field {
             "spend.approve_above" => format!("{edit}\napprove_above = \"50.00\""),
+            "spend.unpriced" => format!("{edit}\nunpriced = \"approve\""),
             _ => r#"operations = ["POST /v1/refunds"]"#.to_string(),
         };
         assert!(shipped.contains(edit), "{edit}");

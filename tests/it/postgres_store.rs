@@ -448,6 +448,43 @@ fn store_url_typos_name_the_field_and_what_was_expected() {
             );
         }
     }
+    // A CA with the default sslmode (prefer) verifies nothing: refused at start, saying why.
+    let pki = crate::common::pki::TestPki::new("pg-prefer-ca");
+    let ca = pki.ca_path();
+    for (url, with_ca) in [
+        ("postgres://idem@db/claims", true),
+        ("postgres://idem@db/claims?sslmode=prefer", true),
+        ("postgres://idem@db/claims?sslmode=disable", true),
+        (
+            "postgres://idem@db/claims?sslrootcert=%2Fetc%2Fca.pem",
+            false,
+        ),
+    ] {
+        let lines = if with_ca {
+            format!("tls_ca = \"{}\"\n", ca.display())
+        } else {
+            String::new()
+        };
+        std::fs::write(
+            &path,
+            format!("[server]\nlisten = \"127.0.0.1:0\"\n[store]\nurl = \"{url}\"\n{lines}op_timeout = \"500ms\"\n\n{}", route("pay", 1, "")),
+        )
+        .expect("write config");
+        for cmd in ["check-config", "serve"] {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+                .args([cmd, "--config"])
+                .arg(&path)
+                .current_dir(dir.path())
+                .output()
+                .expect("run idemproxy");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{cmd} accepted a CA with {url}");
+            assert!(
+                err.contains("store.tls_ca") && err.contains("verify-full"),
+                "{cmd} {url}: {err}"
+            );
+        }
+    }
     for url in [
         "postgres://idem@db.internal:5432/claims?sslmode=verify-full",
         "rediss://cache.internal:6380/0",

@@ -379,6 +379,78 @@ async fn operators_reconcile_through_the_cli() {
     assert_eq!(metric(&proxy, m).await, 1.0);
 }
 
+/// Finding 6: `keys reconcile` trusted an operator-typed `passed_down`: a typo was "not
+/// found" at the provider and released an order that happened, which the next retry placed
+/// again. It is checked against the hash the held attempt kept.
+async fn a_mistyped_passed_down_key_is_refused(backend: Backend) {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(backend);
+    let proxy = start(&store, &alpaca);
+    alpaca.then([AlpacaFault::LostAfterOrder]);
+    assert_eq!(order(&proxy, A, "run-9").await.status, 502);
+    tokio::time::sleep(AFTER).await;
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .arg("keys")
+            .arg("--admin")
+            .arg(proxy.admin_url())
+            .args(args)
+            .env("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)
+            .output()
+            .expect("idemproxy keys");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let who = [
+        "--route",
+        "alpaca",
+        "--key",
+        "run-9",
+        "--credential",
+        "APCA-API-KEY-ID: PKAAAA",
+        "--credential",
+        "APCA-API-SECRET-KEY: secret-a",
+    ];
+    let (ok, shown) = cli(&[&["show"][..], &who[..]].concat());
+    assert!(ok, "{shown}");
+    let token = serde_json::from_str::<serde_json::Value>(&shown).expect("json")["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let (ok, out) = cli(&[
+        &[
+            "reconcile",
+            "--token",
+            &token,
+            "--passed-down",
+            "run-9-typo",
+        ][..],
+        &who[..],
+    ]
+    .concat());
+    assert!(!ok, "a mistyped key was used: {out}");
+    assert!(out.contains("passed_down"), "{out}");
+    assert!(lookups(&alpaca).is_empty(), "no lookup ran for the typo");
+    // The key the provider did get is accepted.
+    let sent = alpaca.orders("acct-a")[0].client_order_id.clone();
+    let (ok, out) = cli(&[
+        &["reconcile", "--token", &token, "--passed-down", &sent][..],
+        &who[..],
+    ]
+    .concat());
+    assert!(ok, "{out}");
+    assert!(out.contains("\"committed\""), "{out}");
+    let retry = order(&proxy, A, "run-9").await;
+    assert_eq!((retry.status, retry.replayed()), (200, Some("true")));
+    assert_eq!(alpaca.effects(), 1, "placed once");
+}
+
 /// The split of resolved UNKNOWN outcomes: a hold that ended (the next retry executed) and an
 /// operator's release, on a route without a lookup.
 async fn unknown_outcomes_resolved_by_expiry_and_by_operators(backend: Backend) {
@@ -483,12 +555,122 @@ async fn a_lookup_reads_the_path_after_the_route_prefix(backend: Backend) {
     assert_eq!(alpaca.effects(), 1, "found at /v2/…, never placed again");
 }
 
+/// A route whose lookup reads a field of the request, and whose operations are named by a
+/// template (so a retry may differ in other fields).
+fn steered_route(port: u16, lookup: &str, options: &str) -> String {
+    route(
+        "alpaca",
+        port,
+        &format!(
+            "provider = \"alpaca\"\ntimeout = \"3s\"\nlease = \"1s\"\n{options}\n[routes.lookup]\nrequest = \"{lookup}\"\nfound = [\"200\"]\nnot_found = [\"404\"]\nfound_field = \"id\"\nafter = \"{}ms\"\n",
+            AFTER.as_millis()
+        ),
+    )
+}
+
+async fn order_with(proxy: &Proxy, key_id: &str, secret: &str, body: &str) -> Reply {
+    let headers = [
+        ("content-type", "application/json"),
+        ("apca-api-key-id", key_id),
+        ("apca-api-secret-key", secret),
+    ];
+    send(
+        proxy.addr,
+        "POST",
+        "/alpaca/v2/orders",
+        &headers,
+        body.to_string(),
+    )
+    .await
+    .expect("an answer")
+}
+
+/// Finding 4a: the lookup's fields came from the retry's body, so a retry could point the
+/// lookup elsewhere, be told "not found", and execute the held order a second time. The
+/// target is rendered at the first attempt and kept on the claim.
+async fn a_retry_never_steers_where_the_lookup_asks(backend: Backend) {
+    let alpaca = Alpaca::start(&[A]).await;
+    let store = StoreFixture::new(backend);
+    let proxy = Proxy::start(&config(
+        &store.url(),
+        &steered_route(
+            alpaca.port(),
+            "GET /{body.api}/orders:by_client_order_id?client_order_id={key}",
+            "key = \"ord:{body.invoice}\"",
+        ),
+    ));
+    let body = |api: &str| {
+        format!(
+            r#"{{"symbol":"AAPL","qty":"2","side":"buy","type":"market","time_in_force":"day","invoice":"inv-1","api":"{api}"}}"#
+        )
+    };
+    alpaca.then([AlpacaFault::LostAfterOrder]);
+    let first = order_with(&proxy, A.key_id, A.secret, &body("v2")).await;
+    assert_eq!(first.status, 502, "{}", first.text());
+    tokio::time::sleep(AFTER).await;
+    // The same operation (its template reads the invoice) pointing the lookup at a path
+    // where nothing is found: asked where the first attempt said, the order is found.
+    let retry = order_with(&proxy, A.key_id, A.secret, &body("v9")).await;
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (200, Some("true")),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(alpaca.effects(), 1, "the held order was placed again");
+}
+
+/// Finding 4b: with an `account` template that reads only the key id, a retry carrying
+/// another secret had the lookup sent with it. A lookup runs with the retry's credentials
+/// only when they hash to the held attempt's; otherwise the outcome stays held.
+async fn a_lookup_runs_only_with_the_held_attempts_credentials(backend: Backend) {
+    let alpaca = Alpaca::start(&[A, B]).await;
+    let store = StoreFixture::new(backend);
+    let proxy = Proxy::start(&config(
+        &store.url(),
+        &steered_route(
+            alpaca.port(),
+            "GET /v2/orders:by_client_order_id?client_order_id={key}",
+            "account = \"{header.apca-api-key-id}\"",
+        ),
+    ));
+    alpaca.then([AlpacaFault::LostAfterOrder]);
+    let keyed = |key: &str| ORDER.replace('{', &format!("{{\"client_order_id\":\"{key}\","));
+    let first = order_with(&proxy, A.key_id, A.secret, &keyed("k-1")).await;
+    assert_eq!(first.status, 502, "{}", first.text());
+    tokio::time::sleep(AFTER).await;
+    let other = order_with(&proxy, A.key_id, B.secret, &keyed("k-1")).await;
+    assert_eq!(other.status, 409, "{}", other.text());
+    assert_eq!(other.header("x-idemproxy-error"), Some("outcome-unknown"));
+    let asked_with: Vec<String> = alpaca
+        .received()
+        .into_iter()
+        .filter(|r| r.method == "GET")
+        .map(|r| r.header("apca-api-secret-key").unwrap_or("-").to_string())
+        .collect();
+    assert!(
+        asked_with.iter().all(|s| s == A.secret),
+        "a lookup went out with other credentials: {asked_with:?}"
+    );
+    let own = order_with(&proxy, A.key_id, A.secret, &keyed("k-1")).await;
+    assert_eq!(
+        (own.status, own.replayed()),
+        (200, Some("true")),
+        "{}",
+        own.text()
+    );
+    assert_eq!(alpaca.effects(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_reconcile_through_the_cli_sqlite() {
     operators_reconcile_through_the_cli().await
 }
 
 both_backends!(
+    a_mistyped_passed_down_key_is_refused,
+    a_retry_never_steers_where_the_lookup_asks,
+    a_lookup_runs_only_with_the_held_attempts_credentials,
     a_lost_answer_is_found_at_the_provider_and_replayed,
     a_500_before_the_order_is_not_found_and_the_retry_executes_once,
     a_failing_lookup_keeps_the_operation_held,
@@ -499,3 +681,33 @@ both_backends!(
     unknown_outcomes_resolved_by_expiry_and_by_operators,
     a_lookup_reads_the_path_after_the_route_prefix,
 );
+
+mod lookups_kept_on_the_claim {
+    //! Item 4 of issue 25 on PostgreSQL and a Redis Cluster too (SQLite and Redis above).
+    use crate::common::Backend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn steer_on_postgres() {
+        super::a_retry_never_steers_where_the_lookup_asks(Backend::Postgres).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn credentials_on_postgres() {
+        super::a_lookup_runs_only_with_the_held_attempts_credentials(Backend::Postgres).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passed_down_on_postgres() {
+        super::a_mistyped_passed_down_key_is_refused(Backend::Postgres).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn steer_on_redis_cluster() {
+        super::a_retry_never_steers_where_the_lookup_asks(Backend::RedisCluster).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn credentials_on_redis_cluster() {
+        super::a_lookup_runs_only_with_the_held_attempts_credentials(Backend::RedisCluster).await
+    }
+}

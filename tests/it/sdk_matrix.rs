@@ -633,6 +633,33 @@ fn env_prints_every_format_and_never_touches_the_key() {
         .iter()
         .all(|v| v.ends_with(":ro") && !v.contains("ca.key")));
 
+    // worker.env holds the tenant's secret: 0600, also over one written 0644 before.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let env_file = ca.cert.with_file_name("worker").join("worker.env");
+        let mode = |p: &std::path::Path| {
+            std::fs::metadata(p)
+                .expect("worker.env")
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        assert_eq!(mode(&env_file), 0o600, "{}", env_file.display());
+        std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .args(["env", "--dir"])
+            .arg(ca.cert.parent().expect("the CA's dir"))
+            .args(["--proxy-url", "http://worker:s3cret@idemproxy:8080"])
+            .output()
+            .expect("run idemproxy env");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(mode(&env_file), 0o600, "rewritten over a 0644 file");
+    }
+
     // No CA yet: a clear error naming the command to run first.
     let empty = tempfile::tempdir().expect("tempdir");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))

@@ -12,8 +12,11 @@ use crate::common::Backend;
 use idemproxy::idempotency::record::{Fence, State, Token};
 use idemproxy::idempotency::store::Clock;
 use idemproxy::idempotency::testing::MemoryStore;
+use idemproxy::spend::budget::{Attempt, Budget, BudgetText, Cost, Price, Spender};
+use idemproxy::spend::money::{Currency, Money};
 use idemproxy::spend::port::{
-    ApprovalState, CapName, Counter, Opened, Reservation, Reserved, SpendStore,
+    ApprovalState, CapName, Counter, Freeze, FreezeTarget, Opened, Reservation, Reserved,
+    SpendStore,
 };
 use idemproxy::spend::testing::{approval, MemorySpend};
 use idemproxy::store::{self, Expiry, Guard, Sealer, SettleSink, Store, Stores};
@@ -443,6 +446,7 @@ fn reservation(token: &str, amount: i64, cap: i64, now: u64) -> Reservation {
         enforce: true,
         now_ms: now,
         keep_ms: 10_000,
+        frozen: vec![],
     }
 }
 
@@ -588,12 +592,159 @@ async fn approvals_are_opened_once_and_decided_compare_and_set(under: impl Into<
         .any(|x| x.id == a.id));
 }
 
+/// A freeze is checked by the reservation itself, before any counter, whatever the
+/// enforcement: nothing is counted while it holds; lifted, the same attempt goes through.
+async fn freezes_stop_reservations_until_lifted(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.spend().await;
+    let t = 2_000_000u64;
+    let target = FreezeTarget::Tenant(format!("conf{}", std::process::id())).key();
+    let covered = |token: &str, at: u64| {
+        let mut r = reservation(token, 10, 100, at);
+        r.frozen = vec!["route:elsewhere".into(), target.clone()];
+        r
+    };
+    assert_eq!(
+        s.reserve(&covered("f1", t)).await.expect("reserve"),
+        Reserved::Added
+    );
+    let f = Freeze {
+        target: target.clone(),
+        by: "oscar".into(),
+        reason: "loop".into(),
+        at_ms: t,
+    };
+    s.freeze(&f).await.expect("freeze");
+    assert_eq!(s.freezes().await.expect("list"), vec![f.clone()]);
+    assert_eq!(
+        s.reserve(&covered("f2", t + 1)).await.expect("reserve"),
+        Reserved::Frozen { index: 1 }
+    );
+    let mut shadow = covered("f2", t + 2);
+    shadow.enforce = false;
+    assert_eq!(
+        s.reserve(&shadow).await.expect("reserve"),
+        Reserved::Frozen { index: 1 },
+        "shadow mode does not lift a freeze"
+    );
+    // An attempt counted before the freeze stays counted (its answer was lost, it asks again).
+    assert_eq!(
+        s.reserve(&covered("f1", t + 3)).await.expect("reserve"),
+        Reserved::Existing
+    );
+    // Not covered: another tenant goes on.
+    assert_eq!(
+        s.reserve(&reservation("f3", 10, 100, t + 4))
+            .await
+            .expect("reserve"),
+        Reserved::Added
+    );
+    assert!(s.unfreeze(&target).await.expect("unfreeze"));
+    assert!(!s.unfreeze(&target).await.expect("unfreeze twice"));
+    assert_eq!(s.freezes().await.expect("list"), vec![]);
+    assert_eq!(
+        s.reserve(&covered("f2", t + 5)).await.expect("reserve"),
+        Reserved::Added,
+        "nothing was counted while frozen: 30 of 100"
+    );
+}
+
+/// A tenant cap of 1.00 USD per calendar day in New York: a payment at 23:30 local and one at
+/// 00:30 the next day (an hour apart) both fit — a rolling 24 h would refuse the second —
+/// and a third that day does not.
+async fn calendar_day_windows_start_at_midnight_in_their_zone(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.spend().await;
+    let amount = vec!["{body.amount}".to_string()];
+    let rates = Default::default();
+    let text = |window: &'static str| BudgetText {
+        amount: &amount,
+        currency: "usd",
+        unit: "minor",
+        caps_currency: "usd",
+        rates: &rates,
+        per_request: None,
+        per_run: None,
+        per_tenant: Some("1.00"),
+        per_route: None,
+        count_per_run: None,
+        count_per_tenant: None,
+        count_per_route: None,
+        tenant_window: window,
+        run_window: "24h",
+        route_window: "24h",
+        time_zone: (window == "calendar-day").then_some("America/New_York"),
+        approve_above: None,
+        approve_run_above: None,
+        approve_tenant_above: None,
+        approval_wait: Duration::from_secs(1),
+        approval_expires: Duration::from_secs(60),
+        exponents: &[],
+        on_unpriced: Default::default(),
+    };
+    let usd = Currency::parse("usd").expect("usd");
+    let cost = Cost::Priced(Price {
+        asked: Money::new(60, usd),
+        counted: Money::new(60, usd),
+    });
+    // 2026-03-07 23:30 in New York (UTC-5) is 2026-03-08 04:30 UTC.
+    let late = 1_772_944_200_000u64;
+    let hour = 3_600_000u64;
+    let reserve = |b: &Budget, route: &str, token: &str, at: u64| {
+        let who = Spender {
+            route,
+            tenant: "t",
+            run: "r",
+        };
+        let attempt = Attempt {
+            token,
+            who: &who,
+            cost: &cost,
+            replaces: None,
+            enforce: true,
+        };
+        b.reservation(&attempt, false, at)
+    };
+    let pid = std::process::id();
+    let daily = Budget::parse(&text("calendar-day")).expect("a calendar-day budget");
+    let route = format!("cal{pid}");
+    let verdict = |r: Reservation| {
+        let s = s.clone();
+        async move { s.reserve(&r).await.expect("reserve") }
+    };
+    assert_eq!(
+        verdict(reserve(&daily, &route, "d1", late)).await,
+        Reserved::Added
+    );
+    assert_eq!(
+        verdict(reserve(&daily, &route, "d2", late + hour)).await,
+        Reserved::Added,
+        "a new day in New York"
+    );
+    assert!(matches!(
+        verdict(reserve(&daily, &route, "d3", late + hour + hour / 4)).await,
+        Reserved::OverCap { spent: 60, .. }
+    ));
+    let rolling = Budget::parse(&text("24h")).expect("a rolling budget");
+    let route = format!("roll{pid}");
+    assert_eq!(
+        verdict(reserve(&rolling, &route, "r1", late)).await,
+        Reserved::Added
+    );
+    assert!(matches!(
+        verdict(reserve(&rolling, &route, "r2", late + hour)).await,
+        Reserved::OverCap { spent: 60, .. }
+    ));
+}
+
 every_store_and_memory!(
     receipts_sealed_before_sealed_receipts_had_a_type_still_replay,
     receipts_are_sealed_at_rest_and_open_with_the_key,
     spend_counts_once_per_attempt_within_its_window,
     concurrent_reservations_never_pass_the_cap,
     approvals_are_opened_once_and_decided_compare_and_set,
+    freezes_stop_reservations_until_lifted,
+    calendar_day_windows_start_at_midnight_in_their_zone,
     insert_if_absent_claims_once,
     concurrent_inserts_have_one_winner,
     transitions_are_fenced_by_token_and_state,

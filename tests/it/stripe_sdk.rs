@@ -17,18 +17,23 @@ use crate::common::proxy::{config, metric, route, Proxy, StoreFixture};
 use crate::common::Backend;
 use serde_json::Value;
 
-const SECRET: &str = "sk_test_agent_51";
+pub(crate) const SECRET: &str = "sk_test_agent_51";
+/// Another account's key the fake accepts too.
+pub(crate) const OTHER_SECRET: &str = "sk_test_other_77";
 
-struct Stripe {
-    fake: FakeStripe,
-    proxy: Proxy,
+pub(crate) struct Stripe {
+    pub(crate) fake: FakeStripe,
+    pub(crate) proxy: Proxy,
     _pki: TestPki,
     _store: StoreFixture,
 }
 
 /// The shipped example config, pointed at the fake (`connect_to`, its CA) and a test store;
 /// `edit` changes the stripe route further.
-async fn shipped_config(backend: Backend, edit: impl FnOnce(&mut toml::Table)) -> Stripe {
+pub(crate) async fn shipped_config(
+    backend: Backend,
+    edit: impl FnOnce(&mut toml::Table),
+) -> Stripe {
     shipped_config_with(backend, edit, &[], None).await
 }
 
@@ -41,7 +46,11 @@ async fn shipped_config_with(
     ca: Option<&ProxyCa>,
 ) -> Stripe {
     let pki = TestPki::new("stripe-test-ca");
-    let fake = FakeStripe::start(&[SECRET], Some(pki.server_config(&["api.stripe.com"]))).await;
+    let fake = FakeStripe::start(
+        &[SECRET, OTHER_SECRET],
+        Some(pki.server_config(&["api.stripe.com"])),
+    )
+    .await;
     let store = StoreFixture::new(backend);
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/examples/stripe.toml");
     let mut cfg: toml::Table = std::fs::read_to_string(&path)
@@ -101,7 +110,7 @@ fn tool_script() -> PathBuf {
 }
 
 /// One run of the agent's tool: a new Python process, the SDK as shipped, base URL mode.
-async fn run_tool(s: &Stripe, args: &[&str]) -> Value {
+pub(crate) async fn run_tool(s: &Stripe, args: &[&str]) -> Value {
     run_tool_with(args, &[("STRIPE_API_BASE", s.proxy.url("/stripe"))]).await
 }
 

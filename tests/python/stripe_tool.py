@@ -5,6 +5,7 @@ invocation of this script is one run of the tool; a re-run is a new process.
     stripe_tool.py charge  INVOICE AMOUNT DESCRIPTION [SOURCE]
     stripe_tool.py flow    EMAIL INVOICE AMOUNT
     stripe_tool.py pay     INVOICE AMOUNT          (one PaymentIntent, confirmed at creation)
+    stripe_tool.py capture-flow INVOICE AMOUNT     (create, confirm, capture: manual capture)
     stripe_tool.py pay-client INVOICE AMOUNT       (the same with StripeClient, the newer style)
     stripe_tool.py charge-no-invoice AMOUNT        (a charge that names no invoice)
     stripe_tool.py charge-keyed KEY AMOUNT         (a charge under the tool's own idempotency key)
@@ -67,6 +68,23 @@ def flow(email, invoice, amount):
     }
 
 
+def capture_flow(invoice, amount):
+    """Stripe's two-step flow: authorise (create, confirm), then capture."""
+    pi = stripe.PaymentIntent.create(
+        amount=amount,
+        currency="usd",
+        capture_method="manual",
+        metadata={"invoice_id": invoice},
+    )
+    confirmed = stripe.PaymentIntent.confirm(pi.id, payment_method="pm_card_visa")
+    captured = stripe.PaymentIntent.capture(pi.id)
+    return {
+        "payment_intent": pi.id,
+        "confirmed": confirmed.status,
+        "status": captured.status,
+    }
+
+
 def pay(invoice, amount):
     pi = stripe.PaymentIntent.create(
         amount=amount,
@@ -112,6 +130,8 @@ def main(argv):
             out = charge(args[0], args[1], args[2], *args[3:4])
         elif command == "flow":
             out = flow(args[0], args[1], args[2])
+        elif command == "capture-flow":
+            out = capture_flow(args[0], args[1])
         elif command == "pay":
             out = pay(args[0], args[1])
         elif command == "pay-client":

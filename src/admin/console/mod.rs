@@ -124,6 +124,8 @@ async fn act(
         "/console/approvals/decide" => pages::decide(admin, &session, &form).await,
         "/console/held/release" => pages::resolve(admin, &session, &form, false).await,
         "/console/held/attest" => pages::resolve(admin, &session, &form, true).await,
+        "/console/spend/freeze" => pages::freeze(admin, &session, &form, true).await,
+        "/console/spend/unfreeze" => pages::freeze(admin, &session, &form, false).await,
         _ => pages::message(
             Some(&session),
             StatusCode::NOT_FOUND,

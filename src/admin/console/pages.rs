@@ -28,7 +28,7 @@ use crate::idempotency::record::Receipt;
 use crate::spend::budget::Spender;
 use crate::spend::gate::approval_id;
 use crate::spend::money::Money;
-use crate::spend::port::{Approval, ApprovalState};
+use crate::spend::port::{Approval, ApprovalState, Freeze, FreezeTarget};
 
 #[derive(Template)]
 #[template(path = "console/login.html")]
@@ -472,13 +472,13 @@ pub async fn overview(admin: &Admin, session: &Session) -> Response<Body> {
         .collect();
     let (counts, since_ms) = admin.traffic.last_hour(&admin.app.metrics);
     let (outcomes, traffic, unprotected) = traffic_table(&counts);
-    let pending = approvals::all(admin)
+    let pending = admin
+        .app
+        .spend
+        .store()
+        .pending(now)
         .await
-        .map(|all| {
-            all.iter()
-                .filter(|a| a.state == ApprovalState::Pending && !a.expired(now))
-                .count()
-        })
+        .map(|p| p.len())
         .unwrap_or(0);
     let held = admin
         .held
@@ -539,10 +539,78 @@ struct Spend {
     error: Option<String>,
     q_run: String,
     q_tenant: String,
+    csrf: String,
+    role: &'static str,
+    can_freeze: bool,
     budgets: Vec<BudgetRow>,
+    routes: Vec<FreezeRow>,
+    freezes: Vec<FreezeRow>,
 }
 
-/// The tenant budgets of one route, and the budgets of these runs on it.
+/// Something an operator may freeze (or has frozen): the form's hidden fields.
+struct FreezeRow {
+    scope: &'static str,
+    tenant: String,
+    run: String,
+    route: String,
+    /// `the tenant acme`
+    what: String,
+    frozen: bool,
+    /// Who froze it and why, when frozen.
+    note: String,
+}
+
+impl FreezeRow {
+    fn of(target: &FreezeTarget, frozen: Option<&Freeze>) -> FreezeRow {
+        let (scope, tenant, run, route) = match target {
+            FreezeTarget::Tenant(t) => ("tenant", t.clone(), String::new(), String::new()),
+            FreezeTarget::Run { tenant, run } => {
+                ("run", tenant.clone(), run.clone(), String::new())
+            }
+            FreezeTarget::Route(r) => ("route", String::new(), String::new(), r.clone()),
+        };
+        FreezeRow {
+            scope,
+            tenant,
+            run,
+            route,
+            what: FreezeTarget::describe(&target.key()),
+            frozen: frozen.is_some(),
+            note: frozen
+                .map(|f| format!("frozen by {} {}: {}", f.by, views::clock(f.at_ms), f.reason))
+                .unwrap_or_default(),
+        }
+    }
+
+    fn from_key(key: &str) -> Option<FreezeTarget> {
+        let (kind, rest) = key.split_once(':')?;
+        Some(match kind {
+            "tenant" => FreezeTarget::Tenant(rest.to_string()),
+            "run" => {
+                let (tenant, run) = rest.split_once('/')?;
+                FreezeTarget::Run {
+                    tenant: tenant.to_string(),
+                    run: run.to_string(),
+                }
+            }
+            "route" => FreezeTarget::Route(rest.to_string()),
+            _ => return None,
+        })
+    }
+}
+
+/// One budget to show: its label, its counter, its cap (money or executions) and window.
+struct Wanted {
+    label: String,
+    key: String,
+    cap: Option<i64>,
+    counts: bool,
+    window: crate::spend::budget::Window,
+    target: FreezeTarget,
+}
+
+/// The tenant budgets of one route, and the budgets of these runs on it: money caps and,
+/// beside them, count caps (executions).
 async fn route_budgets(
     admin: &Admin,
     route: &str,
@@ -550,20 +618,50 @@ async fn route_budgets(
     tenants: &[String],
     runs: &[(String, String)],
     now: u64,
+    freezes: &[Freeze],
 ) -> Result<Vec<BudgetRow>, crate::idempotency::store::StoreError> {
     let mut wanted = Vec::new();
+    let mut both = |label: String,
+                    key: String,
+                    money: Option<Money>,
+                    count: Option<i64>,
+                    window,
+                    target: FreezeTarget| {
+        if money.is_some() || count.is_none() {
+            wanted.push(Wanted {
+                label: label.clone(),
+                key: key.clone(),
+                cap: money.map(|m| m.minor),
+                counts: false,
+                window,
+                target: target.clone(),
+            });
+        }
+        if let Some(n) = count {
+            wanted.push(Wanted {
+                label: format!("{label}, executions"),
+                key: format!("{key}/executions"),
+                cap: Some(n),
+                counts: true,
+                window,
+                target,
+            });
+        }
+    };
     for t in tenants {
         let who = Spender {
             route,
             tenant: t,
             run: "",
         };
-        wanted.push((
+        both(
             format!("tenant {t}"),
             who.tenant_counter(),
             b.per_tenant,
+            b.count_per_tenant,
             b.tenant_window,
-        ));
+            FreezeTarget::Tenant(t.clone()),
+        );
     }
     for (t, run) in runs {
         let who = Spender {
@@ -571,33 +669,84 @@ async fn route_budgets(
             tenant: t,
             run,
         };
-        wanted.push((
+        both(
             format!("run {run} of {t}"),
             who.run_counter(),
             b.per_run,
+            b.count_per_run,
             b.run_window,
-        ));
+            FreezeTarget::Run {
+                tenant: t.clone(),
+                run: run.clone(),
+            },
+        );
+    }
+    if b.per_route.is_some() || b.count_per_route.is_some() {
+        let who = Spender {
+            route,
+            tenant: "",
+            run: "",
+        };
+        let target = FreezeTarget::Route(route.to_string());
+        if b.per_route.is_some() {
+            wanted.push(Wanted {
+                label: "every tenant".into(),
+                key: who.route_counter(),
+                cap: b.per_route.map(|m| m.minor),
+                counts: false,
+                window: b.route_window,
+                target: target.clone(),
+            });
+        }
+        if let Some(n) = b.count_per_route {
+            wanted.push(Wanted {
+                label: "every tenant, executions".into(),
+                key: format!("{}/executions", who.route_counter()),
+                cap: Some(n),
+                counts: true,
+                window: b.route_window,
+                target,
+            });
+        }
     }
     let mut rows = Vec::new();
-    for (label, key, cap, window) in wanted {
-        let window_ms = window.as_millis() as u64;
-        let spent = admin.app.spend.store().spent(&key, window_ms, now).await?;
+    for w in wanted {
+        // What the gate counts: since the window's start (a rolling span, or midnight).
+        let window_ms = now.saturating_sub(b.since(w.window, now));
+        let spent = admin
+            .app
+            .spend
+            .store()
+            .spent(&w.key, window_ms, now)
+            .await?;
+        let shown = |v: i64| {
+            if w.counts {
+                format!("{v} executions")
+            } else {
+                Money::new(v, b.caps_currency).to_string()
+            }
+        };
+        let key = w.target.key();
         rows.push(BudgetRow {
             route: route.to_string(),
-            who: label,
-            spent: Money::new(spent, b.caps_currency).to_string(),
-            cap: cap
-                .map(|c| c.to_string())
-                .unwrap_or_else(|| "no cap".into()),
-            window: views::span(window_ms),
-            percent: cap
-                .filter(|c| c.minor > 0)
+            who: w.label,
+            kind: if w.counts { "count" } else { "money" },
+            spent: shown(spent),
+            cap: w.cap.map(shown).unwrap_or_else(|| "no cap".into()),
+            window: match w.window {
+                crate::spend::budget::Window::Rolling(d) => views::span(d.as_millis() as u64),
+                calendar => b.describe(calendar),
+            },
+            percent: w
+                .cap
+                .filter(|c| *c > 0)
                 .map(|c| {
-                    ((spent.max(0) as f64 / c.minor as f64) * 100.0)
+                    ((spent.max(0) as f64 / c as f64) * 100.0)
                         .round()
                         .min(999.0) as u32
                 })
                 .unwrap_or(0),
+            freeze: FreezeRow::of(&w.target, freezes.iter().find(|f| f.target == key)),
         });
     }
     Ok(rows)
@@ -606,14 +755,17 @@ async fn route_budgets(
 struct BudgetRow {
     route: String,
     who: String,
+    /// `money` or `count`.
+    kind: &'static str,
     spent: String,
     cap: String,
     window: String,
     percent: u32,
+    freeze: FreezeRow,
 }
 
-/// Every route's tenant budgets, the runs approvals named (and one looked up), nearest to
-/// their caps first.
+/// Every route's tenant budgets (money and counts), the runs approvals named (and one looked
+/// up), nearest to their caps first; the freezes in effect, and a freeze button per row.
 pub async fn spend(
     admin: &Admin,
     session: &Session,
@@ -626,6 +778,13 @@ pub async fn spend(
     let tenants = admin.app.tenants.names();
     let mut rows = Vec::new();
     let mut error = None;
+    let freezes = match admin.app.spend.store().freezes().await {
+        Ok(f) => f,
+        Err(e) => {
+            error = Some(format!("The freezes could not be read: {e}"));
+            Vec::new()
+        }
+    };
     let looked_up = (!q_run.is_empty()).then(|| {
         let t = if q_tenant.is_empty() {
             crate::auth::DEFAULT_TENANT.to_string()
@@ -634,8 +793,15 @@ pub async fn spend(
         };
         (t, q_run.clone())
     });
+    let mut routes = Vec::new();
     for route in admin.app.routes.all() {
         let Some(spend) = &route.spend else { continue };
+        let target = FreezeTarget::Route(route.name.clone());
+        let key = target.key();
+        routes.push(FreezeRow::of(
+            &target,
+            freezes.iter().find(|f| f.target == key),
+        ));
         let mut runs: Vec<(String, String)> = approvals
             .iter()
             .filter(|a| a.route == route.name)
@@ -644,22 +810,99 @@ pub async fn spend(
             .collect();
         runs.sort();
         runs.dedup();
-        match route_budgets(admin, &route.name, &spend.budget, &tenants, &runs, now).await {
+        match route_budgets(
+            admin,
+            &route.name,
+            &spend.budget,
+            &tenants,
+            &runs,
+            now,
+            &freezes,
+        )
+        .await
+        {
             Ok(mut found) => rows.append(&mut found),
             Err(e) => error = Some(format!("The spend store did not answer: {e}")),
         }
     }
     rows.sort_by(|a, b| b.percent.cmp(&a.percent).then(a.route.cmp(&b.route)));
+    let frozen = freezes
+        .iter()
+        .filter_map(|f| Some(FreezeRow::of(&FreezeRow::from_key(&f.target)?, Some(f))))
+        .collect();
+    let flash = match q("done").as_str() {
+        "frozen" => Some(Flash {
+            kind: "ok",
+            text: format!("Frozen: {}.", q("what")),
+        }),
+        "unfrozen" => Some(Flash {
+            kind: "ok",
+            text: format!("Freeze lifted: {}.", q("what")),
+        }),
+        _ => None,
+    };
     render(
         StatusCode::OK,
         &Spend {
             nav: "spend",
             user: Some(UserView::of(session)),
-            flash: None,
+            flash,
             error,
             q_run,
             q_tenant,
+            csrf: session.csrf.clone(),
+            role: session.who.role.as_str(),
+            can_freeze: may(session, Role::Operator),
             budgets: rows,
+            routes,
+            freezes: frozen,
         },
     )
+}
+
+/// The spend page's freeze and unfreeze buttons: the same operation as the freezes API.
+pub async fn freeze(
+    admin: &Admin,
+    session: &Session,
+    form: &HashMap<String, String>,
+    freeze: bool,
+) -> Response<Body> {
+    if !may(session, Role::Operator) {
+        return forbidden(session, "freeze or unfreeze spend");
+    }
+    let field = |k: &str| {
+        form.get(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let order = crate::admin::freezes::Order {
+        scope: field("scope").unwrap_or_default(),
+        tenant: field("tenant"),
+        run: field("run"),
+        route: field("route"),
+        by: None,
+        reason: field("reason"),
+    };
+    let who = &session.who;
+    match crate::admin::freezes::apply(admin, who, &who.name, "console", &order, freeze).await {
+        Ok(v) => {
+            let what = v["what"]
+                .as_str()
+                .or_else(|| v["freeze"]["what"].as_str())
+                .unwrap_or_default()
+                .to_string();
+            let q: String = form_urlencoded::Serializer::new(String::new())
+                .append_pair("done", if freeze { "frozen" } else { "unfrozen" })
+                .append_pair("what", &what)
+                .finish();
+            redirect_to(format!("/console/spend?{q}"))
+        }
+        Err(p) => message(
+            Some(session),
+            p.status,
+            p.title,
+            &p.detail,
+            "/console/spend",
+        ),
+    }
 }

@@ -174,6 +174,9 @@ async fn serve(
         derivation: route.identity.derivations.primary.number(),
         other: None,
         priced: plan.as_ref().map(|(_, p)| p.binding.as_str()),
+        // MCP routes have no lookup.
+        lookup_target: None,
+        lookup_credentials: None,
     };
     let acquired = match policy.on_in_flight {
         OnInFlight::Conflict => app.claims.acquire(&ask, &policy).await,

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::connection::{unavailable, NOW};
+use super::connection::unavailable;
+use super::schema::NOW;
 use super::PostgresStore;
 use crate::idempotency::record::{Fence, Record, State, HEADER_LEN};
 use crate::idempotency::store::{Expiry, SettleSink, Store, StoreError};

@@ -12,54 +12,10 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Config as PgConfig};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::schema::{MIGRATIONS, NOW};
 use super::url::{redact, PostgresUrl};
 use crate::idempotency::store::{SettleSink, StoreError};
 use crate::store::tls::TlsFiles;
-
-/// The schema this build reads and writes. Each entry migrates from the version before it.
-const MIGRATIONS: &[&str] = &[
-    // 1: one row per scope. `token` and `state` repeat the record's 33-byte header so the
-    // fences compare columns; `expires_at` is milliseconds since the epoch, NULL = never.
-    // Text compared bytewise (`C`), so the operators' list by namespace is an index range.
-    // A fill factor below 100 leaves room for the settle's update on the claim's own page.
-    "CREATE TABLE idemproxy_records (
-         scope      text COLLATE \"C\" PRIMARY KEY,
-         state      \"char\" NOT NULL,
-         token      text NOT NULL,
-         value      bytea NOT NULL,
-         expires_at bigint
-     ) WITH (fillfactor = 80);
-     CREATE INDEX idemproxy_records_expires_at ON idemproxy_records (expires_at)
-         WHERE expires_at IS NOT NULL;
-     CREATE INDEX idemproxy_records_unknown ON idemproxy_records (scope) WHERE state = 'U';",
-    // 2: spend control. A reservation per (counter, operation); approvals as versioned
-    // records. Counter and approval ids carry the namespace.
-    "CREATE TABLE idemproxy_spend (
-         counter    text COLLATE \"C\" NOT NULL,
-         id         text COLLATE \"C\" NOT NULL,
-         amount     bigint NOT NULL,
-         at_ms      bigint NOT NULL,
-         expires_at bigint NOT NULL,
-         in_window  boolean NOT NULL,
-         PRIMARY KEY (counter, id)
-     );
-     CREATE INDEX idemproxy_spend_window ON idemproxy_spend (counter, in_window, at_ms);
-     CREATE TABLE idemproxy_spend_totals (
-         counter text COLLATE \"C\" PRIMARY KEY,
-         total   bigint NOT NULL
-     );
-     CREATE TABLE idemproxy_approvals (
-         id         text COLLATE \"C\" PRIMARY KEY,
-         created_ms bigint NOT NULL,
-         expires_at bigint NOT NULL,
-         value      bytea NOT NULL
-     );",
-    // 3: reservations per attempt, in one round trip (functions in `spend.rs`).
-    super::spend::MIGRATION,
-];
-
-/// Now on the database's clock, in milliseconds; one value for the whole statement.
-pub(super) const NOW: &str = "(extract(epoch from statement_timestamp()) * 1000)::bigint";
 
 /// Most rows one sweep statement deletes; a backlog drains in several short statements.
 const SWEEP_BATCH: i64 = 2000;

@@ -1,9 +1,10 @@
 //! PostgreSQL backend, for teams that run Postgres already and would rather not add Redis:
-//! one pool and schema (`connection`) both ports use, the claim store (`claims`) and
-//! spend's budgets and approvals (`spend`); `url` reads the `postgres://` URL.
+//! one pool (`connection`) both ports use, the schema it migrates to (`schema`), the claim
+//! store (`claims`) and spend's budgets and approvals (`spend`); `url` reads the URL.
 
 mod claims;
 mod connection;
+mod schema;
 mod spend;
 pub(super) mod url;
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio_postgres::Config as PgConfig;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::request::form;
 use crate::store::tls::{self, TlsFiles, Verify};
 
 /// `sslmode` as libpq spells it.
@@ -55,10 +56,13 @@ impl PostgresUrl {
         let (mut sslmode, mut rootcert, mut cert, mut key) = (SslMode::Prefer, None, None, None);
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = || percent_decode(v);
+            let value = || {
+                form::decode_url_component(v.as_bytes())
+                    .map_err(|e| format!("`{}`: {k}: `{v}` {e}", redact(url)))
+            };
             match k {
                 "sslmode" => {
-                    sslmode = match value().as_str() {
+                    sslmode = match value()?.as_str() {
                         "disable" => SslMode::Disable,
                         "allow" | "prefer" => SslMode::Prefer,
                         "require" => SslMode::Require,
@@ -72,9 +76,9 @@ impl PostgresUrl {
                         }
                     }
                 }
-                "sslrootcert" => rootcert = Some(PathBuf::from(value())),
-                "sslcert" => cert = Some(PathBuf::from(value())),
-                "sslkey" => key = Some(PathBuf::from(value())),
+                "sslrootcert" => rootcert = Some(PathBuf::from(value()?)),
+                "sslcert" => cert = Some(PathBuf::from(value()?)),
+                "sslkey" => key = Some(PathBuf::from(value()?)),
                 _ => kept.push(pair),
             }
         }
@@ -119,6 +123,22 @@ impl PostgresUrl {
         })
     }
 
+    /// A CA given (`store.tls_ca`, or `sslrootcert`) with a mode that checks nothing would
+    /// look like verified TLS and be none: `prefer` falls back to plain text and, over TLS,
+    /// accepts any certificate. Refused, saying why and what to write.
+    pub fn check_ca(&self, ca_given: bool) -> Result<(), String> {
+        let ca_given = ca_given || self.rootcert.is_some();
+        let why = match self.sslmode {
+            _ if !ca_given => return Ok(()),
+            SslMode::Disable => "sslmode=disable uses no TLS at all",
+            SslMode::Prefer => "sslmode=prefer (the default) falls back to plain text when the server offers no TLS, and checks no certificate when it does",
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => return Ok(()),
+        };
+        Err(format!(
+            "a CA is given for PostgreSQL, but {why}: nothing would be verified against it. Add sslmode=verify-full (or verify-ca) to store.url"
+        ))
+    }
+
     /// The TLS connector `sslmode` asks for; as libpq, `require` with a root certificate
     /// checks the chain like `verify-ca`.
     pub(super) fn connector(&self, files: &TlsFiles) -> Result<MakeRustlsConnect, String> {
@@ -127,6 +147,7 @@ impl PostgresUrl {
             self.cert.clone(),
             self.key.clone(),
         )?;
+        self.check_ca(files.ca.is_some())?;
         let verify = match self.sslmode {
             SslMode::VerifyFull => Verify::Full,
             SslMode::VerifyCa => Verify::Chain,
@@ -135,26 +156,6 @@ impl PostgresUrl {
         };
         Ok(MakeRustlsConnect::new(tls::client_config(&files, verify)?))
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
-                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `url` with its password replaced, for messages.
@@ -190,6 +191,16 @@ mod tests {
         let e =
             PostgresUrl::parse("postgres://idem@db/claims?sslmode=verify").expect_err("bad mode");
         assert!(e.contains("verify-full"), "{e}");
+        let u = PostgresUrl::parse("postgres://idem@db/claims?sslrootcert=/etc/ca+1.pem")
+            .expect("parses");
+        assert_eq!(
+            u.rootcert.as_deref(),
+            Some(std::path::Path::new("/etc/ca+1.pem")),
+            "a + in a URL is a plus"
+        );
+        let e = PostgresUrl::parse("postgres://idem:pw@db/claims?sslrootcert=%zz")
+            .expect_err("a bad escape");
+        assert!(e.contains("sslrootcert") && !e.contains("pw@"), "{e}");
         let e = PostgresUrl::parse("postgres://db:5432/claims").expect_err("no user");
         assert!(e.contains("names no user"), "{e}");
         let e = PostgresUrl::parse("postgres://idem@db:port/claims").expect_err("bad port");

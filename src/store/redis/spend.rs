@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use super::connection::{Effect, Lua};
 use super::RedisStore;
 use crate::idempotency::store::{now_ms, StoreError};
-use crate::spend::port::{Approval, Opened, Reservation, Reserved, SpendStore};
+use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting};
 use crate::store::approvals::{self, Cells};
 
 // A counter is four keys under `PREFIX .. name`: `:win` (sorted set: the attempts reserved
@@ -67,12 +67,18 @@ end
 
 /// KEYS: the attempt's `res` key. ARGV: prefix, token, now, keep, enforce (1/0), the token it
 /// replaces ('' for none), n, then (counter, cap or '', since, add) per counter, then m and
-/// (counter index, threshold) per approval threshold. Sums leave out the replaced attempt's
-/// reservation.
+/// (counter index, threshold) per approval threshold, then f and the freeze targets to check
+/// (fields of the `freezes` hash). Sums leave out the replaced attempt's reservation.
 const RESERVE: &str = r#"
 local prefix, token, now, keep = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local enforce, replaces, n = ARGV[5] == '1', ARGV[6], tonumber(ARGV[7])
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'existing', 0, 0} end
+local fat = 4 * n + 9 + 2 * tonumber(ARGV[4 * n + 8])
+for k = 1, tonumber(ARGV[fat]) do
+  if redis.call('HEXISTS', prefix .. 'freezes', ARGV[fat + k]) == 1 then
+    return {'frozen', k - 1, 0}
+  end
+end
 local names, caps, adds, sums = {}, {}, {}, {}
 for i = 1, n do
   local a = 4 * i + 4
@@ -129,12 +135,50 @@ end
 return sum
 "#;
 
-/// KEYS: the approvals hash. ARGV: id, the value read ('' for none), the new value.
+/// KEYS: the approvals hash, the pending index. ARGV: id, the value read ('' for none), the
+/// new value, its index entry ('' once decided).
 const SWAP: &str = r#"
 local now = redis.call('HGET', KEYS[1], ARGV[1]) or ''
 if now ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
 return 1
+"#;
+
+/// KEYS: the approvals hash, the pending index. ARGV: now. Builds the index from the
+/// approvals once (a store written before it existed), drops expired entries, and returns the
+/// live ones. The `_built` field marks a built index and is never deleted.
+const PENDING: &str = r#"
+if redis.call('HEXISTS', KEYS[2], '_built') == 0 then
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local ok, a = pcall(cjson.decode, all[i + 1])
+    if ok and a.state == 'pending' then
+      redis.call('HSET', KEYS[2], all[i], string.format(
+        '{"id":%s,"route":%s,"tenant":%s,"run":%s,"expires_ms":%.0f}',
+        cjson.encode(a.id), cjson.encode(a.route), cjson.encode(a.tenant),
+        cjson.encode(a.run), a.expires_ms))
+    end
+  end
+  redis.call('HSET', KEYS[2], '_built', '1')
+end
+local live, now = {}, tonumber(ARGV[1])
+local entries = redis.call('HGETALL', KEYS[2])
+for i = 1, #entries, 2 do
+  if entries[i] ~= '_built' then
+    local ok, w = pcall(cjson.decode, entries[i + 1])
+    if ok and tonumber(w.expires_ms) > now then
+      table.insert(live, entries[i + 1])
+    else
+      redis.call('HDEL', KEYS[2], entries[i])
+    end
+  end
+end
+return live
 "#;
 
 /// The scripts with the helpers they use, and their digests, computed once.
@@ -142,6 +186,7 @@ static RESERVE_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{HELPE
 static RELEASE_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(format!("{HELPERS}{RELEASE}")));
 static SPENT_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(SPENT_READ.into()));
 static SWAP_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(SWAP.into()));
+static PENDING_SCRIPT: LazyLock<Lua> = LazyLock::new(|| Lua::new(PENDING.into()));
 
 impl RedisStore {
     /// Where every spend key starts: one hash tag for all of them (one Cluster slot).
@@ -158,6 +203,18 @@ impl RedisStore {
     fn approvals_key(&self) -> String {
         self.conn.key("approvals")
     }
+
+    /// The pending approvals' index (id → [`Waiting`]): tagged with the approvals hash's
+    /// whole name, so a Cluster keeps both in one slot and one script writes both.
+    fn pending_key(&self) -> String {
+        format!("{{{}}}:pending", self.approvals_key())
+    }
+
+    /// Freezes: one hash, target → the freeze. In the spend slot, so the reserve script
+    /// checks it in the same step as the counters.
+    fn freezes_key(&self) -> String {
+        format!("{}freezes", self.spend_prefix())
+    }
 }
 
 /// Approvals are fields of one hash, swapped by a script that compares the bytes read.
@@ -170,10 +227,12 @@ impl Cells for RedisStore {
 
     async fn swap(&self, seen: Option<&[u8]>, new: &Approval) -> Result<bool, StoreError> {
         let encoded = new.encode();
-        let args: [&[u8]; 3] = [new.id.as_bytes(), seen.unwrap_or(b""), &encoded];
+        let entry = Waiting::of(new).map(|w| w.encode()).unwrap_or_default();
+        let args: [&[u8]; 4] = [new.id.as_bytes(), seen.unwrap_or(b""), &encoded, &entry];
+        let keys = [self.approvals_key(), self.pending_key()];
         let swapped: i64 = self
             .conn
-            .script(&SWAP_SCRIPT, &[self.approvals_key()], &args, Effect::Wrote)
+            .script(&SWAP_SCRIPT, &keys, &args, Effect::Wrote)
             .await?;
         Ok(swapped == 1)
     }
@@ -203,6 +262,8 @@ impl SpendStore for RedisStore {
         for (index, above) in &r.approvals {
             args.extend([index.to_string(), above.to_string()]);
         }
+        args.push(r.frozen.len().to_string());
+        args.extend(r.frozen.iter().cloned());
         let (verdict, index, spent): (String, i64, i64) = self
             .conn
             .script(&RESERVE_SCRIPT, &keys, &args, Effect::Wrote)
@@ -217,6 +278,9 @@ impl SpendStore for RedisStore {
             "approval" => Reserved::NeedsApproval {
                 index: index as usize,
                 spent,
+            },
+            "frozen" => Reserved::Frozen {
+                index: index as usize,
             },
             other => {
                 return Err(StoreError::Unavailable(format!(
@@ -295,6 +359,41 @@ impl SpendStore for RedisStore {
         all.retain(|a| a.expires_ms >= gone_before);
         all.sort_by_key(|a| std::cmp::Reverse(a.created_ms));
         all.truncate(limit);
+        Ok(all)
+    }
+
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError> {
+        let keys = [self.approvals_key(), self.pending_key()];
+        let raw: Vec<Vec<u8>> = self
+            .conn
+            .script(&PENDING_SCRIPT, &keys, &[now_ms], Effect::Wrote)
+            .await?;
+        raw.iter().map(|r| Waiting::decode(r)).collect()
+    }
+
+    async fn freeze(&self, f: &Freeze) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(self.freezes_key()).arg(&f.target).arg(f.encode());
+        let _: i64 = self.conn.query(cmd, Effect::Wrote).await?;
+        Ok(())
+    }
+
+    async fn unfreeze(&self, target: &str) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(self.freezes_key()).arg(target);
+        let gone: i64 = self.conn.query(cmd, Effect::Wrote).await?;
+        Ok(gone > 0)
+    }
+
+    async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
+        let mut cmd = redis::cmd("HVALS");
+        cmd.arg(self.freezes_key());
+        let raw: Vec<Vec<u8>> = self.conn.query(cmd, Effect::Read).await?;
+        let mut all = raw
+            .iter()
+            .map(|r| Freeze::decode(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        all.sort_by(|a, b| a.target.cmp(&b.target));
         Ok(all)
     }
 }

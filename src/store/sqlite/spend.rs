@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use super::SqliteStore;
 use crate::idempotency::store::StoreError;
 use crate::spend::port::{
-    decide, opening, updating, Approval, Opened, Reservation, Reserved, SpendStore,
+    decide, opening, updating, Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting,
 };
 
 /// A spend operation, as the writer thread runs it.
@@ -22,6 +22,10 @@ pub(super) enum Op {
     Approval { id: String },
     UpdateApproval(Approval),
     Approvals { limit: usize },
+    Freeze(Freeze),
+    Unfreeze { target: String },
+    Freezes,
+    Pending { now_ms: u64 },
 }
 
 pub(super) enum Reply {
@@ -33,6 +37,7 @@ pub(super) enum Reply {
     Found(Option<Vec<u8>>),
     Updated(bool),
     Listed(Vec<Vec<u8>>),
+    Unfrozen(bool),
 }
 
 /// An operation answered with a reply of another operation's kind: a bug, said as such.
@@ -40,8 +45,12 @@ fn mismatched() -> StoreError {
     StoreError::Unavailable("the SQLite store answered with the wrong kind of reply".into())
 }
 
-/// The spend port's tables: reservations, running totals, approvals.
+/// The spend port's tables: reservations, running totals, approvals, freezes, and the index
+/// of pending approvals (filled from the approvals when a file from before it is opened).
 pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    let indexed: bool = conn
+        .prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approvals_pending'")?
+        .exists([])?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS spend (
              counter    TEXT NOT NULL,
@@ -58,13 +67,56 @@ pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
              counter TEXT PRIMARY KEY,
              total   INTEGER NOT NULL
          );
+         CREATE TABLE IF NOT EXISTS spend_freezes (
+             target TEXT PRIMARY KEY,
+             value  BLOB NOT NULL
+         );
          CREATE TABLE IF NOT EXISTS approvals (
              id         TEXT PRIMARY KEY,
              created_ms INTEGER NOT NULL,
              expires_at INTEGER NOT NULL,
              value      BLOB NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS approvals_pending (
+             id         TEXT PRIMARY KEY,
+             expires_at INTEGER NOT NULL,
+             value      BLOB NOT NULL
          );",
-    )
+    )?;
+    if !indexed {
+        let mut rows = Vec::new();
+        {
+            let mut stmt = conn.prepare("SELECT value FROM approvals")?;
+            let mut found = stmt.query([])?;
+            while let Some(row) = found.next()? {
+                let raw: Vec<u8> = row.get(0)?;
+                if let Some(w) = Approval::decode(&raw).ok().as_ref().and_then(Waiting::of) {
+                    rows.push(w);
+                }
+            }
+        }
+        for w in rows {
+            index_pending(conn, &w.id.clone(), Some(&w))?;
+        }
+    }
+    Ok(())
+}
+
+/// Keeps `id` in the pending index while `waiting` says it is pending; out of it otherwise.
+fn index_pending(conn: &Connection, id: &str, waiting: Option<&Waiting>) -> rusqlite::Result<()> {
+    match waiting {
+        Some(w) => conn
+            .prepare_cached(
+                "INSERT INTO approvals_pending (id, expires_at, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(id) DO UPDATE SET expires_at = excluded.expires_at,
+                     value = excluded.value",
+            )?
+            .execute(params![id, w.expires_ms as i64, w.encode()])?,
+        None => conn
+            .prepare_cached("DELETE FROM approvals_pending WHERE id = ?1")?
+            .execute(params![id])?,
+    };
+    Ok(())
 }
 
 /// Deletes reservations and approvals past their time (with the claims' sweep).
@@ -81,6 +133,12 @@ pub(super) fn sweep(conn: &Connection, now: i64) {
             conn.execute(
                 "DELETE FROM approvals WHERE expires_at <= ?1",
                 params![now - day],
+            )
+        })
+        .and_then(|_| {
+            conn.execute(
+                "DELETE FROM approvals_pending WHERE expires_at <= ?1",
+                params![now],
             )
         });
     if let Err(e) = result {
@@ -152,6 +210,15 @@ fn reserve(tx: &Transaction<'_>, r: &Reservation) -> rusqlite::Result<Reserved> 
         .query_row(params![r.token], |_| Ok(()))
         .optional()?
         .is_some();
+    let mut frozen = Vec::with_capacity(r.frozen.len());
+    for target in &r.frozen {
+        frozen.push(
+            tx.prepare_cached("SELECT 1 FROM spend_freezes WHERE target = ?1")?
+                .query_row(params![target], |_| Ok(()))
+                .optional()?
+                .is_some(),
+        );
+    }
     let mut sums = Vec::with_capacity(r.counters.len());
     for c in &r.counters {
         age(tx, &c.key, c.since_ms as i64)?;
@@ -161,7 +228,12 @@ fn reserve(tx: &Transaction<'_>, r: &Reservation) -> rusqlite::Result<Reserved> 
         };
         sums.push(total(tx, &c.key)? - replaced);
     }
-    let verdict = decide(r, existing, |i| sums.get(i).copied().unwrap_or(0));
+    let verdict = decide(
+        r,
+        existing,
+        |i| frozen.get(i).copied().unwrap_or(false),
+        |i| sums.get(i).copied().unwrap_or(0),
+    );
     if verdict.counts(r.enforce) {
         if let Some(old) = &r.replaces {
             release(tx, old)?;
@@ -197,7 +269,7 @@ fn store_approval(tx: &Transaction<'_>, a: &Approval) -> rusqlite::Result<()> {
         a.expires_ms as i64,
         a.encode()
     ])?;
-    Ok(())
+    index_pending(tx, &a.id, Waiting::of(a).as_ref())
 }
 
 /// Gives back attempt `token`'s reservation on every counter it is on.
@@ -260,6 +332,29 @@ pub(super) fn apply(tx: &Transaction<'_>, op: Op) -> rusqlite::Result<Reply> {
         Op::Approvals { limit } => Reply::Listed(
             tx.prepare_cached("SELECT value FROM approvals ORDER BY created_ms DESC LIMIT ?1")?
                 .query_map(params![limit as i64], |row| row.get(0))?
+                .collect::<rusqlite::Result<_>>()?,
+        ),
+        Op::Freeze(f) => {
+            tx.prepare_cached(
+                "INSERT INTO spend_freezes (target, value) VALUES (?1, ?2)
+                 ON CONFLICT(target) DO UPDATE SET value = excluded.value",
+            )?
+            .execute(params![f.target, f.encode()])?;
+            Reply::Unfrozen(true)
+        }
+        Op::Unfreeze { target } => Reply::Unfrozen(
+            tx.prepare_cached("DELETE FROM spend_freezes WHERE target = ?1")?
+                .execute(params![target])?
+                > 0,
+        ),
+        Op::Pending { now_ms } => Reply::Listed(
+            tx.prepare_cached("SELECT value FROM approvals_pending WHERE expires_at > ?1")?
+                .query_map(params![now_ms as i64], |row| row.get(0))?
+                .collect::<rusqlite::Result<_>>()?,
+        ),
+        Op::Freezes => Reply::Listed(
+            tx.prepare_cached("SELECT value FROM spend_freezes ORDER BY target")?
+                .query_map([], |row| row.get(0))?
                 .collect::<rusqlite::Result<_>>()?,
         ),
     })
@@ -328,6 +423,37 @@ impl SpendStore for SqliteStore {
     async fn approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
         match self.spend(Op::Approvals { limit }).await? {
             Reply::Listed(rows) => rows.iter().map(|raw| Approval::decode(raw)).collect(),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn pending(&self, now_ms: u64) -> Result<Vec<Waiting>, StoreError> {
+        match self.spend(Op::Pending { now_ms }).await? {
+            Reply::Listed(rows) => rows.iter().map(|raw| Waiting::decode(raw)).collect(),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn freeze(&self, f: &Freeze) -> Result<(), StoreError> {
+        match self.spend(Op::Freeze(f.clone())).await? {
+            Reply::Unfrozen(_) => Ok(()),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn unfreeze(&self, target: &str) -> Result<bool, StoreError> {
+        let op = Op::Unfreeze {
+            target: target.to_string(),
+        };
+        match self.spend(op).await? {
+            Reply::Unfrozen(found) => Ok(found),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
+        match self.spend(Op::Freezes).await? {
+            Reply::Listed(rows) => rows.iter().map(|raw| Freeze::decode(raw)).collect(),
             _ => Err(mismatched()),
         }
     }

@@ -32,6 +32,9 @@ pub fn record(state: State) -> Record {
             settled_ms: 0,
             resolved: None,
             priced: None,
+            lookup_target: None,
+            lookup_credentials: None,
+            passed_down_sha256: None,
         },
     }
 }

@@ -249,7 +249,7 @@ impl FakeStripe {
             ["v1", "payment_intents"] => {
                 let id = self.id("pi");
                 self.lock().payment_intents += 1;
-                let pi = json!({"id": id, "object": "payment_intent", "amount": amount(p), "currency": p.get("currency"), "customer": p.get("customer"), "status": "requires_confirmation", "metadata": metadata});
+                let pi = json!({"id": id, "object": "payment_intent", "amount": amount(p), "currency": p.get("currency"), "customer": p.get("customer"), "capture_method": p.get("capture_method").map_or("automatic", String::as_str), "status": "requires_confirmation", "metadata": metadata});
                 self.store(pi.clone());
                 if p.get("confirm").map(String::as_str) == Some("true") {
                     return self.confirm(&id, p);
@@ -257,6 +257,7 @@ impl FakeStripe {
                 (200, pi)
             }
             ["v1", "payment_intents", id, "confirm"] => self.confirm(id, p),
+            ["v1", "payment_intents", id, "capture"] => self.capture(id),
             ["v1", "refunds"] => {
                 let Some(pi) = p.get("payment_intent") else {
                     return error_value(
@@ -302,6 +303,35 @@ impl FakeStripe {
             pi["status"] = json!("requires_payment_method");
             self.store(pi.clone());
             return decline(Some(pi));
+        }
+        if pi["capture_method"] == "manual" {
+            pi["status"] = json!("requires_capture");
+            return self.store(pi);
+        }
+        pi["status"] = json!("succeeded");
+        let charge = json!({"id": self.id("ch"), "object": "charge", "amount": pi["amount"], "payment_intent": id, "status": "succeeded"});
+        pi["latest_charge"] = charge["id"].clone();
+        self.lock().charges.push(charge);
+        self.store(pi)
+    }
+
+    /// Capturing an authorised PaymentIntent takes the money.
+    fn capture(&self, id: &str) -> (u16, Value) {
+        let Some(mut pi) = self.lock().objects.get(id).cloned() else {
+            return error_value(
+                404,
+                "invalid_request_error",
+                Some("resource_missing"),
+                "No such payment_intent",
+            );
+        };
+        if pi["status"] != "requires_capture" {
+            return error_value(
+                400,
+                "invalid_request_error",
+                Some("payment_intent_unexpected_state"),
+                "This PaymentIntent could not be captured because it has a status other than requires_capture.",
+            );
         }
         pi["status"] = json!("succeeded");
         let charge = json!({"id": self.id("ch"), "object": "charge", "amount": pi["amount"], "payment_intent": id, "status": "succeeded"});

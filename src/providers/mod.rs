@@ -4,6 +4,8 @@
 //! override every part of a profile. `docs/providers.md` lists the sources behind each entry;
 //! the short tags in the comments below refer to it.
 
+pub mod catalogue;
+
 use std::time::Duration;
 
 use http::HeaderName;
@@ -200,13 +202,16 @@ pub struct Profile {
 /// is (every one from the provider's API reference; tags as below).
 #[derive(Debug, Clone, Copy)]
 pub struct SpendDefaults {
-    pub operations: &'static [&'static str],
+    /// The requests that move or change money, each with how it is priced and its source.
+    pub rows: &'static [catalogue::Row],
     /// Of those, the ones whose requests without a key may derive an identity from the whole
     /// request (charges); the others (money out, orders) are refused without one.
     pub derive_without_key: &'static [&'static str],
     pub amount: &'static [&'static str],
     pub currency: &'static str,
     pub unit: &'static str,
+    /// Currencies whose minor unit the provider counts otherwise than ISO 4217.
+    pub exponents: &'static [(&'static str, u32)],
 }
 
 /// The error body a provider's SDKs parse.
@@ -369,19 +374,16 @@ const SPECS: &[Spec] = &[
         ],
         key_source: Some(KeySource::Request),
         dedup_window: Some(DAY),
-        // Amounts are integers of the smallest currency unit [ST-AMOUNT]. A PaymentIntent
-        // counts when it is created (confirming it later sends no amount).
+        // Amounts are integers of the smallest currency unit, in Stripe's own list of
+        // zero- and three-decimal currencies [ST-AMOUNT]. A PaymentIntent counts when it is
+        // created; confirming or capturing one the proxy counted costs nothing more.
         spend: Some(SpendDefaults {
-            operations: &[
-                "POST /v1/payment_intents",
-                "POST /v1/charges",
-                "POST /v1/payouts",
-                "POST /v1/transfers",
-            ],
+            rows: catalogue::STRIPE,
             derive_without_key: &["POST /v1/payment_intents", "POST /v1/charges"],
             amount: &["{body.amount}"],
             currency: "{body.currency}",
             unit: "minor",
+            exponents: catalogue::STRIPE_EXPONENTS,
         }),
         errors: ErrorShape::Stripe,
         ..HEADER
@@ -393,11 +395,12 @@ const SPECS: &[Spec] = &[
         account: &[Part::Headers(&["x-api-key", "authorization"])],
         // `/vNN/payments`, `amount.value` in minor units [ADY-AMOUNT].
         spend: Some(SpendDefaults {
-            operations: &["POST /*/payments"],
+            rows: catalogue::ADYEN,
             derive_without_key: &["POST /*/payments"],
             amount: &["{body.amount.value}"],
             currency: "{body.amount.currency}",
             unit: "minor",
+            exponents: catalogue::ADYEN_EXPONENTS,
         }),
         errors: ErrorShape::Adyen,
         ..HEADER
@@ -411,11 +414,12 @@ const SPECS: &[Spec] = &[
         // An order's purchase units each carry `amount.value`, a decimal string [PP-ORDER]:
         // all of them count, and all must be in one currency.
         spend: Some(SpendDefaults {
-            operations: &["POST /v2/checkout/orders"],
+            rows: catalogue::PAYPAL,
             derive_without_key: &["POST /v2/checkout/orders"],
             amount: &["{body.purchase_units.*.amount.value}"],
             currency: "{body.purchase_units.*.amount.currency_code}",
             unit: "major",
+            exponents: &[],
         }),
         errors: ErrorShape::PayPal,
         ..HEADER
@@ -428,11 +432,12 @@ const SPECS: &[Spec] = &[
         commit_statuses: Some(&["2xx"]),
         // `amount` in the minor unit [CKO-PAY].
         spend: Some(SpendDefaults {
-            operations: &["POST /payments"],
+            rows: catalogue::CHECKOUT,
             derive_without_key: &["POST /payments"],
             amount: &["{body.amount}"],
             currency: "{body.currency}",
             unit: "minor",
+            exponents: &[],
         }),
         ..HEADER
     },
@@ -463,11 +468,12 @@ const SPECS: &[Spec] = &[
         charset: "A-Za-z0-9 _-",
         // `amount` in paise [RZP].
         spend: Some(SpendDefaults {
-            operations: &["POST /v1/payouts"],
+            rows: catalogue::RAZORPAY,
             derive_without_key: &[],
             amount: &["{body.amount}"],
             currency: "{body.currency}",
             unit: "minor",
+            exponents: &[],
         }),
         ..HEADER
     },
@@ -479,11 +485,12 @@ const SPECS: &[Spec] = &[
         max_len: 45,
         // `amount_money` {amount in the smallest denomination, currency} [SQ-MONEY].
         spend: Some(SpendDefaults {
-            operations: &["POST /v2/payments"],
+            rows: catalogue::SQUARE,
             derive_without_key: &["POST /v2/payments"],
             amount: &["{body.amount_money.amount}"],
             currency: "{body.amount_money.currency}",
             unit: "minor",
+            exponents: &[],
         }),
         errors: ErrorShape::Square,
         ..HEADER
@@ -535,11 +542,12 @@ const SPECS: &[Spec] = &[
         // strings [ALP]. A market order by quantity has no price to count: refused on a
         // capped route.
         spend: Some(SpendDefaults {
-            operations: &["POST /v2/orders"],
+            rows: catalogue::ALPACA,
             derive_without_key: &[],
             amount: &["{body.notional}", "{body.qty} * {body.limit_price}"],
             currency: "usd",
             unit: "major",
+            exponents: &[],
         }),
         errors: ErrorShape::Alpaca,
         // Crypto positions are named by their pair: `DELETE /v2/positions/BTC%2FUSD` when a

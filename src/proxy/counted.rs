@@ -1,0 +1,100 @@
+//! Objects whose creation spend control counted (a Stripe PaymentIntent): their later steps
+//! (confirm, capture) cost nothing more, for the same account on the same route. The proxy
+//! keeps a marker per object in the claim store, under a scope no client key can name (a
+//! NUL byte leads it), read before a step is priced and written before the creating
+//! request's answer reaches the client, so an SDK's next call already finds it.
+
+use std::time::Duration;
+
+use crate::idempotency::record::{Record, RecordBody, State, Token};
+use crate::idempotency::store::{Expiry, Store, StoreError};
+use crate::identity::scope::Place;
+
+/// The marker's scope: the object, within the route, upstream, tenant and account.
+pub fn scope(place: &Place<'_>, account: &str, kind: &str, id: &str) -> String {
+    place.scope(account, &format!("\0counted {kind} {id}"))
+}
+
+/// The id of the object a step names: path segment `at` (from 0).
+pub fn id_in_path(path: &str, at: usize) -> Option<&str> {
+    path.split('/').filter(|s| !s.is_empty()).nth(at)
+}
+
+/// The id of the object an answer made: the JSON field at the dotted `at` (`payment.id`).
+pub fn id_in_answer(body: &[u8], at: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let mut cur = &v;
+    for part in at.split('.') {
+        cur = cur.get(part)?;
+    }
+    cur.as_str()
+        .filter(|s| !s.is_empty() && s.len() <= 255)
+        .map(String::from)
+}
+
+/// Whether the object was counted at its creation.
+pub async fn was_counted(store: &dyn Store, scope: &str) -> Result<bool, StoreError> {
+    Ok(store
+        .get(scope)
+        .await?
+        .is_some_and(|r| r.state == State::Committed))
+}
+
+/// Marks the object counted, for `keep` (as long as the creating operation's receipt).
+pub async fn record(
+    store: &dyn Store,
+    scope: &str,
+    route: &str,
+    kind: &str,
+    now_ms: u64,
+    keep: Duration,
+) -> Result<(), StoreError> {
+    let marker = Record {
+        state: State::Committed,
+        token: Token::random(),
+        body: RecordBody {
+            fingerprint: String::new(),
+            route: route.to_string(),
+            created_ms: now_ms,
+            lease_until_ms: 0,
+            unknown_since_ms: 0,
+            note: Some(format!("a {kind} whose creation spend control counted")),
+            receipt: None,
+            sealed_receipt: None,
+            declined: false,
+            attempt: 0,
+            reconciled: false,
+            settled_ms: now_ms,
+            resolved: None,
+            priced: None,
+            lookup_target: None,
+            lookup_credentials: None,
+            passed_down_sha256: None,
+            derivation: 2,
+        },
+    };
+    store
+        .insert_if_absent(scope, &marker, Expiry::After(keep))
+        .await
+        .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_come_from_the_path_and_the_answer() {
+        assert_eq!(
+            id_in_path("/v1/payment_intents/pi_1/confirm", 2),
+            Some("pi_1")
+        );
+        assert_eq!(id_in_path("/v1/payment_intents", 2), None);
+        assert_eq!(
+            id_in_answer(br#"{"payment":{"id":"p_9"}}"#, "payment.id"),
+            Some("p_9".into())
+        );
+        assert_eq!(id_in_answer(br#"{"id":7}"#, "id"), None);
+        assert_eq!(id_in_answer(b"not json", "id"), None);
+    }
+}
