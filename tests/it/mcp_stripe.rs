@@ -275,7 +275,7 @@ fn check_config_names_what_an_mcp_spend_section_cannot_say() {
             "name a tool",
         ),
         (
-            r#"unit = "minor""#,
+            r#"caps_currency = "usd""#,
             "spend.unpriced",
             "approvals of MCP tool calls are not done yet",
         ),
