@@ -8,7 +8,7 @@ use std::time::Duration;
 use jiff::tz::TimeZone;
 use rust_decimal::Decimal;
 
-pub use super::cost::{Cost, OnUnpriced, Pricing};
+pub use super::cost::{Cost, OnUnpriced, Price, Pricing};
 use super::money::{Currency, Money, MoneyError, Unit};
 use super::port::{CapName, Counter, FreezeTarget, Reservation};
 use crate::request::body::{BodyError, Field as BodyField, Parsed};
@@ -123,13 +123,6 @@ pub struct BudgetText<'a> {
     /// The provider's own minor units where they differ from ISO 4217.
     pub exponents: &'a [(&'a str, u32)],
     pub on_unpriced: OnUnpriced,
-}
-
-/// What a request costs: as asked, and in the caps currency.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Price {
-    pub asked: Money,
-    pub counted: Money,
 }
 
 impl Budget {

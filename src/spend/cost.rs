@@ -2,7 +2,14 @@
 //! catalogue row says to find out (`Pricing`): from the body, from an earlier operation the
 //! proxy counted, or not at all (unpriced). The gate only consumes `Cost`.
 
-use super::budget::Price;
+use super::money::Money;
+
+/// What a request costs: as asked, and in the caps currency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Price {
+    pub asked: Money,
+    pub counted: Money,
+}
 
 /// What one request costs.
 #[derive(Debug, Clone, PartialEq, Eq)]
