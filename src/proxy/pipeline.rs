@@ -565,18 +565,7 @@ async fn settle_spend(
     ticket: Option<Ticket>,
     outcome: &Outcome,
 ) {
-    let Some(ticket) = ticket else {
-        return;
-    };
-    match outcome {
-        Outcome::Released | Outcome::Declined => ticket.release().await,
-        Outcome::Committed | Outcome::Unknown(_) | Outcome::Duplicate(_) => {
-            if let (true, Some(asked)) = (ticket.added, ticket.asked) {
-                let (currency, major) = asked.major();
-                app.metrics.spent(&route.name, tenant, currency, major);
-            }
-        }
-    }
+    spending::settle(&app.metrics, &route.name, tenant, ticket, outcome).await;
 }
 
 /// The request's path after the route's upstream base path (without the query), and its

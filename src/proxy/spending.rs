@@ -4,11 +4,12 @@
 
 use http::{HeaderMap, Method, StatusCode};
 
+use crate::idempotency::outcome::Outcome;
 use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::binding::{self, Bound};
 use crate::spend::budget::{Cost, PriceError, Pricing, Spender};
-use crate::spend::gate::{Admission, Charge, Gate, Refusal};
+use crate::spend::gate::{Admission, Charge, Gate, Refusal, Ticket};
 
 /// The run the proxy user named on the CONNECT that opened an intercepted tunnel: requests
 /// inside it carry no `Proxy-Authorization` of their own.
@@ -144,6 +145,72 @@ pub fn plan(
         descriptive: &spend.descriptive,
     });
     Ok(Plan { cost, run, binding })
+}
+
+/// Prices a capped MCP tool call and binds it to the tool and its canonical arguments (never
+/// the JSON-RPC id, `_meta` or the session, which change on every re-run). A call whose amount
+/// cannot be read is `Unpriced`: the gate refuses it on a route with money limits, with a
+/// message that tells the agent's model what to do.
+pub fn plan_tool(
+    spend: &RouteSpend,
+    view: &Request<'_>,
+    tunnel: Option<&TunnelRun>,
+    account: &str,
+    tool: &str,
+    arguments: &serde_json::Value,
+) -> Result<Plan, SpendError> {
+    let pricing = spend
+        .operation(&http::Method::POST, &format!("/{tool}"))
+        .map(|o| &o.pricing)
+        .unwrap_or(&Pricing::Amount(0));
+    let cost = match spend.budget.cost(view, pricing) {
+        Ok(cost) => cost,
+        Err(PriceError::Unreadable(why)) => Cost::Unpriced(format!(
+            "the tool {tool} is capped and this call carries no amount the route reads ({}); \
+             call it again with its amount argument, or ask a person to make it",
+            why.replace("{body.params.arguments.", "{args.")
+        )),
+        Err(e) => return Err(e.into()),
+    };
+    let run = run_of(spend, view.headers, tunnel)?.unwrap_or_else(|| view.tenant.to_string());
+    let amount = match &cost {
+        Cost::Priced(p) => p.asked.to_string(),
+        Cost::Free | Cost::Unpriced(_) => String::new(),
+    };
+    let body = arguments.to_string();
+    let binding = binding::fingerprint(&Bound {
+        method: "POST",
+        path: &format!("/{tool}"),
+        account,
+        amount: &amount,
+        content_type: Some("application/json"),
+        body: body.as_bytes(),
+        descriptive: &spend.descriptive,
+    });
+    Ok(Plan { cost, run, binding })
+}
+
+/// Gives a reservation back when the outcome says the payment did not happen; counts the
+/// spend (`idemproxy_spent`) when it did, or may have.
+pub async fn settle(
+    metrics: &crate::metrics::Metrics,
+    route: &str,
+    tenant: &str,
+    ticket: Option<Ticket>,
+    outcome: &Outcome,
+) {
+    let Some(ticket) = ticket else {
+        return;
+    };
+    match outcome {
+        Outcome::Released | Outcome::Declined => ticket.release().await,
+        Outcome::Committed | Outcome::Unknown(_) | Outcome::Duplicate(_) => {
+            if let (true, Some(asked)) = (ticket.added, ticket.asked) {
+                let (currency, major) = asked.major();
+                metrics.spent(route, tenant, currency, major);
+            }
+        }
+    }
 }
 
 /// One executing attempt, through the gate: admitted with a reservation its token owns, or

@@ -466,12 +466,24 @@ impl<'a> Builder<'a> {
                 None => Ok(None),
             };
         }
-        if r.spend.is_some() {
-            return Err(self.invalid(
-                "spend",
-                "spend caps read HTTP requests; an MCP route's tool calls cannot be priced yet"
-                    .into(),
-            ));
+        if let Some(spend) = &r.spend {
+            let approvals = [
+                ("approve_above", &spend.approve_above),
+                ("approve_run_above", &spend.approve_run_above),
+                ("approve_tenant_above", &spend.approve_tenant_above),
+            ];
+            if let Some((field, _)) = approvals.iter().find(|(_, v)| v.is_some()) {
+                return Err(self.invalid(
+                    &format!("spend.{field}"),
+                    "approvals of MCP tool calls are not done yet: cap the tools (per_request, per_run, per_tenant, per_route, count_*) instead".into(),
+                ));
+            }
+            if spend.unpriced.as_deref() == Some("approve") {
+                return Err(self.invalid(
+                    "spend.unpriced",
+                    "approvals of MCP tool calls are not done yet: an unpriced tool call is refused on a route with money caps (unpriced = \"refuse\")".into(),
+                ));
+            }
         }
         let c = r.mcp.clone().unwrap_or_default();
         let window = c.window.map_or(DEFAULT_MCP_WINDOW, |d| d.0);
@@ -501,16 +513,26 @@ impl<'a> Builder<'a> {
                 "needed: this route's provider has no default for it".into(),
             )
         };
+        let mcp = self.r.protocol == Protocol::Mcp;
+        // On an MCP route `{args.NAME}` is the tool call's argument NAME.
+        let args = |t: &str| {
+            if mcp {
+                t.replace("{args.", "{body.params.arguments.")
+            } else {
+                t.to_string()
+            }
+        };
         // A section with only count caps counts executions: it needs no amount.
         let amount: Vec<String> = match (&c.amount, defaults) {
-            (Some(a), _) => a.clone(),
+            (Some(a), _) => a.iter().map(|t| args(t)).collect(),
             (None, Some(d)) => d.amount.iter().map(|s| s.to_string()).collect(),
             (None, None) => Vec::new(),
         };
         let priced = !amount.is_empty();
         let currency = c
             .currency
-            .clone()
+            .as_deref()
+            .map(args)
             .or_else(|| defaults.map(|d| d.currency.to_string()))
             .or_else(|| (!priced).then(|| c.caps_currency.clone()))
             .ok_or_else(|| missing("currency"))?;
@@ -619,13 +641,27 @@ impl<'a> Builder<'a> {
         let parse = |j: usize, o: &str| {
             Pattern::parse(o).map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))
         };
+        let mcp = self.r.protocol == Protocol::Mcp;
+        if mcp && c.operations.is_none() {
+            return Err(self.invalid(
+                "spend.operations",
+                "needed on an MCP route: the tools that move money, e.g. [\"create_refund\"]"
+                    .into(),
+            ));
+        }
         if let Some(ops) = &c.operations {
             let on = ops
                 .iter()
                 .enumerate()
                 .map(|(j, o)| {
+                    let o = if mcp {
+                        tool_operation(o)
+                            .map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))?
+                    } else {
+                        o.clone()
+                    };
                     Ok(PricedOperation {
-                        pattern: parse(j, o)?,
+                        pattern: parse(j, &o)?,
                         pricing: Pricing::Amount(0),
                         records: None,
                     })
@@ -849,4 +885,20 @@ fn run_source(s: &str) -> Result<RunSource, String> {
             "`{s}` is not a run source: proxy-user or header:NAME"
         )),
     }
+}
+
+/// An MCP route's capped tool, as the pattern its calls are matched by (`POST /TOOL`: the
+/// proxy asks `covers(POST, "/TOOL")` for a tool call).
+fn tool_operation(tool: &str) -> Result<String, String> {
+    let ok = !tool.is_empty()
+        && tool.len() <= 128
+        && tool
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    if !ok {
+        return Err(format!(
+            "`{tool}`: on an MCP route, name a tool (letters, digits, '_', '-', '.'), e.g. \"create_refund\""
+        ));
+    }
+    Ok(format!("POST /{tool}"))
 }

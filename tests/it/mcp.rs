@@ -19,15 +19,15 @@ const URL: &str = "https://mcp.tools.example/mcp";
 const HOST: &str = "mcp.tools.example";
 
 /// The stand-in MCP server, killed when dropped.
-struct McpServer {
+pub(crate) struct McpServer {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     effects: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 #[derive(Clone, Copy)]
-enum Framing {
+pub(crate) enum Framing {
     Json,
     Sse,
 }
@@ -88,13 +88,33 @@ impl McpServer {
     }
 
     async fn start_flags(sdk: Sdk, pki: &TestPki, framing: Framing, flags: &[&str]) -> McpServer {
+        Self::start_script(
+            &sdk.python(),
+            "mcp_remote_server.py",
+            HOST,
+            pki,
+            framing,
+            flags,
+        )
+        .await
+    }
+
+    /// `script` (in tests/python) run by `python`, serving TLS for `host`.
+    pub(crate) async fn start_script(
+        python: &str,
+        script: &str,
+        host: &str,
+        pki: &TestPki,
+        framing: Framing,
+        flags: &[&str],
+    ) -> McpServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let stem = dir.path().join("server");
-        pki.write_leaf(&[HOST], &stem);
+        pki.write_leaf(&[host], &stem);
         let port = crate::common::free_port();
         let effects = dir.path().join("effects.jsonl");
-        let mut cmd = Command::new(sdk.python());
-        cmd.arg(python_script("mcp_remote_server.py"))
+        let mut cmd = Command::new(python);
+        cmd.arg(python_script(script))
             .args(["--port", &port.to_string()])
             .arg("--cert")
             .arg(stem.with_extension("pem"))
@@ -132,7 +152,7 @@ impl McpServer {
     }
 
     /// Every effect so far: `{"tool", "args"}`.
-    fn effects(&self) -> Vec<Value> {
+    pub(crate) fn effects(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.effects)
             .unwrap_or_default()
             .lines()
@@ -140,7 +160,7 @@ impl McpServer {
             .collect()
     }
 
-    fn count(&self, tool: &str) -> usize {
+    pub(crate) fn count(&self, tool: &str) -> usize {
         self.effects().iter().filter(|e| e["tool"] == tool).count()
     }
 }
@@ -182,14 +202,14 @@ async fn call_with(sdk: Sdk, w: &Worker, tool: &str, args: Value, token: Option<
 }
 
 /// The tool's result object: its text content, parsed (the SDKs put a dict result there as JSON).
-fn result(v: &Value) -> Value {
+pub(crate) fn result(v: &Value) -> Value {
     let text = v["text"][0]
         .as_str()
         .unwrap_or_else(|| panic!("no text content: {v}"));
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {v}"))
 }
 
-fn ok(v: &Value) -> &Value {
+pub(crate) fn ok(v: &Value) -> &Value {
     assert!(v.get("error").is_none(), "the call failed: {v}");
     v
 }

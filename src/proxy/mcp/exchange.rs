@@ -24,8 +24,10 @@ use crate::outbound::receipt::REPLAYED;
 use crate::outbound::upstream::{Upstream, UpstreamBody, UpstreamError};
 use crate::proxy::admission::Admitted;
 use crate::proxy::error::ProxyError;
+use crate::proxy::spending;
 use crate::proxy::App;
 use crate::routes::Route;
+use crate::spend::gate::Ticket;
 
 /// Live events buffered toward a slow client before the upstream read waits for it.
 const LIVE_EVENTS: usize = 64;
@@ -45,6 +47,16 @@ pub(super) struct Answering {
     pub resume: Option<String>,
 }
 
+/// What the call executes under: its claim and policy, and on a capped tool its reservation,
+/// settled from the claim's outcome in the claim's own task (a client that hangs up does not
+/// leave it unreleased or uncounted).
+pub(super) struct Under {
+    pub claim: Claim,
+    pub policy: Arc<Policy>,
+    pub ticket: Option<Ticket>,
+    pub tenant: String,
+}
+
 /// How the server's answer reaches the client, once its head is in.
 enum Head {
     /// A JSON body (or an HTTP error), read whole: answered once the claim is settled.
@@ -58,12 +70,17 @@ enum Head {
 pub(super) async fn forward(
     app: &App,
     route: &Arc<Route>,
-    claim: Claim,
-    policy: Arc<Policy>,
+    under: Under,
     request: Request<Body>,
     admitted: Admitted,
     answering: Answering,
 ) -> (Result<Response<Body>, ProxyError>, RequestOutcome) {
+    let Under {
+        claim,
+        policy,
+        ticket,
+        tenant,
+    } = under;
     let Answering { id, resume } = answering;
     let (head, head_rx) = oneshot::channel();
     let (live, live_rx) = mpsc::channel::<Bytes>(LIVE_EVENTS);
@@ -103,7 +120,14 @@ pub(super) async fn forward(
         }
     };
     let claims = app.claims.clone();
-    let settled = tokio::spawn(async move { claims.execute(claim, policy, call).await });
+    let (metrics, route_name) = (app.metrics.clone(), route.name.clone());
+    let settled = tokio::spawn(async move {
+        let executed = claims.execute(claim, policy, call).await;
+        if let Ok(done) = &executed {
+            spending::settle(&metrics, &route_name, &tenant, ticket, &done.outcome).await;
+        }
+        executed
+    });
     match head_rx.await {
         Ok(Head::Streaming(mut parts)) => {
             strip_hop_by_hop(&mut parts.headers);

@@ -32,9 +32,11 @@ use crate::mcp::{replay, resume, sse, McpRules};
 use crate::metrics::RequestOutcome;
 use crate::outbound::receipt::REPLAYED;
 use crate::proxy::error::ProxyError;
+use crate::proxy::spending;
 use crate::proxy::App;
 use crate::request::Request as Read;
 use crate::routes::Route;
+use crate::spend::gate::Admission;
 
 mod exchange;
 mod probe;
@@ -132,6 +134,25 @@ async fn serve(
             call.tool
         )));
     }
+    let capped = route
+        .spend
+        .as_ref()
+        .filter(|s| s.covers(&http::Method::POST, &format!("/{}", call.tool)));
+    let plan = match capped {
+        Some(spend) => {
+            let tunnel = parts.extensions.get::<spending::TunnelRun>();
+            let arguments = message
+                .params
+                .get("arguments")
+                .cloned()
+                .unwrap_or_else(|| Value::Object(Default::default()));
+            let plan =
+                spending::plan_tool(spend, &view, tunnel, &call.account, &call.tool, &arguments)
+                    .map_err(ProxyError::Spend)?;
+            Some((spend, plan))
+        }
+        None => None,
+    };
     let place = Place {
         namespace: &app.namespace,
         tenant,
@@ -152,7 +173,7 @@ async fn serve(
         route: &route.name,
         derivation: route.identity.derivations.primary.number(),
         other: None,
-        priced: None,
+        priced: plan.as_ref().map(|(_, p)| p.binding.as_str()),
         // MCP routes have no lookup.
         lookup_target: None,
         lookup_credentials: None,
@@ -186,6 +207,34 @@ async fn serve(
             return Err(ProxyError::OutcomeUnknown { retry_after });
         }
     };
+    // A capped tool passes the spend gate only once its claim says it executes: a replay, an
+    // in-flight or a held call never reaches the gate. A refusal withdraws the claim.
+    let ticket = match &plan {
+        Some((spend, plan)) => {
+            let at = spending::Attempting {
+                scope: &scope,
+                token: claim.token.as_str(),
+                replaces: claim.replaces(),
+                approved: false,
+            };
+            match spending::admit(&app.spend, route, spend, plan, &view, &at).await {
+                Ok(Admission::Admitted(ticket)) => Some(ticket),
+                Ok(Admission::Parked(_)) => {
+                    // Approval thresholds are refused on MCP routes at start-up.
+                    app.claims.give_up(claim, policy).await;
+                    return Err(ProxyError::BadRequest(
+                        "internal: a tool call was parked for approval, which MCP routes do not take".into(),
+                    ));
+                }
+                Err(refused) => {
+                    app.claims.give_up(claim, policy).await;
+                    *outcome = RequestOutcome::Rejected;
+                    return Err(ProxyError::Spend(refused));
+                }
+            }
+        }
+        None => None,
+    };
     let request = outgoing.request(None);
     let resume = parts
         .headers
@@ -196,8 +245,13 @@ async fn serve(
         id: message.id.clone(),
         resume,
     };
-    let forwarded =
-        exchange::forward(app, route, claim, policy, request, admitted, answering).await;
+    let under = exchange::Under {
+        claim,
+        policy,
+        ticket,
+        tenant: tenant.to_string(),
+    };
+    let forwarded = exchange::forward(app, route, under, request, admitted, answering).await;
     *outcome = forwarded.1;
     tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "executed a tool call");
     forwarded.0

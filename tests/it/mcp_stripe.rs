@@ -1,0 +1,308 @@
+//! The shipped `config/examples/stripe-mcp.toml` in front of a stand-in for Stripe's remote MCP
+//! server (`tests/python/stripe_mcp_server.py`: FastMCP, TLS for `mcp.stripe.com`, at the
+//! server's root path, Stripe's tool names and argument shapes, objects in memory). Only the
+//! route's address and upstream CA change. Every call is a new process of the official Python
+//! MCP client (`tests/python/mcp_call.py`: defaults, no key) with the setup `idemproxy env`
+//! prints and a restricted key as its bearer token, as an agent's tool makes it.
+
+use serde_json::{json, Value};
+
+use crate::common::pki::TestPki;
+use crate::common::worker::{python_script, Worker};
+use crate::mcp::{ok, result, Framing, McpServer};
+
+const URL: &str = "https://mcp.stripe.com/";
+const HOST: &str = "mcp.stripe.com";
+const KEY: &str = "rk_test_agent";
+
+async fn stripe_server(pki: &TestPki, framing: Framing) -> McpServer {
+    McpServer::start_script("python3", "stripe_mcp_server.py", HOST, pki, framing, &[]).await
+}
+
+fn worker(pki: &TestPki, server: &McpServer) -> Worker {
+    Worker::start("stripe-mcp.toml", &[("stripe-mcp", server.port)], pki)
+}
+
+/// One tool call: a new process of the official client.
+async fn call(w: &Worker, tool: &str, args: Value) -> Value {
+    let script = python_script("mcp_call.py");
+    let args = args.to_string();
+    w.run(
+        "python3",
+        &[&script, URL, tool, &args],
+        &[("MCP_TOKEN", KEY)],
+    )
+    .await
+}
+
+/// `first`, then `rerun` in another process: one effect of `tool` (as many as before plus
+/// one), the re-run a replay of the first result. Returns the first result.
+async fn once(server: &McpServer, w: &Worker, tool: &str, first: Value, rerun: Value) -> Value {
+    let before = server.count(tool);
+    let a = call(w, tool, first).await;
+    let b = call(w, tool, rerun).await;
+    assert_eq!(server.count(tool), before + 1, "{tool}: {a} / {b}");
+    assert_eq!(ok(&a)["replayed"], json!(false), "{tool}: {a}");
+    assert_eq!(ok(&b)["replayed"], json!(true), "{tool}: {b}");
+    assert_eq!(a["isError"], json!(false), "{tool}: {a}");
+    assert_eq!(a["text"], b["text"], "{tool}");
+    result(&a)
+}
+
+async fn toolkit_sequence_runs_once(framing: Framing) {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, framing).await;
+    let w = worker(&pki, &server);
+    let id = |v: &Value| {
+        v["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no id: {v}"))
+            .to_string()
+    };
+
+    let customer = id(&once(
+        &server,
+        &w,
+        "create_customer",
+        json!({"name": "Jane Doe", "email": "jane@example.com"}),
+        json!({"email": "jane@example.com", "name": "Jane Doe"}),
+    )
+    .await);
+    // The model reworded the description on the re-run: the same product, whose id every
+    // later call uses.
+    let product = id(&once(
+        &server,
+        &w,
+        "create_product",
+        json!({"name": "Pro plan", "description": "Monthly access to the pro plan"}),
+        json!({"name": "Pro plan", "description": "The pro plan, billed every month"}),
+    )
+    .await);
+    let price = id(&once(
+        &server,
+        &w,
+        "create_price",
+        json!({"product": product, "unit_amount": 1500, "currency": "usd"}),
+        json!({"product": product, "unit_amount": 1500, "currency": "USD"}),
+    )
+    .await);
+    let link = once(
+        &server,
+        &w,
+        "create_payment_link",
+        json!({"price": price, "quantity": 1}),
+        json!({"price": price, "quantity": 1, "redirect_url": "https://example.com/thanks"}),
+    )
+    .await;
+    assert!(link["url"].as_str().is_some(), "{link}");
+    let invoice = id(&once(
+        &server,
+        &w,
+        "create_invoice",
+        json!({"customer": customer}),
+        json!({"customer": customer, "days_until_due": 30}),
+    )
+    .await);
+    once(
+        &server,
+        &w,
+        "create_invoice_item",
+        json!({"customer": customer, "price": price, "invoice": invoice}),
+        json!({"invoice": invoice, "price": price, "customer": customer}),
+    )
+    .await;
+    // Finalizing charges the customer: once. The second finalization gets the first's result,
+    // not Stripe's "already finalized" error.
+    let finalized = once(
+        &server,
+        &w,
+        "finalize_invoice",
+        json!({"invoice": invoice}),
+        json!({"invoice": invoice}),
+    )
+    .await;
+    assert_eq!(finalized["status"], json!("open"), "{finalized}");
+    once(
+        &server,
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_1", "amount": 500}),
+        json!({"amount": 500, "payment_intent": "pi_1"}),
+    )
+    .await;
+    // Another amount of the same payment intent is another partial refund.
+    ok(&call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_1", "amount": 300}),
+    )
+    .await);
+    assert_eq!(server.count("create_refund"), 2);
+
+    // Read-only tools (listed in the example) run every time: one product, seen twice live.
+    for _ in 0..2 {
+        let listed = ok(&call(&w, "list_products", json!({})).await).clone();
+        assert_eq!(listed["replayed"], json!(false), "{listed}");
+        let products = result(&listed)["data"].clone();
+        assert_eq!(
+            products.as_array().map(Vec::len),
+            Some(1),
+            "one product: {listed}"
+        );
+    }
+    let balance = ok(&call(&w, "retrieve_balance", json!({})).await).clone();
+    assert_eq!(balance["replayed"], json!(false), "{balance}");
+    assert_eq!(
+        result(&balance)["available"][0]["amount"],
+        json!(100_000 - 800)
+    );
+
+    // Everything the stand-in executed: one effect per operation.
+    let tools: Vec<String> = server
+        .effects()
+        .iter()
+        .map(|e| e["tool"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            "create_customer",
+            "create_product",
+            "create_price",
+            "create_payment_link",
+            "create_invoice",
+            "create_invoice_item",
+            "finalize_invoice",
+            "create_refund",
+            "create_refund",
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stripe_toolkit_sequence_rerun_tool_by_tool_is_one_effect_per_operation() {
+    toolkit_sequence_runs_once(Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stripe_toolkit_sequence_over_event_streams_is_one_effect_per_operation() {
+    toolkit_sequence_runs_once(Framing::Sse).await;
+}
+
+/// A template names required arguments only: a call without one is refused with a JSON-RPC
+/// error the client raises, and nothing reaches the server.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_without_a_templated_argument_is_refused_before_the_server() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = worker(&pki, &server);
+    let refused = call(
+        &w,
+        "create_price",
+        json!({"product": "prod_1", "unit_amount": 1500}),
+    )
+    .await;
+    assert_eq!(refused["error"]["code"], json!(-32600), "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("args.currency"), "{refused}");
+    assert_eq!(server.count("create_price"), 0);
+}
+
+/// The example caps refunds (`[routes.spend]`, priced from the tool's `amount` argument): one
+/// over the cap is refused with a JSON-RPC error the client raises and whose message tells the
+/// model what happened and what to do, and nothing reaches the server; one without an amount
+/// cannot be priced and is refused the same way; one under the cap goes through once, its
+/// re-run a replay that the gate never counts again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refund_over_the_cap_or_unpriced_is_a_jsonrpc_error_one_under_it_runs_once() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = worker(&pki, &server);
+    let refused = |v: &Value, slug: &str, says: &str| {
+        assert_eq!(v["error"]["code"], json!(-32000), "{v}");
+        assert_eq!(v["error"]["data"]["slug"], json!(slug), "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{says}: {v}");
+        assert!(message.contains("Nothing was forwarded"), "{v}");
+    };
+
+    // 250.00 usd against a per-request cap of 200.00, twice: refused both times.
+    for _ in 0..2 {
+        let over = call(
+            &w,
+            "create_refund",
+            json!({"payment_intent": "pi_big", "amount": 25_000}),
+        )
+        .await;
+        refused(&over, "spend-cap-exceeded", "cap");
+    }
+    // A whole refund names no amount: the capped route cannot price it.
+    let whole = call(&w, "create_refund", json!({"payment_intent": "pi_big"})).await;
+    refused(&whole, "unpriced-operation", "amount argument");
+    assert_eq!(server.count("create_refund"), 0, "{:?}", server.effects());
+
+    // 150.00 usd: under the cap, once; the re-run is the first refund.
+    let under = json!({"payment_intent": "pi_big", "amount": 15_000});
+    let first = ok(&call(&w, "create_refund", under.clone()).await).clone();
+    let rerun = ok(&call(&w, "create_refund", under).await).clone();
+    assert_eq!(server.count("create_refund"), 1, "{first} / {rerun}");
+    assert_eq!(rerun["replayed"], json!(true), "{rerun}");
+    assert_eq!(first["text"], rerun["text"]);
+    // Tools the section does not list are not gated.
+    ok(&call(&w, "create_customer", json!({"name": "Ann"})).await);
+    assert_eq!(server.count("create_customer"), 1);
+}
+
+/// What an MCP route's spend section cannot say yet is a start-up error naming the field.
+#[test]
+fn check_config_names_what_an_mcp_spend_section_cannot_say() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let init = crate::common::pki::run_ca_init(&work.path().join("certs"), &[]);
+    assert!(init.status.success());
+    let shipped = std::fs::read_to_string(crate::common::worker::repo(
+        "config/examples/stripe-mcp.toml",
+    ))
+    .expect("the example");
+    for (edit, field, says) in [
+        (
+            r#"per_request = "200.00""#,
+            "spend.approve_above",
+            "approvals of MCP tool calls are not done yet",
+        ),
+        (
+            r#"operations = ["create_refund"]"#,
+            "spend.operations[0]",
+            "name a tool",
+        ),
+        (
+            r#"caps_currency = "usd""#,
+            "spend.unpriced",
+            "approvals of MCP tool calls are not done yet",
+        ),
+    ] {
+        let replacement = match field {
+            "spend.approve_above" => format!("{edit}\napprove_above = \"50.00\""),
+            "spend.unpriced" => format!("{edit}\nunpriced = \"approve\""),
+            _ => r#"operations = ["POST /v1/refunds"]"#.to_string(),
+        };
+        assert!(shipped.contains(edit), "{edit}");
+        let path = work.path().join("edited.toml");
+        // An operator who sets approvals also sets who approves: the refusal is about MCP.
+        let edited = shipped.replacen(edit, &replacement, 1).replacen(
+            "listen = \"127.0.0.1:8080\"",
+            "listen = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:9090\"",
+            1,
+        );
+        std::fs::write(&path, edited).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .current_dir(work.path())
+            .env("IDEMPROXY_ADMIN_TOKEN", "example-admin-token")
+            .output()
+            .expect("check-config");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{field}: {err}");
+        assert!(err.contains(field) && err.contains(says), "{field}: {err}");
+    }
+}
