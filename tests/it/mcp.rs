@@ -1062,3 +1062,74 @@ fn check_config_names_a_bad_release_errors_or_answer_timeout_field() {
     let (passed, said) = check("answer_timeout = \"0s\"");
     assert!(!passed && said.contains("mcp.answer_timeout"), "{said}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fail_open_forwards_tool_calls_unprotected_while_redis_is_down_but_never_a_capped_one() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    let mut w = Worker::start_on(
+        crate::common::Backend::Redis,
+        "mcp.toml",
+        &[("tools-mcp", server.port), ("payments", rest.port())],
+        &pki,
+        None,
+        &|cfg: &mut toml::Table| {
+            let routes = cfg.get_mut("routes").and_then(|r| r.as_array_mut());
+            for route in routes
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.as_table_mut())
+                .filter(|r| r.get("protocol").and_then(|p| p.as_str()) == Some("mcp"))
+            {
+                route.insert("fail_open".into(), true.into());
+                let spend: toml::Table = toml::from_str(
+                    r#"
+                    operations = ["create_refund"]
+                    amount = ["{args.amount}"]
+                    currency = "usd"
+                    unit = "minor"
+                    caps_currency = "usd"
+                    per_request = "200.00"
+                    "#,
+                )
+                .expect("spend table");
+                route.insert("spend".into(), spend.into());
+            }
+        },
+    );
+    // With the store up: claimed, a re-run replayed.
+    ok(&call(&w, "send_email", json!({"to": "up@example.com"}), None).await);
+    let rerun = call(&w, "send_email", json!({"to": "up@example.com"}), None).await;
+    assert_eq!(ok(&rerun)["replayed"], json!(true), "{rerun}");
+    assert_eq!(server.count("send_email"), 1);
+    let sid = open_session(&w);
+
+    w.store.redis.as_mut().expect("a Redis store").kill();
+    // The store is down: a tool call goes through unprotected, marked so…
+    let down = raw(
+        &w,
+        "/mcp",
+        &[&sid],
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"send_email","arguments":{"to":"down@example.com"}}}"#,
+    );
+    assert!(json_of(&down).get("result").is_some(), "{down}");
+    assert!(
+        down.to_ascii_lowercase()
+            .contains("x-idemproxy-warning: unprotected: store unavailable"),
+        "{down}"
+    );
+    // …and unprotected means what it says: the same call again executes again.
+    ok(&call(&w, "send_email", json!({"to": "down@example.com"}), None).await);
+    assert_eq!(server.count("send_email"), 3);
+    // A capped tool never goes through without the store: its caps cannot be counted.
+    let capped = call(
+        &w,
+        "create_refund",
+        json!({"charge": "ch_down", "amount": 500}),
+        None,
+    )
+    .await;
+    assert!(capped.get("error").is_some(), "{capped}");
+    assert_eq!(server.count("create_refund"), 0);
+}

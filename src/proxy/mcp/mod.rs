@@ -185,8 +185,17 @@ async fn serve(
                 .acquire_waiting(&ask, &policy, route.wait_timeout)
                 .await
         }
-    }
-    .map_err(ProxyError::StoreUnavailable)?;
+    };
+    let acquired = match acquired {
+        Ok(acquired) => acquired,
+        Err(e) if policy.fail_open && plan.is_none() && e.is_unreachable() => {
+            *outcome = RequestOutcome::Unprotected;
+            app.metrics.unprotected(&route.name, "store_unavailable");
+            tracing::warn!(route = %route.name, %tenant, tool = %call.tool, error = %e, "store unavailable; forwarding a tool call unprotected (fail_open)");
+            return unprotected(route, &outgoing).await;
+        }
+        Err(e) => return Err(ProxyError::StoreUnavailable(e)),
+    };
     let claim = match acquired {
         Acquired::Execute(claim) => claim,
         Acquired::Found(Found::Replay { receipt, .. }) => {
@@ -318,6 +327,18 @@ async fn pass(route: &Route, outgoing: &Outgoing<'_>) -> Result<Response<Body>, 
         }
         Err(error) => Err(ProxyError::Upstream { error, claim: None }),
     }
+}
+
+/// A tool call forwarded without a claim (`fail_open`, the store out of reach): the server's
+/// answer as it comes, marked unprotected. Never a capped tool's call: the spend gate cannot
+/// count it without the store.
+async fn unprotected(route: &Route, outgoing: &Outgoing<'_>) -> Result<Response<Body>, ProxyError> {
+    let mut resp = pass(route, outgoing).await?;
+    resp.headers_mut().insert(
+        crate::proxy::pipeline::WARNING,
+        HeaderValue::from_static("unprotected: store unavailable"),
+    );
+    Ok(resp)
 }
 
 /// A kept result answering a re-run.
