@@ -502,6 +502,11 @@ pub struct McpConfig {
     /// default: a server's annotations are hints, and a wrong one would execute twice.
     #[serde(default)]
     pub trust_annotations: bool,
+    /// How long a person may take to answer what a call asks: a server request (elicitation,
+    /// sampling) inside a call's stream pauses the route's `timeout` up to this long in all,
+    /// and a call that answered `input_required` keeps its claim this long for its
+    /// continuation. Default: 10 minutes.
+    pub answer_timeout: Option<Dur>,
     /// Per tool: `[routes.mcp.tools.create_refund] key = "refund:{args.charge}"`.
     #[serde(default)]
     pub tools: std::collections::BTreeMap<String, McpToolConfig>,
@@ -513,6 +518,11 @@ pub struct McpToolConfig {
     /// The operation a call names, from its arguments (`{args.NAME}`) and the request
     /// (`{header.NAME}`, `{bearer.CLAIM}`, `{tenant}`), instead of all its arguments.
     pub key: Option<String>,
+    /// `isError: true` results whose text contains one of these (ASCII case-insensitive) are
+    /// passed to the client but not kept: the tool said nothing happened ("rate limited"), so
+    /// a retry executes. Default: none (every complete result is kept).
+    #[serde(default)]
+    pub release_errors: Vec<String>,
 }
 
 /// A provider's "key already used" answer: this status with this top-level JSON `code`.

@@ -48,6 +48,9 @@ pub struct ClaimRequest<'a> {
     pub lookup_credentials: Option<&'a str>,
     /// The same operation as the other derivation scopes it, during an upgrade's window.
     pub other: Option<OtherDerivation<'a>>,
+    /// It continues a call whose last round asked the client for input (see
+    /// `decide::Ask::continuation`).
+    pub continuation: bool,
 }
 
 /// Where, and with which fingerprint, another derivation (an older or newer proxy sharing the
@@ -77,6 +80,7 @@ impl<'a> ClaimRequest<'a> {
             fingerprint,
             strict: self.strict,
             priced: self.priced,
+            continuation: self.continuation,
         }
     }
 
@@ -187,6 +191,14 @@ pub enum Reconciled {
     Held { retry_after: Option<Duration> },
 }
 
+/// How a found record is taken over (see `Claims::take_over`).
+#[derive(Debug, Clone, Copy)]
+struct Takeover {
+    attempt: u32,
+    restore: bool,
+    after_hold: bool,
+}
+
 /// A claim this proxy holds.
 #[derive(Debug, Clone)]
 pub struct Claim {
@@ -229,6 +241,7 @@ impl Claim {
                 lookup_target: req.lookup_target.map(str::to_string),
                 lookup_credentials: req.lookup_credentials.map(str::to_string),
                 passed_down_sha256: None,
+                awaiting_until_ms: 0,
             },
             restore: None,
             after_hold: false,
@@ -603,43 +616,78 @@ impl Claims {
                     })
                 }
                 Decision::TakeOver { attempt, restore } => {
-                    let mut ours = claim.clone();
-                    ours.body.lease_until_ms =
-                        self.clock.now_ms() + policy.lease.as_millis() as u64;
-                    ours.body.attempt = attempt;
-                    ours.restore = restore.then(|| Box::new(found.clone()));
-                    ours.after_hold = !restore && !policy.honours_key;
-                    // The provider gets the same key as the attempt taken over and keeps one
-                    // effect for both: one reservation stands for both.
-                    ours.replaces = (!restore && policy.honours_key).then(|| found.token.clone());
-                    let pending = ours.record(State::Pending, ours.body.clone());
-                    match self
-                        .store
-                        .replace(scope, &found.fence(), &pending, pending_expiry(policy))
-                        .await
-                    {
-                        Ok(true) => {
-                            tracing::info!(
-                                scope,
-                                previous = found.state.as_str(),
-                                attempt,
-                                "took over an unsettled or declined claim"
-                            );
-                            Acquired::Execute(ours)
-                        }
-                        Ok(false) => return Ok(None),
-                        // It may still land: withdrawing it then only does what the take-over
-                        // would have done, let the next retry execute.
-                        Err(e) => {
-                            return self
-                                .confirm_unanswered_claim(ours, req, policy, e)
-                                .await
-                                .map(Some)
-                        }
-                    }
+                    let after_hold = !restore && !policy.honours_key;
+                    let how = Takeover {
+                        attempt,
+                        restore,
+                        after_hold,
+                    };
+                    return self.take_over(found, claim, req, policy, how).await;
+                }
+                // Nothing executed under the found claim: a new round of the same call (or a
+                // fresh call once the wait lapsed), never a held outcome's retry.
+                Decision::Continue { attempt } => {
+                    let how = Takeover {
+                        attempt,
+                        restore: false,
+                        after_hold: false,
+                    };
+                    return self.take_over(found, claim, req, policy, how).await;
                 }
             },
         ))
+    }
+
+    /// Replaces the found record with our claim, fenced on it. `None` when it moved under us
+    /// (look again).
+    async fn take_over(
+        &self,
+        found: &Record,
+        claim: &Claim,
+        req: &ClaimRequest<'_>,
+        policy: &Policy,
+        how: Takeover,
+    ) -> Result<Option<Acquired>, StoreError> {
+        let Takeover {
+            attempt,
+            restore,
+            after_hold,
+        } = how;
+        let between_rounds = found.state == State::Pending && found.body.awaiting_until_ms > 0;
+        let mut ours = claim.clone();
+        ours.body.lease_until_ms = self.clock.now_ms() + policy.lease.as_millis() as u64;
+        ours.body.attempt = attempt;
+        ours.restore = restore.then(|| Box::new(found.clone()));
+        ours.after_hold = after_hold;
+        // The provider gets the same key as the attempt taken over and keeps one effect for
+        // both: one reservation stands for both. (A claim between rounds reserved nothing.)
+        ours.replaces =
+            (!restore && !between_rounds && policy.honours_key).then(|| found.token.clone());
+        let pending = ours.record(State::Pending, ours.body.clone());
+        match self
+            .store
+            .replace(req.scope, &found.fence(), &pending, pending_expiry(policy))
+            .await
+        {
+            Ok(true) => {
+                tracing::info!(
+                    scope = req.scope,
+                    previous = found.state.as_str(),
+                    attempt,
+                    between_rounds,
+                    continuation = req.continuation,
+                    "took over an unsettled, declined or waiting claim"
+                );
+                Ok(Some(Acquired::Execute(ours)))
+            }
+            Ok(false) => Ok(None),
+            // It may still land: withdrawing it then only does what the take-over would have
+            // done, let the next retry execute.
+            Err(e) => self
+                .confirm_unanswered_claim(ours, req, policy, e)
+                .await
+                .map(Some),
+        }
     }
 
     /// As `acquire`, but a duplicate in flight is waited for, up to `bound`: woken when the
@@ -714,9 +762,11 @@ impl Claims {
                     retry_after,
                     reconcilable: None,
                 })),
-                Decision::TakeOver { .. } => Err(StoreError::Unavailable(format!(
+                Decision::TakeOver { .. } | Decision::Continue { .. } => {
+                    Err(StoreError::Unavailable(format!(
                     "the claim's insert failed ({failure}); retry to take over the unsettled claim"
-                ))),
+                )))
+                }
             },
             Ok(None) => Err(StoreError::Unavailable(format!(
                 "the claim's insert failed ({failure}) and did not land"
@@ -943,6 +993,7 @@ impl Claims {
             (Outcome::Unknown(note) | Outcome::Duplicate(note), _) => {
                 self.mark_unknown(claim, note.clone(), policy).await
             }
+            (Outcome::Awaiting(wait), _) => self.park(claim, *wait, policy).await,
             // Committed without a receipt cannot happen (`classify` commits responses only);
             // releasing is what a failed call gets.
             (Outcome::Released | Outcome::Committed | Outcome::Declined, _) => {
@@ -1126,6 +1177,33 @@ impl Claims {
                     .await
             }
         }
+    }
+
+    /// Keeps the claim PENDING for the call's continuation (its last round asked the client
+    /// for input and executed nothing), until `wait` ends: the record expires then, which is a
+    /// release. A claim that replaced a decline is released instead (the decline is put back).
+    async fn park(
+        &self,
+        claim: &Claim,
+        wait: Duration,
+        policy: &Policy,
+    ) -> Result<bool, StoreError> {
+        if claim.restore.is_some() || wait.is_zero() {
+            return self.release(claim, policy).await;
+        }
+        let until = self.clock.now_ms() + wait.as_millis() as u64;
+        let mut body = claim.body.clone();
+        body.lease_until_ms = until;
+        body.awaiting_until_ms = until;
+        let record = claim.record(State::Pending, body);
+        self.store
+            .replace(
+                &claim.scope,
+                &pending_fence(claim),
+                &record,
+                Expiry::After(wait),
+            )
+            .await
     }
 
     /// Records that the request may have taken effect.

@@ -71,6 +71,7 @@ fn request<'a>(scope: &'a str, fingerprint: &'a str, strict: bool) -> ClaimReque
         priced: None,
         derivation: 2,
         other: None,
+        continuation: false,
     }
 }
 
@@ -560,4 +561,57 @@ async fn a_held_claim_found_under_the_other_derivation_is_executed_there() {
         "where the held attempt was claimed"
     );
     assert!(c.store().get("v2-scope").await.expect("get").is_none());
+}
+
+/// A round that asked the client for input keeps its claim for the continuation: a duplicate
+/// without the answers is in flight, the continuation takes the claim over, and a wait nobody
+/// continues lapses like a release.
+#[tokio::test(start_paused = true)]
+async fn a_call_asking_for_input_waits_for_its_continuation_under_its_claim() {
+    use super::policy::{BodyRule, Condition, RuleOutcome, Test};
+    let c = claims(memory());
+    let mut p = policy(false);
+    p.rules = Arc::from(vec![BodyRule {
+        statuses: None,
+        conditions: vec![Condition::new("asks", Test::NonEmpty)],
+        outcome: RuleOutcome::Await(Duration::from_secs(60)),
+        note: String::new(),
+    }]);
+    let p = Arc::new(p);
+    let asking = || async {
+        Ok::<_, Reset>(Receipt {
+            status: 200,
+            headers: vec![],
+            body: Bytes::from_static(b"{\"asks\":\"ok?\"}"),
+        })
+    };
+    let req = request("s", "fp", false);
+    let Acquired::Execute(claim) = acquire(&c, &req, &p).await else {
+        panic!("the first round executes");
+    };
+    let done = c.execute(claim, p.clone(), asking()).await.expect("ran");
+    assert_eq!(done.outcome, Outcome::Awaiting(Duration::from_secs(60)));
+    assert_eq!(done.recorded, Recorded::Done);
+    // Past the lease: still waiting, never held.
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert!(matches!(
+        acquire(&c, &req, &p).await,
+        Acquired::Found(Found::InFlight { .. })
+    ));
+    let continuation = ClaimRequest {
+        continuation: true,
+        ..req
+    };
+    let Acquired::Execute(claim) = acquire(&c, &continuation, &p).await else {
+        panic!("the continuation takes the claim over");
+    };
+    // A second continuation while the first runs: in flight.
+    assert!(matches!(
+        acquire(&c, &continuation, &p).await,
+        Acquired::Found(Found::InFlight { .. })
+    ));
+    // It asks again; nobody continues: the wait lapses and a retry executes.
+    c.execute(claim, p.clone(), asking()).await.expect("ran");
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert!(matches!(acquire(&c, &req, &p).await, Acquired::Execute(_)));
 }

@@ -21,6 +21,10 @@ pub enum Decision {
     /// Replace the found record with our own claim and forward, as this attempt. `restore`:
     /// the found record is a decline to put back if our claim is released.
     TakeOver { attempt: u32, restore: bool },
+    /// The found claim is between two rounds of one call and executed nothing: replace it with
+    /// our own claim and forward, as the same attempt — the call's continuation, or any
+    /// request once the wait for the continuation lapsed.
+    Continue { attempt: u32 },
 }
 
 /// What the request asking for a claim is.
@@ -33,6 +37,9 @@ pub struct Ask<'a> {
     /// On a capped operation, the canonical fingerprint of what this request would execute:
     /// a takeover must execute what the first attempt priced, or it is a client error.
     pub priced: Option<&'a str>,
+    /// It continues a call whose last round asked the client for input (it carries the
+    /// answers): it may take over a claim waiting for exactly this call.
+    pub continuation: bool,
 }
 
 pub fn decide(found: &Record, ask: Ask<'_>, now_ms: u64, policy: &Policy) -> Decision {
@@ -55,6 +62,20 @@ pub fn decide(found: &Record, ask: Ask<'_>, now_ms: u64, policy: &Policy) -> Dec
                 // A COMMITTED record without a receipt is not something we write; never
                 // invent one, and never execute again on a record we cannot read.
                 None => Decision::Held { retry_after: None },
+            };
+        }
+        // Between two rounds of one call: nothing executed. Only the call's own continuation
+        // takes it over while the wait lasts; after it, anyone may (a release).
+        State::Pending if found.body.awaiting_until_ms > 0 => {
+            let waiting = found.body.awaiting_until_ms;
+            return if waiting <= now_ms || (ask.continuation && same) {
+                Decision::Continue {
+                    attempt: found.body.attempt,
+                }
+            } else {
+                Decision::InFlight {
+                    retry_after: Duration::from_millis(waiting - now_ms),
+                }
             };
         }
         State::Pending if found.body.lease_until_ms > now_ms => {
@@ -148,6 +169,7 @@ mod tests {
             fingerprint: fp,
             strict: true,
             priced: None,
+            continuation: false,
         }
     }
 
@@ -156,6 +178,7 @@ mod tests {
             fingerprint: fp,
             strict: false,
             priced: None,
+            continuation: false,
         }
     }
 
@@ -282,6 +305,37 @@ mod tests {
         assert_eq!(
             decide(&rec, strict("fp"), 301_000, &policy(false, FIVE_MIN)),
             TAKE_OVER
+        );
+    }
+
+    #[test]
+    fn a_claim_between_rounds_waits_for_its_continuation_only() {
+        let p = policy(false, FIVE_MIN);
+        let mut waiting = record(State::Pending, 10_000, 0);
+        waiting.body.awaiting_until_ms = 10_000;
+        let continuation = |fp| Ask {
+            fingerprint: fp,
+            strict: false,
+            priced: None,
+            continuation: true,
+        };
+        assert_eq!(
+            decide(&waiting, continuation("fp"), 5, &p),
+            Decision::Continue { attempt: 0 }
+        );
+        // A duplicate without answers, or a continuation of another call under the scope.
+        assert!(matches!(
+            decide(&waiting, derived("fp"), 5, &p),
+            Decision::InFlight { retry_after } if retry_after == Duration::from_millis(9_995)
+        ));
+        assert!(matches!(
+            decide(&waiting, continuation("other"), 5, &p),
+            Decision::InFlight { .. }
+        ));
+        // The wait lapsed: nothing executed, so anyone executes (never held).
+        assert_eq!(
+            decide(&waiting, derived("fp"), 10_000, &p),
+            Decision::Continue { attempt: 0 }
         );
     }
 }

@@ -32,6 +32,10 @@ pub enum Outcome {
     /// The provider already has an operation under the key passed down; the note says where
     /// to look it up (`{key}` stands for the key passed down, never stored in clear).
     Duplicate(String),
+    /// Nothing happened yet: the provider asked the client for more (an MCP `input_required`
+    /// result). The claim stays PENDING this long for the same call's continuation, and lapses
+    /// like a release after it.
+    Awaiting(std::time::Duration),
 }
 
 impl Outcome {
@@ -42,6 +46,7 @@ impl Outcome {
             Outcome::Released => "released",
             Outcome::Unknown(_) => "unknown",
             Outcome::Duplicate(_) => "duplicate",
+            Outcome::Awaiting(_) => "awaiting",
         }
     }
 }
@@ -84,6 +89,7 @@ pub fn classify<E: CallFailure>(result: Result<&Receipt, &E>, policy: &Policy) -
                     RuleOutcome::Duplicate => Outcome::Duplicate(note(
                         "it already has an operation with the key passed down, from an earlier attempt",
                     )),
+                    RuleOutcome::Await(wait) => Outcome::Awaiting(wait),
                 };
             }
         }

@@ -112,6 +112,10 @@ pub enum RuleOutcome {
     Release,
     Unknown,
     Duplicate,
+    /// The answer asks the client for input before anything happens (MCP's
+    /// `input_required`): the claim waits this long for the call's continuation. Set by
+    /// protocols, never written in a config.
+    Await(Duration),
 }
 
 impl RuleOutcome {
@@ -144,6 +148,9 @@ pub enum Test {
     Prefix(Vec<String>),
     /// A non-empty array, object or string.
     NonEmpty,
+    /// Some `text` member in it, at any depth (an MCP result's content items), is a string
+    /// containing one of these, ASCII case-insensitive (given lowercase).
+    TextContains(Vec<String>),
 }
 
 impl Condition {
@@ -185,6 +192,10 @@ impl Condition {
                     v => starts(v),
                 }
             }
+            Test::TextContains(needles) => any_text(cur, &|t| {
+                let t = t.to_ascii_lowercase();
+                needles.iter().any(|n| t.contains(n.as_str()))
+            }),
             Test::NonEmpty => match cur {
                 serde_json::Value::Array(a) => !a.is_empty(),
                 serde_json::Value::Object(m) => !m.is_empty(),
@@ -192,6 +203,18 @@ impl Condition {
                 _ => false,
             },
         }
+    }
+}
+
+/// Whether some `text` member in `v`, at any depth, is a string that passes `test`.
+fn any_text(v: &serde_json::Value, test: &dyn Fn(&str) -> bool) -> bool {
+    match v {
+        serde_json::Value::Array(items) => items.iter().any(|i| any_text(i, test)),
+        serde_json::Value::Object(m) => m.iter().any(|(k, i)| match i {
+            serde_json::Value::String(s) => k == "text" && test(s),
+            other => any_text(other, test),
+        }),
+        _ => false,
     }
 }
 

@@ -199,6 +199,11 @@ pub struct RecordBody {
     /// outcome; a claim whose holder died before either keeps none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passed_down_sha256: Option<String>,
+    /// PENDING between two rounds of one call: the last round asked the client for input (an
+    /// MCP `input_required` result) and executed nothing. Until then the claim waits for the
+    /// same call's continuation, which takes it over; a lapsed wait counts as a release.
+    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    pub awaiting_until_ms: u64,
     /// How the scope and fingerprint were derived from the request (`identity::derivation`);
     /// records written before versions were kept are version 1.
     #[serde(default = "first_derivation")]
@@ -335,6 +340,7 @@ impl Record {
                 lookup_target: None,
                 lookup_credentials: None,
                 passed_down_sha256: None,
+                awaiting_until_ms: 0,
             },
         }
     }
@@ -400,6 +406,7 @@ mod tests {
                 lookup_target: Some("/v1/x/{key}".into()),
                 lookup_credentials: Some("c".into()),
                 passed_down_sha256: None,
+                awaiting_until_ms: 0,
             },
         };
         let enc = r.encode();

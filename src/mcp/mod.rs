@@ -30,7 +30,15 @@ pub struct McpRules {
     pub annotations: protect::Annotations,
     /// Calls waiting for their result on a resumed stream.
     pub resumptions: resume::Resumptions,
+    /// How long a person may take to answer what a call asks (`[routes.mcp] answer_timeout`).
+    pub answer_timeout: Duration,
+    /// Per tool: text that marks an `isError` result as "nothing happened" (lowercase; matched
+    /// as a substring of the result's text, ASCII case-insensitive).
+    pub release_errors: BTreeMap<String, Vec<String>>,
 }
+
+/// `[routes.mcp] answer_timeout` unless set.
+pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl McpRules {
     /// `tools`: (tool, key template). The error names the tool whose template is wrong.
@@ -53,6 +61,8 @@ impl McpRules {
             templates,
             annotations: protect::Annotations::default(),
             resumptions: resume::Resumptions::default(),
+            answer_timeout: DEFAULT_ANSWER_TIMEOUT,
+            release_errors: BTreeMap::new(),
         })
     }
 }

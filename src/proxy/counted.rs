@@ -70,6 +70,7 @@ pub async fn record(
             lookup_target: None,
             lookup_credentials: None,
             passed_down_sha256: None,
+            awaiting_until_ms: 0,
             derivation: 2,
         },
     };

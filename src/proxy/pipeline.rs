@@ -726,6 +726,7 @@ fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
         priced: op.priced.as_deref(),
         lookup_target: op.lookup_target.as_deref(),
         lookup_credentials: op.lookup_credentials.as_deref(),
+        continuation: false,
     }
 }
 
@@ -1057,7 +1058,7 @@ impl Trace {
         self.outcome = Some(match (&executed.outcome, executed.recorded) {
             (_, Recorded::NotOurs | Recorded::Unconfirmed) => RequestOutcome::Unknown,
             (Outcome::Committed | Outcome::Declined, _) => RequestOutcome::Forwarded,
-            (Outcome::Released, _) => RequestOutcome::Released,
+            (Outcome::Released | Outcome::Awaiting(_), _) => RequestOutcome::Released,
             (Outcome::Unknown(_) | Outcome::Duplicate(_), _) => RequestOutcome::Unknown,
         });
     }

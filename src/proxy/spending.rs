@@ -203,7 +203,9 @@ pub async fn settle(
         return;
     };
     match outcome {
-        Outcome::Released | Outcome::Declined => ticket.release().await,
+        // A call waiting for its continuation reserved nothing for the next round: the
+        // continuation is priced and admitted again.
+        Outcome::Released | Outcome::Declined | Outcome::Awaiting(_) => ticket.release().await,
         Outcome::Committed | Outcome::Unknown(_) | Outcome::Duplicate(_) => {
             if let (true, Some(asked)) = (ticket.added, ticket.asked) {
                 let (currency, major) = asked.major();

@@ -55,8 +55,8 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
     let mut policy = b.policy()?;
     policy.reconcile_after = lookup.as_ref().map(|l| l.after);
     let mcp = b.mcp()?;
-    if mcp.is_some() {
-        mcp_policy(&mut policy);
+    if let Some(rules) = &mcp {
+        mcp_policy(&mut policy, rules.answer_timeout);
     }
     let dedup_window = b.dedup_window();
     b.check_durations(&policy, dedup_window)?;
@@ -94,7 +94,12 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
 /// executed nothing and releases; a complete result (`isError` too) commits; 401, 403, 404
 /// (an expired session) and 400 release; a 5xx or a 200 without the call's answer (502 here)
 /// may have executed and is held. MCP servers take no idempotency key.
-fn mcp_policy(policy: &mut Policy) {
+///
+/// `input_required` keeps the claim, pending, for the call's continuation up to
+/// `answer_timeout` (a person answers the question); and since a person's answer inside a
+/// call's stream may stretch the call by as much, a holder's call may run that much longer
+/// than the route's `timeout` (how long an abandoned claim counts as possibly running).
+fn mcp_policy(policy: &mut Policy, answer_timeout: Duration) {
     let set = |e: &[&str]| {
         StatusSet::parse(&e.iter().map(|s| s.to_string()).collect::<Vec<_>>())
             .expect("a fixed status set parses")
@@ -103,6 +108,7 @@ fn mcp_policy(policy: &mut Policy) {
     policy.commit_statuses = set(&["2xx"]);
     policy.declined_statuses = set(&["!1xx"]);
     policy.unknown_statuses = vec![500, 502, 503, 504];
+    policy.upstream_timeout += answer_timeout;
     let release = |field: &str, test: Test, note: &str| BodyRule {
         statuses: Some(set(&["2xx"])),
         conditions: vec![Condition::new(field, test)],
@@ -115,12 +121,40 @@ fn mcp_policy(policy: &mut Policy) {
             Test::NonEmpty,
             "a JSON-RPC error: the tool did not run",
         ),
+        BodyRule {
+            statuses: Some(set(&["2xx"])),
+            conditions: vec![Condition::new(
+                "result.resultType",
+                Test::Equals(vec!["input_required".into()]),
+            )],
+            outcome: RuleOutcome::Await(answer_timeout),
+            note: "input required: nothing executed yet; the claim waits for the continuation"
+                .into(),
+        },
         release(
             "result.resultType",
             Test::NotEquals(vec!["complete".into()]),
             "not a complete result yet (input required, or a task)",
         ),
     ]);
+}
+
+/// One `release_errors` entry: text an error result contains, compared lowercase. Not a
+/// regular expression, so what looks like one is refused rather than matched literally.
+fn release_pattern(p: &str) -> Result<String, String> {
+    let text = p.trim();
+    if text.is_empty() {
+        return Err("an empty entry would release every isError result: name the text that says nothing happened".into());
+    }
+    if text.len() > 200 {
+        return Err(format!("`{p}` is longer than 200 bytes"));
+    }
+    if text.starts_with('^') || text.ends_with('$') || text.contains(".*") {
+        return Err(format!(
+            "`{p}` looks like a regular expression; entries are plain text the error contains (case-insensitive), e.g. \"rate limited\""
+        ));
+    }
+    Ok(text.to_ascii_lowercase())
 }
 
 struct Builder<'a> {
@@ -490,14 +524,40 @@ impl<'a> Builder<'a> {
         if window.is_zero() {
             return Err(self.invalid("mcp.window", "must be longer than 0s".into()));
         }
+        let answer_timeout = c
+            .answer_timeout
+            .map_or(crate::mcp::DEFAULT_ANSWER_TIMEOUT, |d| d.0);
+        if answer_timeout.is_zero() {
+            return Err(self.invalid("mcp.answer_timeout", "must be longer than 0s".into()));
+        }
+        let mut release_errors = std::collections::BTreeMap::new();
+        for (tool, t) in &c.tools {
+            if t.release_errors.is_empty() {
+                continue;
+            }
+            let field = format!("mcp.tools.{tool}.release_errors");
+            if c.read_only.contains(tool) {
+                return Err(self.invalid(
+                    &field,
+                    "the tool is listed in read_only: its calls are never claimed, so nothing is kept to release".into(),
+                ));
+            }
+            let mut patterns = Vec::new();
+            for p in &t.release_errors {
+                patterns.push(release_pattern(p).map_err(|e| self.invalid(&field, e))?);
+            }
+            release_errors.insert(tool.clone(), patterns);
+        }
         let tools = c
             .tools
             .iter()
             .filter_map(|(tool, t)| t.key.clone().map(|k| (tool.clone(), k)))
             .collect();
-        McpRules::new(window, c.read_only, c.trust_annotations, tools)
-            .map(Some)
-            .map_err(|(tool, e)| self.invalid(&format!("mcp.tools.{tool}.key"), e))
+        let mut rules = McpRules::new(window, c.read_only, c.trust_annotations, tools)
+            .map_err(|(tool, e)| self.invalid(&format!("mcp.tools.{tool}.key"), e))?;
+        rules.answer_timeout = answer_timeout;
+        rules.release_errors = release_errors;
+        Ok(Some(rules))
     }
 
     /// `[routes.spend]`, with the profile's defaults for what costs money and where the

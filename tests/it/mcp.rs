@@ -828,3 +828,308 @@ async fn a_stream_closed_early_settles_from_the_resumed_get_one_effect_nothing_h
     assert_eq!(result(&rerun), result(&first));
     assert_eq!(server.count("polled_refund"), 1);
 }
+
+/// The example with `edit` applied to its MCP route.
+fn edited_worker(
+    pki: &TestPki,
+    server: &McpServer,
+    rest: &FakeProvider,
+    edit: &dyn Fn(&mut toml::Table),
+) -> Worker {
+    let on_mcp_route = |cfg: &mut toml::Table| {
+        let routes = cfg.get_mut("routes").and_then(|r| r.as_array_mut());
+        for route in routes
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_table_mut())
+            .filter(|r| r.get("protocol").and_then(|p| p.as_str()) == Some("mcp"))
+        {
+            edit(route);
+        }
+    };
+    Worker::start_edited(
+        "mcp.toml",
+        &[("tools-mcp", server.port), ("payments", rest.port())],
+        pki,
+        None,
+        &on_mcp_route,
+    )
+}
+
+fn set_mcp(route: &mut toml::Table, key: &str, value: toml::Value) {
+    if let Some(mcp) = route.get_mut("mcp").and_then(|m| m.as_table_mut()) {
+        mcp.insert(key.into(), value);
+    }
+}
+
+/// A raw 2026-07-28 `tools/call` of `confirm_refund` (stateless: no session), optionally
+/// carrying the answers to the question the server asked and its state.
+fn confirm_call(id: u32, charge: &str, answered: Option<&str>) -> String {
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{}}}"#;
+    let answers = match answered {
+        Some(state) => format!(
+            r#""inputResponses":{{"__main__:ask":{{"action":"accept","content":{{"ok":true}}}}}},"requestState":"{state}","#
+        ),
+        None => String::new(),
+    };
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"confirm_refund","arguments":{{"charge":"{charge}"}},{answers}{meta}}}}}"#
+    )
+}
+
+const MODERN: [&str; 3] = [
+    "mcp-protocol-version: 2026-07-28",
+    "mcp-method: tools/call",
+    "mcp-name: confirm_refund",
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_input_required_call_keeps_its_claim_for_the_continuation_and_a_duplicate_waits() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start_with(Sdk::V2, &pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = edited_worker(&pki, &server, &rest, &|route| {
+        set_mcp(route, "answer_timeout", "4s".into())
+    });
+    // The first round: the server asks (nothing executed).
+    let asked = json_of(&raw(&w, "/mcp", &MODERN, &confirm_call(1, "ch_mrtr", None)));
+    assert_eq!(
+        asked["result"]["resultType"],
+        json!("input_required"),
+        "{asked}"
+    );
+    let state = asked["result"]["requestState"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no requestState: {asked}"))
+        .to_string();
+    // A duplicate between the rounds (a re-run, no answers): the call is in flight, never a
+    // second first round under a claim of its own.
+    let duplicate = json_of(&raw(&w, "/mcp", &MODERN, &confirm_call(2, "ch_mrtr", None)));
+    assert_eq!(duplicate["error"]["code"], json!(-32009), "{duplicate}");
+    assert_eq!(
+        duplicate["error"]["data"]["slug"],
+        json!("request-in-flight"),
+        "{duplicate}"
+    );
+    // The continuation (another id, the answers and the state) runs under the first round's
+    // claim: the refund, once.
+    let done = json_of(&raw(
+        &w,
+        "/mcp",
+        &MODERN,
+        &confirm_call(3, "ch_mrtr", Some(&state)),
+    ));
+    assert_eq!(done["id"], json!(3), "{done}");
+    assert!(done["result"].to_string().contains("re_1"), "{done}");
+    assert_eq!(server.count("confirm_refund"), 1);
+    // A re-run gets the kept result, without the question.
+    let rerun = json_of(&raw(&w, "/mcp", &MODERN, &confirm_call(4, "ch_mrtr", None)));
+    assert_eq!(
+        rerun["result"]["_meta"]["io.idemproxy/replay"]["replayed"],
+        json!(true),
+        "{rerun}"
+    );
+    assert_eq!(rerun["result"]["content"], done["result"]["content"]);
+    assert_eq!(server.count("confirm_refund"), 1);
+
+    // Nobody continues within answer_timeout: the wait lapses like a release (nothing ran),
+    // and the next call asks again instead of being held.
+    let asked = json_of(&raw(&w, "/mcp", &MODERN, &confirm_call(5, "ch_gone", None)));
+    assert_eq!(asked["result"]["resultType"], json!("input_required"));
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let again = json_of(&raw(&w, "/mcp", &MODERN, &confirm_call(6, "ch_gone", None)));
+    assert_eq!(
+        again["result"]["resultType"],
+        json!("input_required"),
+        "{again}"
+    );
+    assert_eq!(server.count("confirm_refund"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_elicitation_answered_after_the_route_timeout_settles_the_call_once() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Sse, false).await;
+    let rest = rest_provider(&pki).await;
+    // The route gives a call 2 s; the person takes 4 s to answer.
+    let w = edited_worker(&pki, &server, &rest, &|route| {
+        route.insert("timeout".into(), "2s".into());
+    });
+    let (program, script) = Sdk::V1.client();
+    let args = json!({"charge": "ch_slow"}).to_string();
+    let first = w
+        .run(
+            &program,
+            &[&script, URL, "confirm_refund", &args],
+            &[("MCP_ELICIT_DELAY", "4")],
+        )
+        .await;
+    assert_eq!(ok(&first)["asked"].as_array().map(Vec::len), Some(1));
+    assert!(first["text"].to_string().contains("re_1"), "{first}");
+    let rerun = call(&w, "confirm_refund", json!({"charge": "ch_slow"}), None).await;
+    assert_eq!(ok(&rerun)["replayed"], json!(true), "{rerun}");
+    assert_eq!(rerun["asked"], json!([]), "{rerun}");
+    assert_eq!(rerun["text"], first["text"]);
+    assert_eq!(server.count("confirm_refund"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_error_result_a_tool_declares_as_nothing_happened_is_not_kept() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    let w = edited_worker(&pki, &server, &rest, &|route| {
+        let mut tool = toml::Table::new();
+        tool.insert(
+            "release_errors".into(),
+            toml::Value::Array(vec!["rate limited".into(), "try later".into()]),
+        );
+        if let Some(tools) = route
+            .get_mut("mcp")
+            .and_then(|m| m.as_table_mut())
+            .and_then(|m| m.get_mut("tools"))
+            .and_then(|t| t.as_table_mut())
+        {
+            tools.insert("limited_transfer".into(), tool.into());
+        }
+    });
+    let args = json!({"account": "acct_rl"});
+    // Refused by the bank: the client gets the error result as the server gave it…
+    let refused = call(&w, "limited_transfer", args.clone(), None).await;
+    assert_eq!(refused["isError"], json!(true), "{refused}");
+    assert!(
+        refused["text"].to_string().contains("Rate limited"),
+        "{refused}"
+    );
+    // …and the retry executes: the transfer.
+    let retried = call(&w, "limited_transfer", args.clone(), None).await;
+    assert_eq!(ok(&retried)["isError"], json!(false), "{retried}");
+    assert_eq!(retried["replayed"], json!(false));
+    assert_eq!(result(&retried)["transfer"], json!("tr_2"));
+    assert_eq!(server.count("limited_transfer"), 2);
+    // The transfer's result is kept: a re-run replays it.
+    let rerun = call(&w, "limited_transfer", args, None).await;
+    assert_eq!(ok(&rerun)["replayed"], json!(true), "{rerun}");
+    assert_eq!(server.count("limited_transfer"), 2);
+    // An error result of a tool without release_errors is still kept.
+    let f1 = call(&w, "failing_transfer", json!({"account": "acct_2"}), None).await;
+    let f2 = call(&w, "failing_transfer", json!({"account": "acct_2"}), None).await;
+    assert_eq!(f1["isError"], json!(true), "{f1}");
+    assert_eq!(f2["replayed"], json!(true), "{f2}");
+    assert_eq!(server.count("failing_transfer"), 1);
+}
+
+#[test]
+fn check_config_names_a_bad_release_errors_or_answer_timeout_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.toml");
+    let check = |mcp: &str| {
+        let text = format!(
+            "[[routes]]\nname = \"m\"\nupstream = \"https://mcp.example\"\nprotocol = \"mcp\"\n\n[routes.mcp]\nread_only = [\"get_balance\"]\n{mcp}\n"
+        );
+        std::fs::write(&path, text).expect("write");
+        let out = Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run check-config");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (passed, said) = check("[routes.mcp.tools.pay]\nrelease_errors = [\"rate limited\"]");
+    assert!(passed, "{said}");
+    for (bad, why) in [
+        (
+            "[routes.mcp.tools.pay]\nrelease_errors = [\"^rate limited\"]",
+            "regular expression",
+        ),
+        ("[routes.mcp.tools.pay]\nrelease_errors = [\" \"]", "empty"),
+        (
+            "[routes.mcp.tools.get_balance]\nrelease_errors = [\"busy\"]",
+            "read_only",
+        ),
+    ] {
+        let (passed, said) = check(bad);
+        assert!(!passed, "{bad}");
+        assert!(
+            said.contains("mcp.tools.") && said.contains("release_errors"),
+            "{said}"
+        );
+        assert!(said.contains(why), "{why}: {said}");
+    }
+    let (passed, said) = check("answer_timeout = \"0s\"");
+    assert!(!passed && said.contains("mcp.answer_timeout"), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fail_open_forwards_tool_calls_unprotected_while_redis_is_down_but_never_a_capped_one() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    let mut w = Worker::start_on(
+        crate::common::Backend::Redis,
+        "mcp.toml",
+        &[("tools-mcp", server.port), ("payments", rest.port())],
+        &pki,
+        None,
+        &|cfg: &mut toml::Table| {
+            let routes = cfg.get_mut("routes").and_then(|r| r.as_array_mut());
+            for route in routes
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.as_table_mut())
+                .filter(|r| r.get("protocol").and_then(|p| p.as_str()) == Some("mcp"))
+            {
+                route.insert("fail_open".into(), true.into());
+                let spend: toml::Table = toml::from_str(
+                    r#"
+                    operations = ["create_refund"]
+                    amount = ["{args.amount}"]
+                    currency = "usd"
+                    unit = "minor"
+                    caps_currency = "usd"
+                    per_request = "200.00"
+                    "#,
+                )
+                .expect("spend table");
+                route.insert("spend".into(), spend.into());
+            }
+        },
+    );
+    // With the store up: claimed, a re-run replayed.
+    ok(&call(&w, "send_email", json!({"to": "up@example.com"}), None).await);
+    let rerun = call(&w, "send_email", json!({"to": "up@example.com"}), None).await;
+    assert_eq!(ok(&rerun)["replayed"], json!(true), "{rerun}");
+    assert_eq!(server.count("send_email"), 1);
+    let sid = open_session(&w);
+
+    w.store.redis.as_mut().expect("a Redis store").kill();
+    // The store is down: a tool call goes through unprotected, marked so…
+    let down = raw(
+        &w,
+        "/mcp",
+        &[&sid],
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"send_email","arguments":{"to":"down@example.com"}}}"#,
+    );
+    assert!(json_of(&down).get("result").is_some(), "{down}");
+    assert!(
+        down.to_ascii_lowercase()
+            .contains("x-idemproxy-warning: unprotected: store unavailable"),
+        "{down}"
+    );
+    // …and unprotected means what it says: the same call again executes again.
+    ok(&call(&w, "send_email", json!({"to": "down@example.com"}), None).await);
+    assert_eq!(server.count("send_email"), 3);
+    // A capped tool never goes through without the store: its caps cannot be counted.
+    let capped = call(
+        &w,
+        "create_refund",
+        json!({"charge": "ch_down", "amount": 500}),
+        None,
+    )
+    .await;
+    assert!(capped.get("error").is_some(), "{capped}");
+    assert_eq!(server.count("create_refund"), 0);
+}

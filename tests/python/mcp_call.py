@@ -1,6 +1,7 @@
 """One tool call with the official MCP Python client, as an agent's tool makes it: a new process,
 defaults, no idempotency key. Prints one JSON line: the result, or the error the client raised.
-Usage: mcp_call.py URL TOOL ARGS_JSON (MCP_TOKEN in the environment: the bearer token)."""
+Usage: mcp_call.py URL TOOL ARGS_JSON (MCP_TOKEN in the environment: the bearer token;
+MCP_ELICIT_DELAY: seconds the person takes to answer an elicitation)."""
 import asyncio
 import json
 import os
@@ -30,6 +31,7 @@ async def main() -> dict:
 
     async def on_elicit(context, params):
         asked.append(params.message)
+        await asyncio.sleep(float(os.environ.get("MCP_ELICIT_DELAY", "0")))
         return types.ElicitResult(action="accept", content={"ok": True})
 
     async with streamablehttp_client(url, headers=headers) as (read, write, _):

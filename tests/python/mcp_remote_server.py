@@ -184,6 +184,18 @@ def failing_transfer(account: str) -> dict:
 
 
 @server.tool()
+def limited_transfer(account: str) -> dict:
+    """A transfer the bank refuses the first time with "rate limited" (an isError result that
+    executed nothing), and makes the next time."""
+    effect("limited_transfer", {"account": account})
+    with open(opts.effects) as f:
+        tries = sum(1 for line in f if json.loads(line)["tool"] == "limited_transfer")
+    if tries == 1:
+        raise ValueError("Rate limited: nothing was transferred, try again in a second")
+    return {"transfer": f"tr_{tries}", "account": account}
+
+
+@server.tool()
 def crash_after(charge: str) -> dict:
     """Refunds, then the server dies before answering: the connection is cut."""
     effect("crash_after", {"charge": charge})

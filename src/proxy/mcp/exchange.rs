@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use super::content_type;
+use super::deadline::Deadline;
 use crate::http::body::{full, read_limited, Body, BoxError, ReadError};
 use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{Claim, Executed};
@@ -87,7 +88,11 @@ pub(super) async fn forward(
     let (whole, whole_rx) = oneshot::channel();
     let toward = Toward { head, live, whole };
     let client = route.client.clone();
-    let (deadline, max) = (route.timeout, app.max_receipt_bytes);
+    let (timeout, max) = (route.timeout, app.max_receipt_bytes);
+    let answer_timeout = route
+        .mcp
+        .as_ref()
+        .map_or(crate::mcp::DEFAULT_ANSWER_TIMEOUT, |r| r.answer_timeout);
     let route_held = route.clone();
     let call = {
         let id = id.clone();
@@ -105,18 +110,23 @@ pub(super) async fn forward(
                 .as_ref()
                 .zip(resume.as_deref())
                 .and_then(|(rules, key)| rules.resumptions.wait(key));
+            let deadline = Deadline::new(timeout, answer_timeout);
             let exchange = call(
                 client.as_ref(),
                 request,
                 &id,
                 max,
                 toward,
-                &list_changed,
+                Watching {
+                    list_changed: &list_changed,
+                    deadline: &deadline,
+                },
                 resume,
             );
-            tokio::time::timeout(deadline, exchange)
+            deadline
+                .run(exchange)
                 .await
-                .unwrap_or(Err(UpstreamError::Timeout(deadline)))
+                .unwrap_or(Err(UpstreamError::Timeout(timeout)))
         }
     };
     let claims = app.claims.clone();
@@ -201,7 +211,7 @@ fn outcome_of(executed: &Executed<UpstreamError>) -> RequestOutcome {
     match (&executed.outcome, executed.recorded) {
         (_, Recorded::NotOurs | Recorded::Unconfirmed) => RequestOutcome::Unknown,
         (Outcome::Committed | Outcome::Declined, _) => RequestOutcome::Forwarded,
-        (Outcome::Released, _) => RequestOutcome::Released,
+        (Outcome::Released | Outcome::Awaiting(_), _) => RequestOutcome::Released,
         (Outcome::Unknown(_) | Outcome::Duplicate(_), _) => RequestOutcome::Unknown,
     }
 }
@@ -224,7 +234,7 @@ async fn call(
     id: &Value,
     max: usize,
     toward: Toward,
-    list_changed: &(dyn Fn() + Send + Sync),
+    watching: Watching<'_>,
     resumed: Option<oneshot::Receiver<Vec<u8>>>,
 ) -> Result<Receipt, UpstreamError> {
     let Toward { head, live, whole } = toward;
@@ -233,7 +243,7 @@ async fn call(
     let framing = content_type(&parts.headers);
     if parts.status.is_success() && framing == replay::SSE {
         let _ = head.send(Head::Streaming(parts));
-        let on_stream = follow_stream(body, id, max, live, list_changed).await;
+        let on_stream = follow_stream(body, id, max, live, watching).await;
         return match (on_stream, resumed) {
             (Ok(Followed::Result(receipt)), _) => Ok(receipt),
             // Closed after an event the server stored: the client resumes with a GET, and the
@@ -271,7 +281,7 @@ async fn follow_stream(
     id: &Value,
     max: usize,
     live: mpsc::Sender<Bytes>,
-    list_changed: &(dyn Fn() + Send + Sync),
+    watching: Watching<'_>,
 ) -> Result<Followed, UpstreamError> {
     let mut reader = sse::Reader::default();
     let mut resumable = false;
@@ -294,10 +304,16 @@ async fn follow_stream(
             let Ok(message) = serde_json::from_str::<Value>(&event.data) else {
                 continue;
             };
-            if message.get("method").and_then(Value::as_str)
-                == Some("notifications/tools/list_changed")
-            {
-                list_changed();
+            let method = message.get("method").and_then(Value::as_str);
+            if method == Some("notifications/tools/list_changed") {
+                (watching.list_changed)();
+            }
+            // A server request (elicitation, sampling) waits for the client's answer, often a
+            // person's; anything after it means the server moved on.
+            if method.is_some() && message.get("id").is_some() {
+                watching.deadline.asked();
+            } else {
+                watching.deadline.moved_on();
             }
             if replay::answers(&message, id) {
                 return Ok(Followed::Result(kept(
@@ -308,6 +324,15 @@ async fn follow_stream(
         }
     }
     Ok(Followed::Closed { resumable })
+}
+
+/// What reading a call's stream looks out for besides its result.
+#[derive(Clone, Copy)]
+struct Watching<'a> {
+    /// The server's tool list changed: forget what it said.
+    list_changed: &'a (dyn Fn() + Send + Sync),
+    /// Server requests waiting for an answer stretch the call's deadline.
+    deadline: &'a Deadline,
 }
 
 /// Where a call's event stream left it.

@@ -21,7 +21,7 @@ use super::outgoing::Outgoing;
 use crate::http::body::{full, read_limited, stream, Body, ReadError};
 use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{Acquired, ClaimRequest, Found};
-use crate::idempotency::policy::OnInFlight;
+use crate::idempotency::policy::{BodyRule, Condition, OnInFlight, Policy, RuleOutcome, Test};
 use crate::idempotency::record::Receipt;
 use crate::identity::account::AccountSpec;
 use crate::identity::scope::Place;
@@ -38,6 +38,7 @@ use crate::request::Request as Read;
 use crate::routes::Route;
 use crate::spend::gate::Admission;
 
+mod deadline;
 mod exchange;
 mod probe;
 
@@ -160,12 +161,8 @@ async fn serve(
         upstream_host: &route.upstream.host,
     };
     let scope = place.scope(&call.account, &call.key);
-    let mut policy = route.policy.clone();
-    if call.source == identity::Source::Arguments {
-        let mut p = (*policy).clone();
-        p.retention = rules.window;
-        policy = Arc::new(p);
-    }
+    let policy = call_policy(route, rules, &call);
+    let continuation = continues(&message);
     let ask = ClaimRequest {
         scope: &scope,
         fingerprint: &call.fingerprint,
@@ -177,16 +174,28 @@ async fn serve(
         // MCP routes have no lookup.
         lookup_target: None,
         lookup_credentials: None,
+        continuation,
     };
+    // A continuation may arrive before its first round's claim is parked for it (a stream's
+    // last event reaches the client before the claim settles): it waits for that settle.
     let acquired = match policy.on_in_flight {
-        OnInFlight::Conflict => app.claims.acquire(&ask, &policy).await,
-        OnInFlight::Wait => {
+        OnInFlight::Conflict if !continuation => app.claims.acquire(&ask, &policy).await,
+        OnInFlight::Conflict | OnInFlight::Wait => {
             app.claims
                 .acquire_waiting(&ask, &policy, route.wait_timeout)
                 .await
         }
-    }
-    .map_err(ProxyError::StoreUnavailable)?;
+    };
+    let acquired = match acquired {
+        Ok(acquired) => acquired,
+        Err(e) if policy.fail_open && plan.is_none() && e.is_unreachable() => {
+            *outcome = RequestOutcome::Unprotected;
+            app.metrics.unprotected(&route.name, "store_unavailable");
+            tracing::warn!(route = %route.name, %tenant, tool = %call.tool, error = %e, "store unavailable; forwarding a tool call unprotected (fail_open)");
+            return unprotected(route, &outgoing).await;
+        }
+        Err(e) => return Err(ProxyError::StoreUnavailable(e)),
+    };
     let claim = match acquired {
         Acquired::Execute(claim) => claim,
         Acquired::Found(Found::Replay { receipt, .. }) => {
@@ -257,6 +266,48 @@ async fn serve(
     forwarded.0
 }
 
+/// The policy a call is claimed under: the route's, with a call identified by its arguments
+/// kept for the route's `window`, and a tool's `release_errors` read before anything else.
+fn call_policy(route: &Route, rules: &McpRules, call: &identity::CallIdentity) -> Arc<Policy> {
+    let releases = rules.release_errors.get(&call.tool);
+    let by_arguments = call.source == identity::Source::Arguments;
+    if releases.is_none() && !by_arguments {
+        return route.policy.clone();
+    }
+    let mut p = (*route.policy).clone();
+    if by_arguments {
+        p.retention = rules.window;
+    }
+    if let Some(patterns) = releases {
+        let mut all = vec![release_errors(patterns)];
+        all.extend(p.rules.iter().cloned());
+        p.rules = Arc::from(all);
+    }
+    Arc::new(p)
+}
+
+/// An `isError` result whose text says nothing happened (the tool's `release_errors`): passed
+/// to the client, not kept.
+fn release_errors(patterns: &[String]) -> BodyRule {
+    BodyRule {
+        statuses: None,
+        conditions: vec![
+            Condition::new("result.isError", Test::Equals(vec!["true".into()])),
+            Condition::new("result.content", Test::TextContains(patterns.to_vec())),
+        ],
+        outcome: RuleOutcome::Release,
+        note: "an isError result the tool's release_errors say executed nothing".into(),
+    }
+}
+
+/// Whether a call continues one whose last round answered `input_required` (2026-07-28): it
+/// carries the answers, or the server's state to resume from.
+fn continues(message: &Message) -> bool {
+    ["inputResponses", "requestState"]
+        .iter()
+        .any(|k| message.params.get(*k).is_some_and(|v| !v.is_null()))
+}
+
 fn refusal(e: MessageError) -> ProxyError {
     match e {
         MessageError::Unreadable(_) => ProxyError::MalformedBody(e.to_string()),
@@ -276,6 +327,18 @@ async fn pass(route: &Route, outgoing: &Outgoing<'_>) -> Result<Response<Body>, 
         }
         Err(error) => Err(ProxyError::Upstream { error, claim: None }),
     }
+}
+
+/// A tool call forwarded without a claim (`fail_open`, the store out of reach): the server's
+/// answer as it comes, marked unprotected. Never a capped tool's call: the spend gate cannot
+/// count it without the store.
+async fn unprotected(route: &Route, outgoing: &Outgoing<'_>) -> Result<Response<Body>, ProxyError> {
+    let mut resp = pass(route, outgoing).await?;
+    resp.headers_mut().insert(
+        crate::proxy::pipeline::WARNING,
+        HeaderValue::from_static("unprotected: store unavailable"),
+    );
+    Ok(resp)
 }
 
 /// A kept result answering a re-run.

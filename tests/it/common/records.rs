@@ -35,6 +35,7 @@ pub fn record(state: State) -> Record {
             lookup_target: None,
             lookup_credentials: None,
             passed_down_sha256: None,
+            awaiting_until_ms: 0,
         },
     }
 }

@@ -24,7 +24,8 @@ pub struct Worker {
     /// Exactly the `NAME=value` lines `idemproxy env --format env-file` printed.
     pub env: Vec<(String, String)>,
     pub proxy: Proxy,
-    _store: StoreFixture,
+    /// The proxy's store (SQLite unless `start_on` said otherwise).
+    pub store: StoreFixture,
 }
 
 impl Worker {
@@ -54,7 +55,19 @@ impl Worker {
         tenant: Option<(&str, &str)>,
         edit: &dyn Fn(&mut toml::Table),
     ) -> Worker {
-        let store = StoreFixture::new(Backend::Sqlite);
+        Self::start_on(Backend::Sqlite, example, routes, pki, tenant, edit)
+    }
+
+    /// The same, on a store of `backend` (a test that stops the store).
+    pub fn start_on(
+        backend: Backend,
+        example: &str,
+        routes: &[(&str, u16)],
+        pki: &TestPki,
+        tenant: Option<(&str, &str)>,
+        edit: &dyn Fn(&mut toml::Table),
+    ) -> Worker {
+        let store = StoreFixture::new(backend);
         let listen = crate::common::loopback(crate::common::free_port());
         let proxy_url = match tenant {
             Some((name, secret)) => format!("http://{name}:{secret}@{listen}"),
@@ -142,7 +155,7 @@ impl Worker {
             ca,
             env,
             proxy,
-            _store: store,
+            store,
         }
     }
 
