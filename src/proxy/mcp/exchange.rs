@@ -24,8 +24,8 @@ use crate::outbound::receipt::REPLAYED;
 use crate::outbound::upstream::{Upstream, UpstreamBody, UpstreamError};
 use crate::proxy::admission::Admitted;
 use crate::proxy::error::ProxyError;
-use crate::proxy::spending;
 use crate::proxy::App;
+use crate::proxy::{recorded, spending};
 use crate::routes::Route;
 use crate::spend::gate::Ticket;
 
@@ -55,6 +55,8 @@ pub(super) struct Under {
     pub policy: Arc<Policy>,
     pub ticket: Option<Ticket>,
     pub tenant: String,
+    /// Where a tool with `records` keeps what its result made, once settled.
+    pub keeping: Option<recorded::Keeping>,
 }
 
 /// How the server's answer reaches the client, once its head is in.
@@ -80,6 +82,7 @@ pub(super) async fn forward(
         policy,
         ticket,
         tenant,
+        keeping,
     } = under;
     let Answering { id, resume } = answering;
     let (head, head_rx) = oneshot::channel();
@@ -125,6 +128,9 @@ pub(super) async fn forward(
         let executed = claims.execute(claim, policy, call).await;
         if let Ok(done) = &executed {
             spending::settle(&metrics, &route_name, &tenant, ticket, &done.outcome).await;
+            if let Some(keeping) = keeping {
+                keeping.settled(done).await;
+            }
         }
         executed
     });

@@ -32,8 +32,8 @@ use crate::mcp::{replay, resume, sse, McpRules};
 use crate::metrics::RequestOutcome;
 use crate::outbound::receipt::REPLAYED;
 use crate::proxy::error::ProxyError;
-use crate::proxy::spending;
 use crate::proxy::App;
+use crate::proxy::{recorded, spending};
 use crate::request::Request as Read;
 use crate::routes::Route;
 use crate::spend::gate::Admission;
@@ -138,26 +138,34 @@ async fn serve(
         .spend
         .as_ref()
         .filter(|s| s.covers(&http::Method::POST, &format!("/{}", call.tool)));
-    let plan = match capped {
-        Some(spend) => {
-            let tunnel = parts.extensions.get::<spending::TunnelRun>();
-            let arguments = message
-                .params
-                .get("arguments")
-                .cloned()
-                .unwrap_or_else(|| Value::Object(Default::default()));
-            let plan =
-                spending::plan_tool(spend, &view, tunnel, &call.account, &call.tool, &arguments)
-                    .map_err(ProxyError::Spend)?;
-            Some((spend, plan))
-        }
-        None => None,
-    };
     let place = Place {
         namespace: &app.namespace,
         tenant,
         route: &route.name,
         upstream_host: &route.upstream.host,
+    };
+    let arguments = message
+        .params
+        .get("arguments")
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    let plan = match capped {
+        Some(spend) => {
+            let tunnel = parts.extensions.get::<spending::TunnelRun>();
+            let recorded = priced_from_record(app, &place, &call, rules, spend, &arguments).await?;
+            let plan = spending::plan_tool(
+                spend,
+                &view,
+                tunnel,
+                &call.account,
+                &call.tool,
+                &arguments,
+                recorded,
+            )
+            .map_err(ProxyError::Spend)?;
+            Some((spend, plan))
+        }
+        None => None,
     };
     let scope = place.scope(&call.account, &call.key);
     let mut policy = route.policy.clone();
@@ -245,16 +253,49 @@ async fn serve(
         id: message.id.clone(),
         resume,
     };
+    let keeping = recorded::Keeping::new(
+        app.claims.store(),
+        app.claims.clock(),
+        &place,
+        &call.account,
+        rules.records.get(&call.tool),
+        &arguments,
+        policy.retention,
+    );
     let under = exchange::Under {
         claim,
         policy,
         ticket,
         tenant: tenant.to_string(),
+        keeping,
     };
     let forwarded = exchange::forward(app, route, under, request, admitted, answering).await;
     *outcome = forwarded.1;
     tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "executed a tool call");
     forwarded.0
+}
+
+/// What a capped tool priced from a recorded object (`price_from`) asks for: `None` when the
+/// tool is not, or the proxy recorded no such object for this account (then it is unpriced).
+/// The store down: refused.
+async fn priced_from_record(
+    app: &App,
+    place: &Place<'_>,
+    call: &identity::CallIdentity,
+    rules: &McpRules,
+    spend: &crate::routes::RouteSpend,
+    arguments: &Value,
+) -> Result<Option<crate::spend::money::Money>, ProxyError> {
+    let Some(from) = rules.price_from.get(&call.tool) else {
+        return Ok(None);
+    };
+    let store = app.claims.store().as_ref();
+    recorded::asked(store, place, &call.account, spend, from, arguments)
+        .await
+        .map_err(|e| match e {
+            recorded::Looked::Store(e) => ProxyError::StoreUnavailable(e),
+            recorded::Looked::Price(e) => ProxyError::Spend(spending::SpendError::Price(e)),
+        })
 }
 
 fn refusal(e: MessageError) -> ProxyError {

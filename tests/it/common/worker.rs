@@ -54,7 +54,19 @@ impl Worker {
         tenant: Option<(&str, &str)>,
         edit: &dyn Fn(&mut toml::Table),
     ) -> Worker {
-        let store = StoreFixture::new(Backend::Sqlite);
+        Self::start_on(Backend::Sqlite, example, routes, pki, tenant, edit)
+    }
+
+    /// The same, on a store of `backend` (the example's own store replaced).
+    pub fn start_on(
+        backend: Backend,
+        example: &str,
+        routes: &[(&str, u16)],
+        pki: &TestPki,
+        tenant: Option<(&str, &str)>,
+        edit: &dyn Fn(&mut toml::Table),
+    ) -> Worker {
+        let store = StoreFixture::new(backend);
         let listen = crate::common::loopback(crate::common::free_port());
         let proxy_url = match tenant {
             Some((name, secret)) => format!("http://{name}:{secret}@{listen}"),
