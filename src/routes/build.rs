@@ -507,6 +507,12 @@ impl<'a> Builder<'a> {
         use crate::mcp::recorded::{PriceFrom, Records};
         for (tool, t) in &c.tools {
             if let Some(r) = &t.records {
+                if c.read_only.contains(tool) {
+                    return Err(self.invalid(
+                        &format!("mcp.tools.{tool}.records"),
+                        format!("{tool} is listed in read_only: its calls are never claimed, so nothing would be recorded"),
+                    ));
+                }
                 let records = Records::parse(&r.kind, &r.id, &r.amount, &r.currency, &r.unit)
                     .map_err(|(f, m)| self.invalid(&format!("mcp.tools.{tool}.records.{f}"), m))?;
                 rules.records.insert(tool.clone(), records);

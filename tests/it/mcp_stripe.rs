@@ -537,6 +537,12 @@ fn check_config_names_what_is_wrong_in_records_and_price_from() {
             "unknown field `quantity`",
         ),
         (
+            r#"  "retrieve_balance","#,
+            r#"  "retrieve_balance", "create_price","#,
+            "mcp.tools.create_price.records",
+            "listed in read_only",
+        ),
+        (
             records,
             r#"unit = "cents" }"#,
             "mcp.tools.create_price.records.unit",
