@@ -434,6 +434,27 @@ async fn a_payment_link_for_a_price_the_proxy_did_not_record_for_this_account_is
         "unpriced-operation",
         "create the price through this route",
     );
+    // A recorded price in a currency the caps cannot count (the example gives no rates):
+    // refused, never counted as if it were dollars.
+    let made = ok(&call(
+        &w,
+        "create_price",
+        json!({"product": "prod_eu", "unit_amount": 100, "currency": "eur"}),
+    )
+    .await)
+    .clone();
+    let euro = result(&made)["id"].as_str().unwrap_or_default().to_string();
+    let in_euros = call(
+        &w,
+        "create_payment_link",
+        json!({"price": euro, "quantity": 1}),
+    )
+    .await;
+    refused(
+        &in_euros,
+        "amount-invalid",
+        "EUR is not one this route's caps can count",
+    );
     assert_eq!(
         server.count("create_payment_link"),
         0,
