@@ -701,18 +701,18 @@ impl<'a> Builder<'a> {
             let on = ops
                 .iter()
                 .enumerate()
-                .map(|(j, tool)| {
+                .map(|(j, named)| {
                     let o = if mcp {
-                        tool_operation(tool)
+                        tool_operation(named)
                             .map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))?
                     } else {
-                        tool.clone()
+                        named.clone()
                     };
                     // A tool priced from a recorded object reads no amount of its own.
                     let recorded = mcp
                         .then_some(self.r.mcp.as_ref())
                         .flatten()
-                        .and_then(|m| m.tools.get(tool.as_str()))
+                        .and_then(|m| m.tools.get(named.as_str()))
                         .and_then(|t| t.price_from.as_ref());
                     Ok(PricedOperation {
                         pattern: parse(j, &o)?,
