@@ -598,3 +598,40 @@ fn check_config_names_what_is_wrong_in_records_and_price_from() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Spend on tool calls adds up in the run's budget (per_run 1000.00 in the example): five
+/// refunds of 190.00 (each under the per-request cap) count 950.00, so a payment link of
+/// 150.00 after them is refused over per_run — nothing reaches the stand-in — while one of
+/// 49.00 fits and goes through.
+#[tokio::test(flavor = "multi_thread")]
+async fn committed_tool_calls_count_in_the_runs_budget() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = worker(&pki, &server);
+    for i in 0..5 {
+        ok(&call(
+            &w,
+            "create_refund",
+            json!({"payment_intent": "pi_run", "amount": 19_000 + i}),
+        )
+        .await);
+    }
+    assert_eq!(server.count("create_refund"), 5);
+    let price = price_through_proxy(&w, KEY, "prod_run", 15_000).await;
+    let over = call(
+        &w,
+        "create_payment_link",
+        json!({"price": price, "quantity": 1}),
+    )
+    .await;
+    refused(&over, "spend-cap-exceeded", "per_run");
+    assert_eq!(server.count("create_payment_link"), 0);
+    let small = price_through_proxy(&w, KEY, "prod_run", 4_900).await;
+    ok(&call(
+        &w,
+        "create_payment_link",
+        json!({"price": small, "quantity": 1}),
+    )
+    .await);
+    assert_eq!(server.count("create_payment_link"), 1);
+}

@@ -243,6 +243,13 @@ async fn serve(
         }
         None => None,
     };
+    // Going out: from here on the reservation stays unless the outcome says nothing happened
+    // (a ticket not kept gives its reservation back when dropped, as for a request that went
+    // away before its forward).
+    let mut ticket = ticket;
+    if let Some(t) = ticket.as_mut() {
+        t.keep();
+    }
     let request = outgoing.request(None);
     let resume = parts
         .headers
