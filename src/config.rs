@@ -523,6 +523,38 @@ pub struct McpToolConfig {
     /// a retry executes. Default: none (every complete result is kept).
     #[serde(default)]
     pub release_errors: Vec<String>,
+    /// What a successful call creates, kept to price later calls that name it:
+    /// `records = { kind = "price", id = "{result.id}", amount = "{result.unit_amount}",
+    /// currency = "{result.currency}", unit = "minor" }`.
+    pub records: Option<RecordsConfig>,
+    /// On a capped tool that carries no amount: priced as an object an earlier call recorded,
+    /// `price_from = { kind = "price", id = "{args.price}", times = "{args.quantity}" }`.
+    pub price_from: Option<PriceFromConfig>,
+}
+
+/// `[routes.mcp.tools.<tool>] records`: the object a successful call made. Fields are
+/// `{result.NAME}` (the object the call's result holds) or `{args.NAME}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordsConfig {
+    /// What kind of object (`price`): the name `price_from` asks for.
+    pub kind: String,
+    pub id: String,
+    pub amount: String,
+    /// A field, or a code (`"usd"`).
+    pub currency: String,
+    /// `minor` (integers of cents, as Stripe writes `unit_amount`) or `major`.
+    pub unit: String,
+}
+
+/// `[routes.mcp.tools.<tool>] price_from`: which recorded object a call names (`{args.NAME}`)
+/// and, optionally, the argument its amount is multiplied by.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceFromConfig {
+    pub kind: String,
+    pub id: String,
+    pub times: Option<String>,
 }
 
 /// A provider's "key already used" answer: this status with this top-level JSON `code`.

@@ -3,12 +3,14 @@
 //! so this module says which message is a tool call (`jsonrpc`), who makes it and which
 //! operation it is (`identity`), whether it is claimed at all (`protect`), how a server's
 //! event stream is read (`sse`), where a call whose stream closed early waits for the result a
-//! resumed GET carries (`resume`), and how a kept result answers a re-run (`replay`). It knows
+//! resumed GET carries (`resume`), how a kept result answers a re-run (`replay`), and what a
+//! call's result made that prices later calls (`recorded`). It knows
 //! no route, store or claim: `proxy::mcp` runs the stages.
 
 pub mod identity;
 pub mod jsonrpc;
 pub mod protect;
+pub mod recorded;
 pub mod replay;
 pub mod resume;
 pub mod sse;
@@ -35,6 +37,10 @@ pub struct McpRules {
     /// Per tool: text that marks an `isError` result as "nothing happened" (lowercase; matched
     /// as a substring of the result's text, ASCII case-insensitive).
     pub release_errors: BTreeMap<String, Vec<String>>,
+    /// Per tool: what its successful result made, kept for pricing later calls.
+    pub records: BTreeMap<String, recorded::Records>,
+    /// Per tool: the recorded object a call is priced from.
+    pub price_from: BTreeMap<String, recorded::PriceFrom>,
 }
 
 /// `[routes.mcp] answer_timeout` unless set.
@@ -63,6 +69,8 @@ impl McpRules {
             resumptions: resume::Resumptions::default(),
             answer_timeout: DEFAULT_ANSWER_TIMEOUT,
             release_errors: BTreeMap::new(),
+            records: BTreeMap::new(),
+            price_from: BTreeMap::new(),
         })
     }
 }

@@ -10,6 +10,7 @@ use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::binding::{self, Bound};
 use crate::spend::budget::{Cost, PriceError, Pricing, Spender};
 use crate::spend::gate::{Admission, Charge, Gate, Refusal, Ticket};
+use crate::spend::money::Money;
 
 /// The run the proxy user named on the CONNECT that opened an intercepted tunnel: requests
 /// inside it carry no `Proxy-Authorization` of their own.
@@ -150,7 +151,8 @@ pub fn plan(
 /// Prices a capped MCP tool call and binds it to the tool and its canonical arguments (never
 /// the JSON-RPC id, `_meta` or the session, which change on every re-run). A call whose amount
 /// cannot be read is `Unpriced`: the gate refuses it on a route with money limits, with a
-/// message that tells the agent's model what to do.
+/// message that tells the agent's model what to do. (`recorded`: what a tool priced from a
+/// recorded object asks for, when the proxy recorded that object; read by the caller.)
 pub fn plan_tool(
     spend: &RouteSpend,
     view: &Request<'_>,
@@ -158,12 +160,17 @@ pub fn plan_tool(
     account: &str,
     tool: &str,
     arguments: &serde_json::Value,
+    recorded: Option<Money>,
 ) -> Result<Plan, SpendError> {
     let pricing = spend
         .operation(&http::Method::POST, &format!("/{tool}"))
         .map(|o| &o.pricing)
         .unwrap_or(&Pricing::Amount(0));
-    let cost = match spend.budget.cost(view, pricing) {
+    let cost = match (pricing, recorded) {
+        (Pricing::Recorded { .. }, Some(asked)) => Ok(Cost::Priced(spend.budget.price_of(asked)?)),
+        (pricing, _) => spend.budget.cost(view, pricing),
+    };
+    let cost = match cost {
         Ok(cost) => cost,
         Err(PriceError::Unreadable(why)) => Cost::Unpriced(format!(
             "the tool {tool} is capped and this call carries no amount the route reads ({}); \

@@ -553,11 +553,59 @@ impl<'a> Builder<'a> {
             .iter()
             .filter_map(|(tool, t)| t.key.clone().map(|k| (tool.clone(), k)))
             .collect();
-        let mut rules = McpRules::new(window, c.read_only, c.trust_annotations, tools)
+        let mut rules = McpRules::new(window, c.read_only.clone(), c.trust_annotations, tools)
             .map_err(|(tool, e)| self.invalid(&format!("mcp.tools.{tool}.key"), e))?;
         rules.answer_timeout = answer_timeout;
         rules.release_errors = release_errors;
+        self.recorded(&c, &mut rules)?;
         Ok(Some(rules))
+    }
+
+    /// `[routes.mcp.tools.<tool>]` `records` and `price_from`: each rule readable, and every
+    /// `price_from` able to price something — its tool capped, its kind recorded by a tool.
+    fn recorded(&self, c: &config::McpConfig, rules: &mut McpRules) -> Result<(), ConfigError> {
+        use crate::mcp::recorded::{PriceFrom, Records};
+        for (tool, t) in &c.tools {
+            if let Some(r) = &t.records {
+                if c.read_only.contains(tool) {
+                    return Err(self.invalid(
+                        &format!("mcp.tools.{tool}.records"),
+                        format!("{tool} is listed in read_only: its calls are never claimed, so nothing would be recorded"),
+                    ));
+                }
+                let records = Records::parse(&r.kind, &r.id, &r.amount, &r.currency, &r.unit)
+                    .map_err(|(f, m)| self.invalid(&format!("mcp.tools.{tool}.records.{f}"), m))?;
+                rules.records.insert(tool.clone(), records);
+            }
+        }
+        for (tool, t) in &c.tools {
+            let Some(p) = &t.price_from else {
+                continue;
+            };
+            let field = format!("mcp.tools.{tool}.price_from");
+            let from = PriceFrom::parse(&p.kind, &p.id, p.times.as_deref())
+                .map_err(|(f, m)| self.invalid(&format!("{field}.{f}"), m))?;
+            let capped = self
+                .r
+                .spend
+                .as_ref()
+                .and_then(|s| s.operations.as_ref())
+                .is_some_and(|ops| ops.iter().any(|o| o == tool));
+            if !capped {
+                return Err(self.invalid(
+                    &field,
+                    format!("prices {tool} for the route's spend caps, but [routes.spend] operations does not list it: add \"{tool}\" there"),
+                ));
+            }
+            if !rules.records.values().any(|r| r.kind == from.kind) {
+                return Err(self.invalid(
+                    &format!("{field}.kind"),
+                    format!("no tool of this route records a `{kind}`: give the tool that creates one `records = {{ kind = \"{kind}\", id = \"{{result.id}}\", … }}`", kind = from.kind),
+                ));
+            }
+            rules.price_from.insert(tool.clone(), from);
+        }
+        Ok(())
     }
 
     /// `[routes.spend]`, with the profile's defaults for what costs money and where the
@@ -713,16 +761,27 @@ impl<'a> Builder<'a> {
             let on = ops
                 .iter()
                 .enumerate()
-                .map(|(j, o)| {
+                .map(|(j, named)| {
                     let o = if mcp {
-                        tool_operation(o)
+                        tool_operation(named)
                             .map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))?
                     } else {
-                        o.clone()
+                        named.clone()
                     };
+                    // A tool priced from a recorded object reads no amount of its own.
+                    let recorded = mcp
+                        .then_some(self.r.mcp.as_ref())
+                        .flatten()
+                        .and_then(|m| m.tools.get(named.as_str()))
+                        .and_then(|t| t.price_from.as_ref());
                     Ok(PricedOperation {
                         pattern: parse(j, &o)?,
-                        pricing: Pricing::Amount(0),
+                        pricing: match recorded {
+                            Some(p) => Pricing::Recorded {
+                                kind: p.kind.clone(),
+                            },
+                            None => Pricing::Amount(0),
+                        },
                         records: None,
                     })
                 })

@@ -261,8 +261,8 @@ impl Budget {
 
     /// What the request costs as `pricing` says: its price, or `Free` on a section that
     /// counts executions only, or unpriced. A request whose amount or currency cannot be
-    /// read is refused, never waved through. (`Pricing::Counted` is decided by the caller,
-    /// which reads the store; here it is unpriced.)
+    /// read is refused, never waved through. (`Pricing::Counted` and `Pricing::Recorded` are
+    /// decided by the caller, which reads the store; here they are unpriced.)
     pub fn cost(&self, req: &Request<'_>, pricing: &Pricing) -> Result<Cost, PriceError> {
         match pricing {
             Pricing::Amount(i) => {
@@ -273,6 +273,9 @@ impl Budget {
             }
             Pricing::Counted { kind, .. } => Ok(Cost::Unpriced(format!(
                 "this {kind} was not created through this route for this account, so what it moves is unknown here"
+            ))),
+            Pricing::Recorded { kind } => Ok(Cost::Unpriced(format!(
+                "the {kind} this call names was not created through this route for this account (or its record has expired), so what it costs is unknown here; create the {kind} through this route and use its id, or ask a person to make this call"
             ))),
             Pricing::UnpricedIf { fields, why } => {
                 for f in fields {
@@ -311,19 +314,44 @@ impl Budget {
                 self.currency(&code).map_err(PriceError::Currency)?
             }
         };
-        let asked = asked(spec, req, currency)?;
-        let counted = if currency == self.caps_currency {
+        self.price_of(asked(spec, req, currency)?)
+    }
+
+    /// An amount asked for, and what it counts in the caps currency (at the route's rate).
+    pub fn price_of(&self, asked: Money) -> Result<Price, PriceError> {
+        let counted = if asked.currency == self.caps_currency {
             asked
         } else {
-            let rate = self.rates.get(&currency).ok_or(PriceError::NotCapped {
-                asked: currency,
-                caps: self.caps_currency,
-            })?;
+            let rate = self
+                .rates
+                .get(&asked.currency)
+                .ok_or(PriceError::NotCapped {
+                    asked: asked.currency,
+                    caps: self.caps_currency,
+                })?;
             asked
                 .convert(self.caps_currency, *rate)
                 .map_err(PriceError::Invalid)?
         };
         Ok(Price { asked, counted })
+    }
+
+    /// An amount an earlier operation recorded (`amount` in `unit`, of currency `code`), times
+    /// `times` (a quantity) when given: what a call priced from it asks for. Rounded up to
+    /// the minor unit: a budget never sees less than is spent.
+    pub fn recorded(
+        &self,
+        amount: &str,
+        unit: Unit,
+        code: &str,
+        times: Option<&str>,
+    ) -> Result<Money, PriceError> {
+        let currency = self.currency(code).map_err(PriceError::Currency)?;
+        let one = Money::parse(amount, unit, currency).map_err(PriceError::Invalid)?;
+        match times {
+            None => Ok(one),
+            Some(t) => one.times(t).map_err(PriceError::Invalid),
+        }
     }
 
     /// Whether reading the amount or the currency reads the header `name`.

@@ -1,6 +1,6 @@
 //! The seam between pricing and the gate: what a request costs (`Cost`), and how a route's
 //! catalogue row says to find out (`Pricing`): from the body, from an earlier operation the
-//! proxy counted, or not at all (unpriced). The gate only consumes `Cost`.
+//! proxy counted or recorded, or not at all (unpriced). The gate only consumes `Cost`.
 
 use super::money::Money;
 
@@ -39,6 +39,11 @@ pub enum Pricing {
         kind: &'static str,
         id_segment: usize,
     },
+    /// A tool call naming an object of `kind` an earlier call through the proxy recorded
+    /// with its amount (a price): priced as that amount (times a quantity) when the proxy
+    /// recorded that object for the same account; unpriced otherwise. The caller reads the
+    /// record.
+    Recorded { kind: String },
     /// Free unless the body sets one of `fields`; then unpriced (why).
     UnpricedIf { fields: Vec<String>, why: String },
     /// Moves money the request does not say how much of (why).

@@ -146,6 +146,20 @@ impl Money {
         })
     }
 
+    /// This amount `factor` times (a quantity: a plain non-negative decimal), rounded up to
+    /// the minor unit.
+    pub fn times(self, factor: &str) -> Result<Money, MoneyError> {
+        let text = format!("{self} × {factor}");
+        let minor = Decimal::from(self.minor)
+            .checked_mul(number(factor)?)
+            .ok_or_else(|| MoneyError::TooLarge(text.clone()))?
+            .round_dp_with_strategy(0, RoundingStrategy::AwayFromZero);
+        Ok(Money {
+            minor: whole(minor, &text)?,
+            currency: self.currency,
+        })
+    }
+
     /// This amount in another currency at `rate` (units of `to` per unit of this one),
     /// rounded up to `to`'s minor unit.
     pub fn convert(self, to: Currency, rate: Decimal) -> Result<Money, MoneyError> {
@@ -224,6 +238,23 @@ mod tests {
 
     fn usd() -> Currency {
         Currency::parse("usd").expect("usd")
+    }
+
+    #[test]
+    fn an_amount_times_a_quantity_rounds_up_and_refuses_what_is_not_a_quantity() {
+        let price = Money::new(1500, usd());
+        assert_eq!(price.times("3").map(|m| m.minor), Ok(4500));
+        assert_eq!(price.times("0").map(|m| m.minor), Ok(0));
+        assert_eq!(
+            Money::new(333, usd()).times("0.5").map(|m| m.minor),
+            Ok(167)
+        );
+        assert!(matches!(price.times("-1"), Err(MoneyError::Negative(_))));
+        assert!(matches!(price.times("2e3"), Err(MoneyError::NotANumber(_))));
+        assert!(matches!(
+            Money::new(MAX_MINOR, usd()).times("2"),
+            Err(MoneyError::TooLarge(_))
+        ));
     }
 
     #[test]

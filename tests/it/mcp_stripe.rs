@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::common::pki::TestPki;
 use crate::common::worker::{python_script, Worker};
+use crate::common::Backend;
 use crate::mcp::{ok, result, Framing, McpServer};
 
 const URL: &str = "https://mcp.stripe.com/";
@@ -25,12 +26,17 @@ fn worker(pki: &TestPki, server: &McpServer) -> Worker {
 
 /// One tool call: a new process of the official client.
 async fn call(w: &Worker, tool: &str, args: Value) -> Value {
+    call_as(w, KEY, tool, args).await
+}
+
+/// One tool call with another account's key as the bearer token.
+async fn call_as(w: &Worker, key: &str, tool: &str, args: Value) -> Value {
     let script = python_script("mcp_call.py");
     let args = args.to_string();
     w.run(
         "python3",
         &[&script, URL, tool, &args],
-        &[("MCP_TOKEN", KEY)],
+        &[("MCP_TOKEN", key)],
     )
     .await
 }
@@ -270,7 +276,7 @@ fn check_config_names_what_an_mcp_spend_section_cannot_say() {
             "approvals of MCP tool calls are not done yet",
         ),
         (
-            r#"operations = ["create_refund"]"#,
+            r#"operations = ["create_refund", "create_payment_link"]"#,
             "spend.operations[0]",
             "name a tool",
         ),
@@ -283,7 +289,7 @@ fn check_config_names_what_an_mcp_spend_section_cannot_say() {
         let replacement = match field {
             "spend.approve_above" => format!("{edit}\napprove_above = \"50.00\""),
             "spend.unpriced" => format!("{edit}\nunpriced = \"approve\""),
-            _ => r#"operations = ["POST /v1/refunds"]"#.to_string(),
+            _ => r#"operations = ["POST /v1/refunds", "create_payment_link"]"#.to_string(),
         };
         assert!(shipped.contains(edit), "{edit}");
         let path = work.path().join("edited.toml");
@@ -305,4 +311,327 @@ fn check_config_names_what_an_mcp_spend_section_cannot_say() {
         assert!(!out.status.success(), "{field}: {err}");
         assert!(err.contains(field) && err.contains(says), "{field}: {err}");
     }
+}
+
+/// A refusal the client raised as a JSON-RPC error: the slug, what the message says, and that
+/// nothing was forwarded.
+fn refused(v: &Value, slug: &str, says: &str) {
+    assert_eq!(v["error"]["code"], json!(-32000), "{v}");
+    assert_eq!(v["error"]["data"]["slug"], json!(slug), "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(says), "{says}: {v}");
+    assert!(message.contains("Nothing was forwarded"), "{v}");
+}
+
+/// A price created through the proxy (create_price, its result recorded), in `currency`
+/// cents: its id.
+async fn price_through_proxy(w: &Worker, key: &str, product: &str, cents: u64) -> String {
+    let made = ok(&call_as(
+        w,
+        key,
+        "create_price",
+        json!({"product": product, "unit_amount": cents, "currency": "usd"}),
+    )
+    .await)
+    .clone();
+    result(&made)["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no price id: {made}"))
+        .to_string()
+}
+
+/// The example prices create_payment_link from the price it names, as create_price recorded
+/// it through the proxy: 150.00 usd × 2 passes the per-request cap of 200.00 and is refused
+/// with a JSON-RPC error naming the amount (the stand-in never sees it); × 1 goes through
+/// once, its re-run a replay.
+async fn payment_link_priced_from_a_recorded_price(framing: Framing) {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, framing).await;
+    let w = worker(&pki, &server);
+    let price = price_through_proxy(&w, KEY, "prod_pro", 15_000).await;
+
+    for _ in 0..2 {
+        let over = call(
+            &w,
+            "create_payment_link",
+            json!({"price": price, "quantity": 2}),
+        )
+        .await;
+        refused(&over, "spend-cap-exceeded", "300.00 USD asked");
+    }
+    assert_eq!(
+        server.count("create_payment_link"),
+        0,
+        "{:?}",
+        server.effects()
+    );
+
+    let under = json!({"price": price, "quantity": 1});
+    let first = ok(&call(&w, "create_payment_link", under.clone()).await).clone();
+    let rerun = ok(&call(&w, "create_payment_link", under).await).clone();
+    assert_eq!(server.count("create_payment_link"), 1, "{first} / {rerun}");
+    assert_eq!(first["replayed"], json!(false), "{first}");
+    assert_eq!(rerun["replayed"], json!(true), "{rerun}");
+    assert_eq!(first["text"], rerun["text"]);
+    let url = result(&first)["url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(url.starts_with("https://buy.stripe.com/"), "{first}");
+    // The effect is the link for that price, once.
+    let links: Vec<Value> = server
+        .effects()
+        .into_iter()
+        .filter(|e| e["tool"] == "create_payment_link")
+        .collect();
+    assert_eq!(links[0]["args"]["price"], json!(price), "{links:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_link_is_priced_from_the_price_created_through_the_proxy() {
+    payment_link_priced_from_a_recorded_price(Framing::Json).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_link_is_priced_from_a_price_created_over_an_event_stream() {
+    payment_link_priced_from_a_recorded_price(Framing::Sse).await;
+}
+
+/// A price the proxy did not see created — an id it never recorded, or one another account
+/// created through it — leaves a payment link unpriced: refused on the capped route, with a
+/// message telling the model what to do; nothing reaches the stand-in. The other account's own
+/// link for its price is priced and goes through.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_link_for_a_price_the_proxy_did_not_record_for_this_account_is_unpriced() {
+    const OTHER: &str = "rk_test_other_account";
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = worker(&pki, &server);
+
+    // Made outside the proxy (the dashboard, the REST API): the proxy has no record of it.
+    let outside = call(
+        &w,
+        "create_payment_link",
+        json!({"price": "price_made_in_the_dashboard", "quantity": 1}),
+    )
+    .await;
+    refused(
+        &outside,
+        "unpriced-operation",
+        "was not created through this route for this account",
+    );
+
+    // Another account's price, small enough for any cap: still unpriced for this account.
+    let theirs = price_through_proxy(&w, OTHER, "prod_other", 100).await;
+    let crossed = call(
+        &w,
+        "create_payment_link",
+        json!({"price": theirs, "quantity": 1}),
+    )
+    .await;
+    refused(
+        &crossed,
+        "unpriced-operation",
+        "create the price through this route",
+    );
+    // A recorded price in a currency the caps cannot count (the example gives no rates):
+    // refused, never counted as if it were dollars.
+    let made = ok(&call(
+        &w,
+        "create_price",
+        json!({"product": "prod_eu", "unit_amount": 100, "currency": "eur"}),
+    )
+    .await)
+    .clone();
+    let euro = result(&made)["id"].as_str().unwrap_or_default().to_string();
+    let in_euros = call(
+        &w,
+        "create_payment_link",
+        json!({"price": euro, "quantity": 1}),
+    )
+    .await;
+    refused(
+        &in_euros,
+        "amount-invalid",
+        "EUR is not one this route's caps can count",
+    );
+    assert_eq!(
+        server.count("create_payment_link"),
+        0,
+        "{:?}",
+        server.effects()
+    );
+
+    // For the account that created it, the same link is priced (1.00 usd) and goes through.
+    let own = ok(&call_as(
+        &w,
+        OTHER,
+        "create_payment_link",
+        json!({"price": theirs, "quantity": 1}),
+    )
+    .await)
+    .clone();
+    assert_eq!(own["isError"], json!(false), "{own}");
+    assert_eq!(server.count("create_payment_link"), 1);
+}
+
+/// A price's record is in the claim store: after the proxy restarts on the same store, a
+/// payment link for it is still priced (over the cap: refused naming the amount, not
+/// unpriced; under it: once).
+async fn a_recorded_price_survives_a_restart(backend: Backend) {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let mut w = Worker::start_on(
+        backend,
+        "stripe-mcp.toml",
+        &[("stripe-mcp", server.port)],
+        &pki,
+        None,
+        &|_| {},
+    );
+    let price = price_through_proxy(&w, KEY, "prod_restart", 9_000).await;
+    w.proxy.restart();
+
+    let over = call(
+        &w,
+        "create_payment_link",
+        json!({"price": price, "quantity": 3}),
+    )
+    .await;
+    refused(&over, "spend-cap-exceeded", "270.00 USD asked");
+    assert_eq!(server.count("create_payment_link"), 0);
+    let under = json!({"price": price, "quantity": 2});
+    ok(&call(&w, "create_payment_link", under.clone()).await);
+    let rerun = ok(&call(&w, "create_payment_link", under).await).clone();
+    assert_eq!(rerun["replayed"], json!(true), "{rerun}");
+    assert_eq!(server.count("create_payment_link"), 1);
+    // The price itself was created once (the restart replays nothing twice).
+    assert_eq!(server.count("create_price"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_price_recorded_on_sqlite_prices_a_link_after_a_restart() {
+    a_recorded_price_survives_a_restart(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_price_recorded_on_redis_prices_a_link_after_a_restart() {
+    a_recorded_price_survives_a_restart(Backend::Redis).await;
+}
+
+/// `records` and `price_from` are checked at start-up: each error names the field.
+#[test]
+fn check_config_names_what_is_wrong_in_records_and_price_from() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let init = crate::common::pki::run_ca_init(&work.path().join("certs"), &[]);
+    assert!(init.status.success());
+    let shipped = std::fs::read_to_string(crate::common::worker::repo(
+        "config/examples/stripe-mcp.toml",
+    ))
+    .expect("the example");
+    let link = r#"price_from = { kind = "price", id = "{args.price}", times = "{args.quantity}" }"#;
+    let records = r#"unit = "minor" }"#;
+    let capped = r#"operations = ["create_refund", "create_payment_link"]"#;
+    for (edit, replacement, field, says) in [
+        (
+            capped,
+            r#"operations = ["create_refund"]"#,
+            "mcp.tools.create_payment_link.price_from",
+            "does not list it",
+        ),
+        (
+            link,
+            r#"price_from = { kind = "product", id = "{args.price}", times = "{args.quantity}" }"#,
+            "mcp.tools.create_payment_link.price_from.kind",
+            "no tool of this route records a `product`",
+        ),
+        (
+            link,
+            r#"price_from = { kind = "price", id = "{result.price}", times = "{args.quantity}" }"#,
+            "mcp.tools.create_payment_link.price_from.id",
+            "does not have yet",
+        ),
+        (
+            link,
+            r#"price_from = { kind = "price", id = "{args.price}", quantity = "{args.quantity}" }"#,
+            "price_from",
+            "unknown field `quantity`",
+        ),
+        (
+            r#"  "retrieve_balance","#,
+            r#"  "retrieve_balance", "create_price","#,
+            "mcp.tools.create_price.records",
+            "listed in read_only",
+        ),
+        (
+            records,
+            r#"unit = "cents" }"#,
+            "mcp.tools.create_price.records.unit",
+            "is not \"minor\"",
+        ),
+    ] {
+        assert!(shipped.contains(edit), "{edit}");
+        let path = work.path().join("edited.toml");
+        std::fs::write(&path, shipped.replacen(edit, replacement, 1)).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .current_dir(work.path())
+            .output()
+            .expect("check-config");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{field}: {err}");
+        assert!(err.contains(field) && err.contains(says), "{field}: {err}");
+    }
+    // The shipped file itself is fine.
+    let path = work.path().join("shipped.toml");
+    std::fs::write(&path, &shipped).expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .current_dir(work.path())
+        .output()
+        .expect("check-config");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Spend on tool calls adds up in the run's budget (per_run 1000.00 in the example): five
+/// refunds of 190.00 (each under the per-request cap) count 950.00, so a payment link of
+/// 150.00 after them is refused over per_run — nothing reaches the stand-in — while one of
+/// 49.00 fits and goes through.
+#[tokio::test(flavor = "multi_thread")]
+async fn committed_tool_calls_count_in_the_runs_budget() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = worker(&pki, &server);
+    for i in 0..5 {
+        ok(&call(
+            &w,
+            "create_refund",
+            json!({"payment_intent": "pi_run", "amount": 19_000 + i}),
+        )
+        .await);
+    }
+    assert_eq!(server.count("create_refund"), 5);
+    let price = price_through_proxy(&w, KEY, "prod_run", 15_000).await;
+    let over = call(
+        &w,
+        "create_payment_link",
+        json!({"price": price, "quantity": 1}),
+    )
+    .await;
+    refused(&over, "spend-cap-exceeded", "per_run");
+    assert_eq!(server.count("create_payment_link"), 0);
+    let small = price_through_proxy(&w, KEY, "prod_run", 4_900).await;
+    ok(&call(
+        &w,
+        "create_payment_link",
+        json!({"price": small, "quantity": 1}),
+    )
+    .await);
+    assert_eq!(server.count("create_payment_link"), 1);
 }

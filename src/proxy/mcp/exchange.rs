@@ -25,8 +25,8 @@ use crate::outbound::receipt::REPLAYED;
 use crate::outbound::upstream::{Upstream, UpstreamBody, UpstreamError};
 use crate::proxy::admission::Admitted;
 use crate::proxy::error::ProxyError;
-use crate::proxy::spending;
 use crate::proxy::App;
+use crate::proxy::{recorded, spending};
 use crate::routes::Route;
 use crate::spend::gate::Ticket;
 
@@ -56,6 +56,8 @@ pub(super) struct Under {
     pub policy: Arc<Policy>,
     pub ticket: Option<Ticket>,
     pub tenant: String,
+    /// Where a tool with `records` keeps what its result made, once settled.
+    pub keeping: Option<recorded::Keeping>,
 }
 
 /// How the server's answer reaches the client, once its head is in.
@@ -81,6 +83,7 @@ pub(super) async fn forward(
         policy,
         ticket,
         tenant,
+        keeping,
     } = under;
     let Answering { id, resume } = answering;
     let (head, head_rx) = oneshot::channel();
@@ -135,6 +138,9 @@ pub(super) async fn forward(
         let executed = claims.execute(claim, policy, call).await;
         if let Ok(done) = &executed {
             spending::settle(&metrics, &route_name, &tenant, ticket, &done.outcome).await;
+            if let Some(keeping) = keeping {
+                keeping.settled(done).await;
+            }
         }
         executed
     });

@@ -32,8 +32,8 @@ use crate::mcp::{replay, resume, sse, McpRules};
 use crate::metrics::RequestOutcome;
 use crate::outbound::receipt::REPLAYED;
 use crate::proxy::error::ProxyError;
-use crate::proxy::spending;
 use crate::proxy::App;
+use crate::proxy::{recorded, spending};
 use crate::request::Request as Read;
 use crate::routes::Route;
 use crate::spend::gate::Admission;
@@ -139,26 +139,34 @@ async fn serve(
         .spend
         .as_ref()
         .filter(|s| s.covers(&http::Method::POST, &format!("/{}", call.tool)));
-    let plan = match capped {
-        Some(spend) => {
-            let tunnel = parts.extensions.get::<spending::TunnelRun>();
-            let arguments = message
-                .params
-                .get("arguments")
-                .cloned()
-                .unwrap_or_else(|| Value::Object(Default::default()));
-            let plan =
-                spending::plan_tool(spend, &view, tunnel, &call.account, &call.tool, &arguments)
-                    .map_err(ProxyError::Spend)?;
-            Some((spend, plan))
-        }
-        None => None,
-    };
     let place = Place {
         namespace: &app.namespace,
         tenant,
         route: &route.name,
         upstream_host: &route.upstream.host,
+    };
+    let arguments = message
+        .params
+        .get("arguments")
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    let plan = match capped {
+        Some(spend) => {
+            let tunnel = parts.extensions.get::<spending::TunnelRun>();
+            let recorded = priced_from_record(app, &place, &call, rules, spend, &arguments).await?;
+            let plan = spending::plan_tool(
+                spend,
+                &view,
+                tunnel,
+                &call.account,
+                &call.tool,
+                &arguments,
+                recorded,
+            )
+            .map_err(ProxyError::Spend)?;
+            Some((spend, plan))
+        }
+        None => None,
     };
     let scope = place.scope(&call.account, &call.key);
     let policy = call_policy(route, rules, &call);
@@ -244,6 +252,13 @@ async fn serve(
         }
         None => None,
     };
+    // Going out: from here on the reservation stays unless the outcome says nothing happened
+    // (a ticket not kept gives its reservation back when dropped, as for a request that went
+    // away before its forward).
+    let mut ticket = ticket;
+    if let Some(t) = ticket.as_mut() {
+        t.keep();
+    }
     let request = outgoing.request(None);
     let resume = parts
         .headers
@@ -254,11 +269,21 @@ async fn serve(
         id: message.id.clone(),
         resume,
     };
+    let keeping = recorded::Keeping::new(
+        app.claims.store(),
+        app.claims.clock(),
+        &place,
+        &call.account,
+        rules.records.get(&call.tool),
+        &arguments,
+        policy.retention,
+    );
     let under = exchange::Under {
         claim,
         policy,
         ticket,
         tenant: tenant.to_string(),
+        keeping,
     };
     let forwarded = exchange::forward(app, route, under, request, admitted, answering).await;
     *outcome = forwarded.1;
@@ -306,6 +331,29 @@ fn continues(message: &Message) -> bool {
     ["inputResponses", "requestState"]
         .iter()
         .any(|k| message.params.get(*k).is_some_and(|v| !v.is_null()))
+}
+
+/// What a capped tool priced from a recorded object (`price_from`) asks for: `None` when the
+/// tool is not, or the proxy recorded no such object for this account (then it is unpriced).
+/// The store down: refused.
+async fn priced_from_record(
+    app: &App,
+    place: &Place<'_>,
+    call: &identity::CallIdentity,
+    rules: &McpRules,
+    spend: &crate::routes::RouteSpend,
+    arguments: &Value,
+) -> Result<Option<crate::spend::money::Money>, ProxyError> {
+    let Some(from) = rules.price_from.get(&call.tool) else {
+        return Ok(None);
+    };
+    let store = app.claims.store().as_ref();
+    recorded::asked(store, place, &call.account, spend, from, arguments)
+        .await
+        .map_err(|e| match e {
+            recorded::Looked::Store(e) => ProxyError::StoreUnavailable(e),
+            recorded::Looked::Price(e) => ProxyError::Spend(spending::SpendError::Price(e)),
+        })
 }
 
 fn refusal(e: MessageError) -> ProxyError {
