@@ -27,9 +27,9 @@ use crate::idempotency::outcome::{CallFailure, Outcome};
 use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
 use crate::idempotency::record::Receipt;
-use crate::identity::provider_key::{in_tenant, KeyField};
-use crate::identity::DEFAULT_TENANT;
-use crate::identity::{Derived, Identification, Identified, Identity};
+use crate::identity::provider_key::KeyField;
+use crate::identity::scope::Scoped;
+use crate::identity::{Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
 use crate::outbound::lookup::{self, Asking, Lookup};
 use crate::outbound::receipt;
@@ -107,8 +107,11 @@ where
         },
     };
     trace.identified(&identified);
-    let mut op = scope(app, route, tenant, identified);
-    trace.scope = Some(op.scope.clone());
+    let mut op = Claiming::new(
+        route,
+        route.place(&app.namespace, tenant).scoped(identified),
+    );
+    trace.scope = Some(op.scoped.scope.clone());
     if capped.is_some() {
         // A retry this proxy's receipt cache answers executes nothing and reserves nothing,
         // so it is not priced: pricing (the canonical body and its hash) was a third of a
@@ -121,8 +124,17 @@ where
     }
     let plan = match capped {
         Some(rules) => {
-            let counted = counted_before(app, route, tenant, rules, &view, &op.identified).await?;
-            let plan = plan(route, rules, &req, &view, &op.identified, counted, trace)?;
+            let counted =
+                counted_before(app, route, tenant, rules, &view, &op.scoped.identified).await?;
+            let plan = plan(
+                route,
+                rules,
+                &req,
+                &view,
+                &op.scoped.identified,
+                counted,
+                trace,
+            )?;
             op.priced = Some(plan.binding.clone());
             Some((rules, plan))
         }
@@ -138,7 +150,7 @@ where
         req.upstream_uri.clone(),
         req.body.clone(),
         tenant,
-        op.identified.provider_set.as_deref(),
+        op.scoped.identified.provider_set.as_deref(),
     )?;
     let (mut claim, mut ticket) =
         match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
@@ -147,8 +159,10 @@ where
         };
     // Only a request about to execute can be a re-run under a new key: a replay or a
     // conflict came under a key already seen.
-    notice_minted_keys(app, route, tenant, &op.identified);
-    let key = passed_down(route, tenant, &op, &claim.scope, claim.attempt());
+    notice_minted_keys(app, route, tenant, &op.scoped.identified);
+    let key = route
+        .passing()
+        .for_attempt(tenant, &op.scoped, &claim.scope, claim.attempt());
     claim.note_passed_down(key.as_str());
     // Going out: from here on the reservation stays unless the outcome says nothing happened.
     if let Some(t) = ticket.as_mut() {
@@ -165,7 +179,7 @@ where
             tenant,
             rules,
             &view,
-            &op.identified,
+            &op.scoped.identified,
             &policy,
             &executed,
         )
@@ -207,12 +221,10 @@ impl ReadRequest<'_> {
     }
 }
 
-/// A protected request once identified: what it is, the scope it claims (and the other
-/// derivation's, during an upgrade's window), and the policy its claim follows.
-struct Scoped {
-    identified: Box<Identified>,
-    scope: String,
-    other_scope: Option<String>,
+/// What the claim stage claims: the operation with its scopes (`identity::scope::Scoped`),
+/// and what its claim keeps beside them.
+struct Claiming {
+    scoped: Scoped,
     policy: Arc<Policy>,
     /// On a capped operation, its canonical fingerprint (`spending::Plan::binding`): what a
     /// takeover of its claim must execute.
@@ -223,13 +235,16 @@ struct Scoped {
     lookup_credentials: Option<String>,
 }
 
-impl Scoped {
-    /// The derivation a claim on `scope` was made under: the operation's own, or the other
-    /// one when the claim was found under its scope.
-    fn derived_for(&self, scope: &str) -> &Derived {
-        match (&self.identified.other, &self.other_scope) {
-            (Some(other), Some(s)) if s == scope => other,
-            _ => &self.identified.derived,
+impl Claiming {
+    /// The operation, scoped, under the policy its route gives its kind of identity.
+    fn new(route: &Route, scoped: Scoped) -> Claiming {
+        let policy = route.policy_for(&scoped.identified.derived.identity);
+        Claiming {
+            scoped,
+            policy,
+            priced: None,
+            lookup_target: None,
+            lookup_credentials: None,
         }
     }
 }
@@ -271,25 +286,8 @@ async fn unprotected(
         req.tenant,
         None,
     )?;
-    let key = tenant_key(route, req.tenant, client_key);
+    let key = client_key.map(|k| route.passing().passed_on(req.tenant, k));
     forward_unprotected(route, &outgoing, key.as_deref(), why).await
-}
-
-/// The scope the operation claims: within the namespace, tenant, route, upstream and account.
-fn scope(app: &App, route: &Route, tenant: &str, identified: Box<Identified>) -> Scoped {
-    let place = route.place(&app.namespace, tenant);
-    let scope = place.scope_of(&identified.derived);
-    let other_scope = identified.other.as_ref().map(|d| place.scope_of(d));
-    let policy = route.policy_for(&identified.derived.identity);
-    Scoped {
-        identified,
-        scope,
-        other_scope,
-        policy,
-        priced: None,
-        lookup_target: None,
-        lookup_credentials: None,
-    }
 }
 
 /// A capped request the route could not key (`why`): an operation that may derive (a
@@ -478,7 +476,7 @@ async fn gated(
     app: &App,
     route: &Route,
     req: &Read<'_>,
-    op: &Scoped,
+    op: &Claiming,
     outgoing: &Outgoing<'_>,
     plan: Option<(&RouteSpend, spending::Plan)>,
     trace: &mut Trace,
@@ -503,7 +501,7 @@ async fn gated(
             ));
         };
         let at = spending::Attempting {
-            scope: &op.scope,
+            scope: &op.scoped.scope,
             token: held.token.as_str(),
             replaces: held.replaces(),
             approved,
@@ -541,12 +539,12 @@ async fn gated(
 
 /// A replay of a capped operation identified by its whole request says so: two identical
 /// charges within the window are one, and the client learns it rather than a silent merge.
-fn said_if_merged(mut resp: Response<Body>, op: &Scoped, capped: bool) -> Response<Body> {
+fn said_if_merged(mut resp: Response<Body>, op: &Claiming, capped: bool) -> Response<Body> {
     let replayed = resp
         .headers()
         .get("idempotent-replayed")
         .is_some_and(|v| v.as_bytes() == b"true");
-    if capped && replayed && matches!(op.identified.derived.identity, Identity::Request) {
+    if capped && replayed && matches!(op.scoped.identified.derived.identity, Identity::Request) {
         let window = humantime::format_duration(op.policy.retention);
         let note = format!("replayed: an identical request within the {window} window is the same payment; to pay twice, send each with its own Idempotency-Key (key_source = \"client\") or a field that differs");
         if let Ok(v) = HeaderValue::from_str(&note) {
@@ -667,7 +665,7 @@ async fn claim(
     app: &App,
     route: &Route,
     req: &Read<'_>,
-    op: &Scoped,
+    op: &Claiming,
     outgoing: &Outgoing<'_>,
     trace: &mut Trace,
 ) -> Result<Claimed, ProxyError> {
@@ -692,7 +690,9 @@ async fn claim(
         Err(e) if op.policy.fail_open && e.is_unreachable() => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
             trace.outcome = Some(RequestOutcome::Unprotected);
-            let key = passed_down(route, req.tenant, op, &op.scope, 0);
+            let key = route
+                .passing()
+                .for_attempt(req.tenant, &op.scoped, &op.scoped.scope, 0);
             let resp = forward_unprotected(route, outgoing, key.ours(), "store unavailable");
             return resp.await.map(Claimed::Answered);
         }
@@ -706,9 +706,9 @@ async fn claim(
 
 /// The claim on the operation's scope, as the store gives it, with the other derivation's
 /// scope during an upgrade's window.
-fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
-    let derived = &op.identified.derived;
-    let other = match (&op.identified.other, &op.other_scope) {
+fn claim_request<'a>(route: &'a Route, op: &'a Claiming) -> ClaimRequest<'a> {
+    let derived = &op.scoped.identified.derived;
+    let other = match (&op.scoped.identified.other, &op.scoped.other_scope) {
         (Some(other), Some(scope)) => Some(OtherDerivation {
             scope,
             fingerprint: &other.fingerprint,
@@ -717,7 +717,7 @@ fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
         _ => None,
     };
     ClaimRequest {
-        scope: &op.scope,
+        scope: &op.scoped.scope,
         fingerprint: &derived.fingerprint,
         strict: derived.identity.strict(),
         route: &route.name,
@@ -733,7 +733,7 @@ fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
 async fn acquire(
     app: &App,
     route: &Route,
-    op: &Scoped,
+    op: &Claiming,
 ) -> Result<Acquired, crate::idempotency::store::StoreError> {
     let req = claim_request(route, op);
     match op.policy.on_in_flight {
@@ -775,7 +775,7 @@ async fn reconcile(
     route: &Route,
     held: HeldClaim,
     retry: &Read<'_>,
-    op: &Scoped,
+    op: &Claiming,
     trace: &mut Trace,
 ) -> Result<Reconciled, ProxyError> {
     let Some(lookup) = &route.lookup else {
@@ -786,10 +786,12 @@ async fn reconcile(
     // execute the operation again. Otherwise it stays held.
     let credentials = lookup::credentials(retry, &key_headers(route));
     if held.lookup_credentials() != Some(credentials.as_str()) {
-        tracing::info!(route = %route.name, scope = %op.scope, "a retry with other credentials than the held attempt's: not looked up, still held");
+        tracing::info!(route = %route.name, scope = %op.scoped.scope, "a retry with other credentials than the held attempt's: not looked up, still held");
         return Ok(Reconciled::Held { retry_after: None });
     }
-    let key = passed_down(route, retry.tenant, op, held.scope(), held.attempt());
+    let key = route
+        .passing()
+        .for_attempt(retry.tenant, &op.scoped, held.scope(), held.attempt());
     let verdict = ask(
         app,
         route,
@@ -808,11 +810,11 @@ async fn reconcile(
         Reconciled::Replay(_) => {
             trace.outcome = Some(RequestOutcome::Replayed);
             app.metrics.unknown_resolved(&route.name, "lookup");
-            tracing::info!(route = %route.name, scope = %op.scope, "a lookup found the held operation at the provider: its answer is the receipt");
+            tracing::info!(route = %route.name, scope = %op.scoped.scope, "a lookup found the held operation at the provider: its answer is the receipt");
         }
         Reconciled::Execute(_) => {
             app.metrics.unknown_resolved(&route.name, "lookup");
-            tracing::info!(route = %route.name, scope = %op.scope, "a lookup found no trace of the held operation: this retry executes it");
+            tracing::info!(route = %route.name, scope = %op.scoped.scope, "a lookup found no trace of the held operation: this retry executes it");
         }
         Reconciled::Held { .. } | Reconciled::Mismatch => {}
     }
@@ -861,66 +863,6 @@ fn key_headers(route: &Route) -> Vec<&HeaderName> {
         headers.push(h);
     }
     headers
-}
-
-/// The key the provider gets.
-enum PassedDown {
-    /// Ours, within the provider's limits, in place of whatever the client set.
-    Ours(String),
-    /// The client's own, set in the provider's field, which goes down untouched.
-    Clients(String),
-}
-
-impl PassedDown {
-    fn as_str(&self) -> &str {
-        match self {
-            PassedDown::Ours(k) | PassedDown::Clients(k) => k,
-        }
-    }
-
-    /// The key to set on the request going down; the client's own is there already.
-    fn ours(&self) -> Option<&str> {
-        match self {
-            PassedDown::Ours(k) => Some(k),
-            PassedDown::Clients(_) => None,
-        }
-    }
-}
-
-/// A client keyed by its own provider key keeps it (in the default tenant: outside it, the
-/// provider-level key is the proxy's to set); a derived operation's key replaces what the
-/// client set, which SDKs mint per call. A claim found under the other derivation's scope
-/// passes down what that derivation's attempt passed down.
-fn passed_down(
-    route: &Route,
-    tenant: &str,
-    op: &Scoped,
-    claim_scope: &str,
-    attempt: u32,
-) -> PassedDown {
-    let id = op.derived_for(claim_scope);
-    match (&id.identity, &op.identified.provider_set) {
-        // Nothing of ours reaches the provider (a signed body): it has the client's own key.
-        (_, Some(own)) if route.pass_key.is_none() => PassedDown::Clients(own.clone()),
-        (Identity::Client(_), Some(own)) if tenant == DEFAULT_TENANT => {
-            PassedDown::Clients(own.clone())
-        }
-        (Identity::Client(_), Some(own)) => {
-            PassedDown::Ours(route.forward_key_limits.fit(&in_tenant(tenant, own)))
-        }
-        (identity, _) => PassedDown::Ours(route.forward_key_limits.fit(&identity.provider_key(
-            tenant,
-            &id.fingerprint,
-            attempt,
-        ))),
-    }
-}
-
-/// An unprotected request's own key, passed on so the provider can still deduplicate the
-/// client's own retries; namespaced outside the default tenant: tenants sharing a provider
-/// account must never have one's key deduplicated against another's.
-fn tenant_key(route: &Route, tenant: &str, client_key: Option<&str>) -> Option<String> {
-    client_key.map(|k| route.forward_key_limits.fit(&in_tenant(tenant, k)))
 }
 
 /// Forwards under the claim and settles it (`Claims::execute`); the trace gets how long that

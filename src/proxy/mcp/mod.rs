@@ -24,7 +24,6 @@ use crate::idempotency::claims::{Acquired, ClaimRequest, Found};
 use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::record::Receipt;
 use crate::identity::account::AccountSpec;
-use crate::identity::scope::Place;
 use crate::mcp::identity;
 use crate::mcp::jsonrpc::{self, Message, MessageError};
 use crate::mcp::protect::Protection;
@@ -153,13 +152,9 @@ async fn serve(
         }
         None => None,
     };
-    let place = Place {
-        namespace: &app.namespace,
-        tenant,
-        route: &route.name,
-        upstream_host: &route.upstream.host,
-    };
-    let scope = place.scope(&call.account, &call.key);
+    let scope = route
+        .place(&app.namespace, tenant)
+        .scope(&call.account, &call.key);
     let mut policy = route.policy.clone();
     if call.source == identity::Source::Arguments {
         let mut p = (*policy).clone();
