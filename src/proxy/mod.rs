@@ -17,6 +17,7 @@ pub mod passthrough;
 pub mod pipeline;
 #[cfg(test)]
 mod pipeline_tests;
+pub mod reconcile;
 pub mod routed;
 pub mod server;
 pub mod spending;

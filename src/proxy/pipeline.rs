@@ -11,36 +11,32 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, HeaderName, HeaderValue, Request, Response, Uri};
+use http::{header, HeaderValue, Request, Response, Uri};
 
 use super::admission::Admitted;
 use super::counted;
 use super::outgoing::Outgoing;
+use super::reconcile;
 use super::spending;
-use crate::http::body::{read_limited, stream, Body, BoxError, ReadError};
+use crate::http::body::{read_limited, stream, Body, BoxError};
 use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{
-    Acquired, Claim, ClaimRequest, Executed, Found, HeldClaim, OtherDerivation, Reconciled,
-    Recorded, Verdict,
+    Acquired, Claim, ClaimRequest, Executed, Found, OtherDerivation, Reconciled, Recorded,
 };
-use crate::idempotency::outcome::{CallFailure, Outcome};
+use crate::idempotency::outcome::Outcome;
 use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
-use crate::idempotency::record::Receipt;
-use crate::identity::provider_key::KeyField;
 use crate::identity::scope::Scoped;
 use crate::identity::{Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
-use crate::outbound::lookup::{self, Asking, Lookup};
 use crate::outbound::receipt;
-use crate::outbound::upstream::{Upstream, UpstreamError};
+use crate::outbound::upstream::{self, UpstreamError};
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::request::ambiguity;
 use crate::request::body::BodyError;
 use crate::request::{AsSent, Request as Read};
 use crate::routes::{Route, RouteSpend};
-use crate::spend::cost::Pricing;
 use crate::spend::gate::{Admission, Ticket};
 
 /// Where a protected request goes upstream, in the one grammar, and where it would have gone
@@ -103,7 +99,11 @@ where
         Identification::Unprotected { why, client_key } => match capped {
             None => return unprotected(route, &req, &why, client_key.as_deref(), trace).await,
             // Never forwarded unpriced: derived from the whole request, or refused.
-            Some(rules) => keyless(route, rules, &view, &why)?,
+            Some(rules) => {
+                spending::derivable_without_key(route, rules, &view, &why)
+                    .map_err(ProxyError::Spend)?;
+                Box::new(route.identity.identify_whole(&route.name, &view)?)
+            }
         },
     };
     trace.identified(&identified);
@@ -124,8 +124,8 @@ where
     }
     let plan = match capped {
         Some(rules) => {
-            let counted =
-                counted_before(app, route, tenant, rules, &view, &op.scoped.identified).await?;
+            let account = &op.scoped.identified.derived.account;
+            let counted = counted::before(app, route, rules, &view, account).await?;
             let plan = plan(
                 route,
                 rules,
@@ -142,7 +142,7 @@ where
     };
     if let Some(lookup) = &route.lookup {
         op.lookup_target = lookup.first_target(&view);
-        op.lookup_credentials = Some(lookup::credentials(&view, &key_headers(route)));
+        op.lookup_credentials = Some(reconcile::credentials(route, &view));
     }
     let outgoing = Outgoing::prepare(
         route,
@@ -169,21 +169,20 @@ where
         t.keep();
     }
     let request = outgoing.request(key.ours());
-    let policy = op.policy.clone();
-    let executed = forward(app, route, claim, op.policy, request, admitted, trace).await?;
-    settle_spend(app, route, tenant, ticket, &executed.outcome).await;
+    let executed = forward(
+        app,
+        route,
+        claim,
+        op.policy.clone(),
+        request,
+        admitted,
+        trace,
+    )
+    .await?;
+    spending::settle(&app.metrics, &route.name, tenant, ticket, &executed.outcome).await;
     if let Some(rules) = capped {
-        record_counted(
-            app,
-            route,
-            tenant,
-            rules,
-            &view,
-            &op.scoped.identified,
-            &policy,
-            &executed,
-        )
-        .await;
+        let (account, keep) = (&op.scoped.identified.derived.account, op.policy.retention);
+        counted::after(app, route, rules, &view, account, keep, &executed).await;
     }
     respond(executed, key.as_str())
 }
@@ -290,114 +289,8 @@ async fn unprotected(
     forward_unprotected(route, &outgoing, key.as_deref(), why).await
 }
 
-/// A capped request the route could not key (`why`): an operation that may derive (a
-/// charge) takes its identity from the whole request; any other (money out, an order) is
-/// refused with what to add. A capped request is never forwarded unpriced.
-fn keyless(
-    route: &Route,
-    rules: &RouteSpend,
-    view: &Read<'_>,
-    why: &str,
-) -> Result<Box<Identified>, ProxyError> {
-    if !rules.derives_without_key(view.method, view.path) {
-        return Err(key_required(route, view, why));
-    }
-    Ok(Box::new(route.identity.identify_whole(&route.name, view)?))
-}
-
-fn key_required(route: &Route, view: &Read<'_>, why: &str) -> ProxyError {
-    let what = format!(
-        "{why}. {} {} moves money or places an order, so it needs a business key: one per payment, the same on every retry — an Idempotency-Key header (`{}`) with key_source = \"client\", or a field the route's key template names",
-        view.method,
-        view.path,
-        route.identity.key_header
-    );
-    ProxyError::Spend(spending::SpendError::KeyRequired(what))
-}
-
-/// Whether a step of an object (confirming a PaymentIntent) names one this route counted at
-/// its creation, for the same account: then it costs nothing more. The store down: refused.
-async fn counted_before(
-    app: &App,
-    route: &Route,
-    tenant: &str,
-    rules: &RouteSpend,
-    view: &Read<'_>,
-    identified: &Identified,
-) -> Result<bool, ProxyError> {
-    let Some(Pricing::Counted { kind, id_segment }) =
-        rules.operation(view.method, view.path).map(|o| &o.pricing)
-    else {
-        return Ok(false);
-    };
-    let Some(id) = counted::id_in_path(view.path, *id_segment) else {
-        return Ok(false);
-    };
-    let scope = counted::scope(
-        &route.place(&app.namespace, tenant),
-        &identified.derived.account,
-        kind,
-        id,
-    );
-    counted::was_counted(app.claims.store().as_ref(), &scope)
-        .await
-        .map_err(ProxyError::StoreUnavailable)
-}
-
-/// After a counted request that creates an object committed with a 2xx answer: marks the
-/// object counted (before the client hears of it), so its later steps cost nothing more.
-/// Best effort: an object left unmarked is only priced as unknown later, never undercounted.
-#[allow(clippy::too_many_arguments)]
-async fn record_counted(
-    app: &App,
-    route: &Route,
-    tenant: &str,
-    rules: &RouteSpend,
-    view: &Read<'_>,
-    identified: &Identified,
-    policy: &Policy,
-    executed: &Executed<UpstreamError>,
-) {
-    let Some((kind, at)) = rules
-        .operation(view.method, view.path)
-        .and_then(|o| o.records)
-    else {
-        return;
-    };
-    let Ok(receipt) = &executed.result else {
-        return;
-    };
-    if !matches!(executed.outcome, Outcome::Committed) || !(200..300).contains(&receipt.status) {
-        return;
-    }
-    let Some(id) = counted::id_in_answer(&receipt.body, at) else {
-        return;
-    };
-    let scope = counted::scope(
-        &route.place(&app.namespace, tenant),
-        &identified.derived.account,
-        kind,
-        &id,
-    );
-    let now = app.claims.clock().now_ms();
-    if let Err(e) = counted::record(
-        app.claims.store().as_ref(),
-        &scope,
-        &route.name,
-        kind,
-        now,
-        policy.retention,
-    )
-    .await
-    {
-        tracing::warn!(route = %route.name, %kind, error = %e, "could not mark an object counted: its later steps will be priced as unknown");
-    }
-}
-
 /// Prices a capped request and binds it to its canonical form, before the claim (no store
-/// read). A request identified by its whole body on an operation that may not derive (a
-/// payout on a route that keys every request by its body) is refused: two deliberate
-/// identical payouts must not silently become one.
+/// read): spending's `plan`, after its rule for a request identified by its whole body.
 fn plan(
     route: &Route,
     rules: &RouteSpend,
@@ -407,18 +300,19 @@ fn plan(
     counted: bool,
     trace: &mut Trace,
 ) -> Result<spending::Plan, ProxyError> {
-    if matches!(identified.derived.identity, Identity::Request)
-        && !rules.derives_without_key(view.method, view.path)
-    {
-        trace.spend = Some("idempotency-key-required".into());
-        return Err(key_required(
+    let derived = match identified.derived.identity {
+        Identity::Request => spending::derivable_without_key(
             route,
+            rules,
             view,
             "the route identifies this request by its whole body",
-        ));
-    }
+        ),
+        _ => Ok(()),
+    };
     let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
-    spending::plan(rules, view, tunnel, &identified.derived.account, counted).map_err(|error| {
+    let account = &identified.derived.account;
+    let planned = derived.and_then(|()| spending::plan(rules, view, tunnel, account, counted));
+    planned.map_err(|error| {
         trace.spend = Some(error.slug().to_string());
         ProxyError::Spend(error)
     })
@@ -554,18 +448,6 @@ fn said_if_merged(mut resp: Response<Body>, op: &Claiming, capped: bool) -> Resp
     resp
 }
 
-/// Takes the reservation back when the outcome says the payment did not happen; counts the
-/// spend when it did (or may have).
-async fn settle_spend(
-    app: &App,
-    route: &Route,
-    tenant: &str,
-    ticket: Option<Ticket>,
-    outcome: &Outcome,
-) {
-    spending::settle(&app.metrics, &route.name, tenant, ticket, outcome).await;
-}
-
 /// The request's path after the route's upstream base path (without the query), and its
 /// whole upstream path and query.
 fn route_path_and_target<'u>(route: &Route, uri: &'u Uri) -> (&'u str, &'u str) {
@@ -596,14 +478,7 @@ where
             limit: app.max_body_bytes,
         });
     }
-    let body = read_limited(body, app.max_body_bytes)
-        .await
-        .map_err(|e| match e {
-            ReadError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
-            ReadError::Failed(e) => {
-                ProxyError::BadRequest(format!("the request body could not be read: {e}"))
-            }
-        })?;
+    let body = read_limited(body, app.max_body_bytes).await?;
     Ok(ReadRequest {
         parts,
         upstream_uri: target.uri,
@@ -674,10 +549,21 @@ async fn claim(
         Ok(Acquired::Found(Found::Held {
             reconcilable: Some(held),
             ..
-        })) => match reconcile(app, route, held, req, op, trace).await? {
+        })) => match reconcile::run(
+            app,
+            route,
+            held,
+            req,
+            &op.scoped,
+            &claim_request(route, op),
+            &op.policy,
+        )
+        .await?
+        {
             Reconciled::Execute(claim) => *claim,
             Reconciled::Replay(receipt) => {
-                return Ok(Claimed::Answered(receipt::respond(&receipt, true)))
+                trace.outcome = Some(RequestOutcome::Replayed);
+                return Ok(Claimed::Answered(receipt::respond(&receipt, true)));
             }
             Reconciled::Held { retry_after } => {
                 return Err(ProxyError::OutcomeUnknown { retry_after })
@@ -768,103 +654,6 @@ fn answer(
     }
 }
 
-/// A held operation, asked about at the provider with this retry's credentials before the
-/// retry is held: found → its answer is the receipt; not found → this retry executes it.
-async fn reconcile(
-    app: &App,
-    route: &Route,
-    held: HeldClaim,
-    retry: &Read<'_>,
-    op: &Claiming,
-    trace: &mut Trace,
-) -> Result<Reconciled, ProxyError> {
-    let Some(lookup) = &route.lookup else {
-        return Ok(Reconciled::Held { retry_after: None });
-    };
-    // The lookup asks with this retry's credentials: only when they are the held attempt's
-    // own (hashed alike), else a retry with other credentials could be told "not found" and
-    // execute the operation again. Otherwise it stays held.
-    let credentials = lookup::credentials(retry, &key_headers(route));
-    if held.lookup_credentials() != Some(credentials.as_str()) {
-        tracing::info!(route = %route.name, scope = %op.scoped.scope, "a retry with other credentials than the held attempt's: not looked up, still held");
-        return Ok(Reconciled::Held { retry_after: None });
-    }
-    let key = route
-        .passing()
-        .for_attempt(retry.tenant, &op.scoped, held.scope(), held.attempt());
-    let verdict = ask(
-        app,
-        route,
-        lookup,
-        retry,
-        key.as_str(),
-        held.lookup_target(),
-    )
-    .await;
-    let reconciled = app
-        .claims
-        .reconcile(held, verdict, &claim_request(route, op), &op.policy)
-        .await
-        .map_err(ProxyError::StoreUnavailable)?;
-    match &reconciled {
-        Reconciled::Replay(_) => {
-            trace.outcome = Some(RequestOutcome::Replayed);
-            app.metrics.unknown_resolved(&route.name, "lookup");
-            tracing::info!(route = %route.name, scope = %op.scoped.scope, "a lookup found the held operation at the provider: its answer is the receipt");
-        }
-        Reconciled::Execute(_) => {
-            app.metrics.unknown_resolved(&route.name, "lookup");
-            tracing::info!(route = %route.name, scope = %op.scoped.scope, "a lookup found no trace of the held operation: this retry executes it");
-        }
-        Reconciled::Held { .. } | Reconciled::Mismatch => {}
-    }
-    Ok(reconciled)
-}
-
-/// Asks the provider, with the retry's request, whether the attempt that passed down `key`
-/// happened.
-async fn ask(
-    app: &App,
-    route: &Route,
-    lookup: &Lookup,
-    retry: &Read<'_>,
-    key: &str,
-    target: Option<&str>,
-) -> Verdict {
-    let asking = Asking {
-        request: retry,
-        key,
-        target,
-    };
-    let key_headers = key_headers(route);
-    let verdict = lookup
-        .ask(
-            &*route.client,
-            |target| route.upstream_uri(target).ok(),
-            &asking,
-            &key_headers,
-            route.timeout,
-            app.max_receipt_bytes,
-        )
-        .await;
-    let seen = match &verdict {
-        Verdict::Found(_) => "found",
-        Verdict::NotFound => "not_found",
-        Verdict::Unclear(_) => "unclear",
-    };
-    app.metrics.lookup(&route.name, seen);
-    verdict
-}
-
-/// The headers that carry an idempotency key on this route: never a credential.
-fn key_headers(route: &Route) -> Vec<&HeaderName> {
-    let mut headers = vec![&route.identity.key_header];
-    if let Some(KeyField::Header(h)) = &route.pass_key {
-        headers.push(h);
-    }
-    headers
-}
-
 /// Forwards under the claim and settles it (`Claims::execute`); the trace gets how long that
 /// took and how it settled.
 async fn forward(
@@ -885,7 +674,7 @@ async fn forward(
         let _admitted = admitted;
         let _in_flight = InFlight::start(&metrics);
         let started = Instant::now();
-        let result = call(&*client, request, deadline, max_receipt).await;
+        let result = upstream::call(&*client, request, deadline, max_receipt).await;
         metrics.upstream(&route_name, started.elapsed().as_secs_f64());
         result
     };
@@ -921,34 +710,6 @@ fn respond(executed: Executed<UpstreamError>, key: &str) -> Result<Response<Body
             claim: Some((outcome, recorded)),
         }),
     }
-}
-
-impl CallFailure for UpstreamError {
-    fn may_have_been_sent(&self) -> bool {
-        UpstreamError::may_have_been_sent(self)
-    }
-}
-
-/// One upstream call under the route's total deadline, reading the whole response.
-async fn call(
-    client: &dyn Upstream,
-    req: Request<Body>,
-    deadline: Duration,
-    max_receipt: usize,
-) -> Result<Receipt, UpstreamError> {
-    let exchange = async {
-        let (parts, body) = client.send(req).await?.into_parts();
-        let body = read_limited(body, max_receipt).await.map_err(|e| match e {
-            ReadError::TooLarge(n) => UpstreamError::ResponseTooLarge(n),
-            ReadError::Failed(e) => {
-                UpstreamError::Failed(format!("reading the response body: {e}"))
-            }
-        })?;
-        Ok(receipt::from_response(&parts, body))
-    };
-    tokio::time::timeout(deadline, exchange)
-        .await
-        .unwrap_or(Err(UpstreamError::Timeout(deadline)))
 }
 
 /// A protected method forwarded without protection: its body was read already, so it goes
