@@ -135,6 +135,13 @@ mod tests {
         }))
     }
 
+    fn sets_key(limits: &KeyLimits) -> Passing<'_> {
+        Passing {
+            sets_key: true,
+            limits,
+        }
+    }
+
     fn template(key: &str) -> Identity {
         Identity::Derived {
             endpoint: "POST /v1/payment_intents".into(),
@@ -145,10 +152,7 @@ mod tests {
     #[test]
     fn a_key_carries_the_tenant_outside_the_default_one() {
         let limits = default_limits();
-        let passing = Passing {
-            sets_key: true,
-            limits: &limits,
-        };
+        let passing = sets_key(&limits);
         assert_eq!(passing.passed_on(DEFAULT_TENANT, "k"), "k");
         assert_eq!(passing.passed_on("alice", "k"), "alice:k");
         let o = op(template("inv:1"), None, None);
@@ -163,10 +167,7 @@ mod tests {
         // A provider that takes short hex-safe keys gets the namespaced key's digest: still
         // one per tenant.
         let short = KeyLimits::new(16, 36, "a-z0-9").expect("limits");
-        let passing = Passing {
-            sets_key: true,
-            limits: &short,
-        };
+        let passing = sets_key(&short);
         let (a, b) = (
             passing.passed_on("alice", "k"),
             passing.passed_on("bob", "k"),
@@ -178,10 +179,7 @@ mod tests {
     #[test]
     fn every_retry_of_an_attempt_passes_the_same_key_and_a_new_attempt_another() {
         let limits = default_limits();
-        let passing = Passing {
-            sets_key: true,
-            limits: &limits,
-        };
+        let passing = sets_key(&limits);
         for identity in [
             template("inv:1"),
             Identity::Client("k".into()),
@@ -207,10 +205,7 @@ mod tests {
     #[test]
     fn a_clients_own_provider_key_is_kept_on_every_attempt() {
         let limits = default_limits();
-        let passing = Passing {
-            sets_key: true,
-            limits: &limits,
-        };
+        let passing = sets_key(&limits);
         let own = op(Identity::Client("own".into()), Some("own"), None);
         for attempt in [0, 1, 3] {
             let key = passing.for_attempt(DEFAULT_TENANT, &own, &own.scope, attempt);
@@ -246,10 +241,7 @@ mod tests {
     #[test]
     fn a_claim_under_the_other_derivations_scope_passes_down_what_its_attempt_did() {
         let limits = default_limits();
-        let passing = Passing {
-            sets_key: true,
-            limits: &limits,
-        };
+        let passing = sets_key(&limits);
         let other = derived(Derivation::V1, Identity::Request, "fp1");
         let o = op(Identity::Request, None, Some(other));
         let Some(other_scope) = o.other_scope.clone() else {

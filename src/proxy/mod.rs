@@ -21,5 +21,6 @@ pub mod reconcile;
 pub mod routed;
 pub mod server;
 pub mod spending;
+mod trace;
 
 pub use self::state::App;

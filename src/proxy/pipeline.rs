@@ -1,14 +1,27 @@
-//! The pipeline of one protected request, top to bottom: `route → read → refuse what reads
-//! two ways → identify (key, account, fingerprint) → scope → (on a capped route: a replay
-//! the receipt cache holds is answered, then the price) → prepare → claim (or reconcile, or
-//! answer) → spend gate → forward → settle → respond`.
-//! (The route was chosen by `dispatch`, the path read in the one grammar by `routed`; the
-//! claim's life — lease, settle, waking waiters — is `Claims::execute`.) This file is HTTP
-//! only: each stage below is one function, and every stage reads the request through one
-//! view (`request::Request`).
+//! The pipeline of one protected request. It only sequences; each phase's rules live with
+//! the module named beside it:
+//!
+//! 1. admit — a forward slot (`admission`)
+//! 2. read — the body within its limit, one view of it (`request::Request`)
+//! 3. refuse what reads two ways (`request::ambiguity`)
+//! 4. identify — key, account, fingerprint (`identity::RouteIdentity`); a capped request
+//!    without a key is derived from its whole body or refused (`spending::derivable_without_key`)
+//! 5. scope (`identity::scope::Place::scoped`)
+//! 6. on a capped route: a replay the receipt cache holds is answered, then the price
+//!    (`counted::before`, `spending::plan`)
+//! 7. prepare the request going down (`outgoing`)
+//! 8. claim, or answer from what is there, or reconcile a held one (`reconcile`)
+//! 9. spend gate, with the claim's token (`spending::admit`)
+//! 10. pass the key down (`identity::passed_down`), forward and settle (`Claims::execute`,
+//!     `outbound::upstream::call`)
+//! 11. settle the spend (`spending::settle`), mark a created object counted (`counted::after`)
+//! 12. respond — the provider's answer, built exactly as a replay would be
+//!
+//! (The route was chosen by `dispatch`, the path read in the one grammar by `routed`.) This
+//! file is HTTP only; one log line per request comes from `trace`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, Uri};
@@ -18,6 +31,7 @@ use super::counted;
 use super::outgoing::Outgoing;
 use super::reconcile;
 use super::spending;
+use super::trace::{outcome_of, Trace};
 use crate::http::body::{read_limited, stream, Body, BoxError};
 use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{
@@ -99,11 +113,7 @@ where
         Identification::Unprotected { why, client_key } => match capped {
             None => return unprotected(route, &req, &why, client_key.as_deref(), trace).await,
             // Never forwarded unpriced: derived from the whole request, or refused.
-            Some(rules) => {
-                spending::derivable_without_key(route, rules, &view, &why)
-                    .map_err(ProxyError::Spend)?;
-                Box::new(route.identity.identify_whole(&route.name, &view)?)
-            }
+            Some(rules) => keyless(route, rules, &view, &why)?,
         },
     };
     trace.identified(&identified);
@@ -287,6 +297,18 @@ async fn unprotected(
     )?;
     let key = client_key.map(|k| route.passing().passed_on(req.tenant, k));
     forward_unprotected(route, &outgoing, key.as_deref(), why).await
+}
+
+/// A capped request the route could not key (`why`): identified by its whole request where
+/// its operation may be (a charge), else refused with what to add.
+fn keyless(
+    route: &Route,
+    rules: &RouteSpend,
+    view: &Read<'_>,
+    why: &str,
+) -> Result<Box<Identified>, ProxyError> {
+    spending::derivable_without_key(route, rules, view, why).map_err(ProxyError::Spend)?;
+    Ok(Box::new(route.identity.identify_whole(&route.name, view)?))
 }
 
 /// Prices a capped request and binds it to its canonical form, before the claim (no store
@@ -730,84 +752,5 @@ async fn forward_unprotected(
             Ok(Response::from_parts(parts, stream(body)))
         }
         Err(error) => Err(ProxyError::Upstream { error, claim: None }),
-    }
-}
-
-/// What one protected request did: its one log line and its request count. The scope stands
-/// in for the key: it is a hash, so neither the key nor the caller's credentials are logged.
-#[derive(Default)]
-struct Trace {
-    scope: Option<String>,
-    outcome: Option<RequestOutcome>,
-    key_source: Option<&'static str>,
-    operation: Option<String>,
-    unprotected: Option<String>,
-    /// What spend control decided (reserved, or why not).
-    spend: Option<String>,
-    upstream_status: Option<u16>,
-    /// Forward and settle together (the upstream call alone is in the metrics).
-    forward: Option<Duration>,
-}
-
-impl Trace {
-    fn identified(&mut self, id: &Identified) {
-        self.key_source = Some(id.derived.identity.source().as_str());
-        self.operation = id.operation.clone();
-    }
-
-    fn settled(&mut self, executed: &Executed<UpstreamError>) {
-        self.upstream_status = executed.result.as_ref().ok().map(|r| r.status);
-        self.outcome = Some(match (&executed.outcome, executed.recorded) {
-            (_, Recorded::NotOurs | Recorded::Unconfirmed) => RequestOutcome::Unknown,
-            (Outcome::Committed | Outcome::Declined, _) => RequestOutcome::Forwarded,
-            (Outcome::Released, _) => RequestOutcome::Released,
-            (Outcome::Unknown(_) | Outcome::Duplicate(_), _) => RequestOutcome::Unknown,
-        });
-    }
-
-    fn finish(self, app: &App, route: &Route, tenant: &str, started: Instant, status: u16) {
-        let outcome = self.outcome.unwrap_or(RequestOutcome::Rejected);
-        app.metrics.request(&route.name, outcome);
-        if outcome == RequestOutcome::Unprotected {
-            // Identification says why it had no key; otherwise the store was down (fail_open).
-            let reason = if self.unprotected.is_some() {
-                "no_key"
-            } else {
-                "store_unavailable"
-            };
-            app.metrics.unprotected(&route.name, reason);
-        }
-        tracing::info!(
-            route = %route.name,
-            %tenant,
-            scope = %self.scope.as_deref().unwrap_or("-"),
-            key_source = self.key_source.unwrap_or("-"),
-            operation = self.operation.as_deref().unwrap_or("-"),
-            outcome = %outcome.as_str(),
-            unprotected = self.unprotected.as_deref(),
-            spend = self.spend.as_deref(),
-            status,
-            upstream_status = self.upstream_status,
-            forward_ms = self.forward.map(|d| d.as_millis() as u64),
-            total_ms = started.elapsed().as_millis() as u64,
-            "protected request"
-        );
-    }
-}
-
-fn outcome_of(e: &ProxyError) -> RequestOutcome {
-    match e {
-        ProxyError::KeyReused => RequestOutcome::Mismatch,
-        ProxyError::InFlight { .. } => RequestOutcome::Conflict,
-        ProxyError::OutcomeUnknown { .. } | ProxyError::DuplicateRejected { .. } => {
-            RequestOutcome::Unknown
-        }
-        ProxyError::Upstream { claim, .. } => match claim {
-            None => RequestOutcome::Unprotected,
-            Some((_, Recorded::NotOurs | Recorded::Unconfirmed)) => RequestOutcome::Unknown,
-            Some((Outcome::Unknown(_) | Outcome::Duplicate(_), _)) => RequestOutcome::Unknown,
-            Some(_) => RequestOutcome::Released,
-        },
-        _ => RequestOutcome::Rejected,
     }
 }
