@@ -411,8 +411,8 @@ async fn reconcile(admin: &Admin, who: &Principal, r: Reconcile) -> Response<Bod
     let Some(passed_down) = r.passed_down.or_else(|| {
         client_key.map(|k| {
             route
-                .forward_key_limits
-                .fit(&Identity::Client(k).provider_key(&tenant, "", found.body.attempt))
+                .passing()
+                .ours(&tenant, &Identity::Client(k), "", found.body.attempt)
         })
     }) else {
         return bad("give key (the client's key) or passed_down (the key the provider got)");

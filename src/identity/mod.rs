@@ -14,8 +14,10 @@
 
 pub mod account;
 pub mod derivation;
+pub mod key_limits;
 pub mod minted_keys;
 pub mod operations;
+pub mod passed_down;
 pub mod provider_key;
 pub mod scope;
 
@@ -141,15 +143,13 @@ impl Identity {
         !matches!(self, Identity::Derived { .. })
     }
 
-    /// The key the provider gets, before its limits apply (`KeyLimits::fit`). Deterministic,
-    /// so every retry of the operation passes the same key down and the provider catches
-    /// what the proxy could not know (a response lost after the effect). `attempt` counts
-    /// new attempts after a declined one (a new card after a decline), which the provider
-    /// must not answer with the decline it keeps. Outside the default tenant it carries the
-    /// tenant: tenants sharing one provider account must never have the provider
-    /// deduplicate one tenant's request against another's.
-    pub fn provider_key(&self, tenant: &str, fingerprint: &str, attempt: u32) -> String {
-        let k = match self {
+    /// The key the provider gets, before the tenant and the provider's limits apply
+    /// (`passed_down::Passing::ours`). Deterministic, so every retry of the operation passes
+    /// the same key down and the provider catches what the proxy could not know (a response
+    /// lost after the effect). `attempt` counts new attempts after a declined one (a new card
+    /// after a decline), which the provider must not answer with the decline it keeps.
+    pub fn provider_key(&self, fingerprint: &str, attempt: u32) -> String {
+        match self {
             Identity::Client(k) if attempt == 0 => k.clone(),
             Identity::Client(k) => format!("{k}~{attempt}"),
             // Readable at the provider (its dashboard shows the template key), and distinct
@@ -162,8 +162,7 @@ impl Identity {
             }
             Identity::Request if attempt == 0 => format!("request {fingerprint}"),
             Identity::Request => format!("request {fingerprint}~{attempt}"),
-        };
-        provider_key::in_tenant(tenant, &k)
+        }
     }
 
     pub fn source(&self) -> KeySource {
@@ -702,18 +701,8 @@ mod tests {
             key: "inv:1".into(),
         };
         assert_ne!(charge.scope_key("f"), refund.scope_key("f"));
-        assert_ne!(
-            charge.provider_key("default", "f", 0),
-            refund.provider_key("default", "f", 0)
-        );
-        assert_ne!(
-            charge.provider_key("default", "f", 0),
-            charge.provider_key("default", "f", 1)
-        );
-        assert_eq!(
-            Identity::Client("k".into()).provider_key("alice", "f", 0),
-            "alice:k"
-        );
+        assert_ne!(charge.provider_key("f", 0), refund.provider_key("f", 0));
+        assert_ne!(charge.provider_key("f", 0), charge.provider_key("f", 1));
         for i in [&charge, &Identity::Request] {
             assert!(i.scope_key("f").contains(' '));
         }

@@ -1,6 +1,7 @@
 //! The provider's own idempotency key: where a provider takes it (a header such as
 //! `Idempotency-Key`, or a body field such as Square's `idempotency_key` or Alpaca's
-//! `client_order_id`), what the client set there itself, and passing ours down in its place.
+//! `client_order_id`), what the client set there itself, and putting ours in its place (which
+//! key that is: `passed_down`).
 //!
 //! In a body, only the field's value changes: every other byte stays as the client sent it,
 //! so the provider sees the same amounts, spacing and key order. hyper sets `Content-Length`
@@ -15,18 +16,6 @@ use serde_json::value::RawValue;
 use crate::request::body::{self, Field};
 use crate::request::form::{self, decode, encode as percent_encode};
 use crate::request::{FieldError, Request};
-
-/// A provider key as `tenant` passes it down: outside the default tenant it carries the
-/// tenant, because tenants sharing one provider account must never have the provider
-/// deduplicate one tenant's request against another's. Every key the proxy passes down or
-/// on (ours, or a client's own) goes through here.
-pub fn in_tenant(tenant: &str, key: &str) -> String {
-    if tenant == super::DEFAULT_TENANT {
-        key.to_string()
-    } else {
-        format!("{tenant}:{key}")
-    }
-}
 
 /// Where a provider takes its idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,7 +19,10 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls_pki_types::{pem::PemObject, CertificateDer};
 
 use super::egress::{Egress, GuardedResolver};
-use crate::http::body::{Body, BoxError};
+use super::receipt;
+use crate::http::body::{read_limited, Body, BoxError, ReadError};
+use crate::idempotency::outcome::CallFailure;
+use crate::idempotency::record::Receipt;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -43,6 +46,42 @@ impl UpstreamError {
     pub fn may_have_been_sent(&self) -> bool {
         !matches!(self, UpstreamError::Connect(_) | UpstreamError::Tls(_))
     }
+}
+
+impl From<ReadError> for UpstreamError {
+    /// A response body that could not be read whole.
+    fn from(e: ReadError) -> UpstreamError {
+        match e {
+            ReadError::TooLarge(n) => UpstreamError::ResponseTooLarge(n),
+            ReadError::Failed(e) => {
+                UpstreamError::Failed(format!("reading the response body: {e}"))
+            }
+        }
+    }
+}
+
+impl CallFailure for UpstreamError {
+    fn may_have_been_sent(&self) -> bool {
+        UpstreamError::may_have_been_sent(self)
+    }
+}
+
+/// One call under the route's total deadline, its whole response read (up to `max_receipt`
+/// bytes) as a receipt.
+pub async fn call(
+    client: &dyn Upstream,
+    req: Request<Body>,
+    deadline: Duration,
+    max_receipt: usize,
+) -> Result<Receipt, UpstreamError> {
+    let exchange = async {
+        let (parts, body) = client.send(req).await?.into_parts();
+        let body = read_limited(body, max_receipt).await?;
+        Ok(receipt::from_response(&parts, body))
+    };
+    tokio::time::timeout(deadline, exchange)
+        .await
+        .unwrap_or(Err(UpstreamError::Timeout(deadline)))
 }
 
 /// Sends one request upstream and hands back the response as it arrives: all the inbound

@@ -6,22 +6,98 @@
 
 use std::time::Duration;
 
+use super::App;
+use crate::idempotency::claims::Executed;
+use crate::idempotency::outcome::Outcome;
 use crate::idempotency::record::{Record, RecordBody, State, Token};
 use crate::idempotency::store::{Expiry, Store, StoreError};
-use crate::identity::scope::Place;
+use crate::outbound::upstream::UpstreamError;
+use crate::proxy::error::ProxyError;
+use crate::request::Request;
+use crate::routes::{Route, RouteSpend};
+use crate::spend::cost::Pricing;
+
+/// Whether a step of an object (confirming a PaymentIntent) names one this route counted at
+/// its creation, for the same account: then it costs nothing more. The store down: refused.
+pub async fn before(
+    app: &App,
+    route: &Route,
+    rules: &RouteSpend,
+    view: &Request<'_>,
+    account: &str,
+) -> Result<bool, ProxyError> {
+    let Some(Pricing::Counted { kind, id_segment }) =
+        rules.operation(view.method, view.path).map(|o| &o.pricing)
+    else {
+        return Ok(false);
+    };
+    let Some(id) = id_in_path(view.path, *id_segment) else {
+        return Ok(false);
+    };
+    let scope = scope(app, route, view.tenant, account, kind, id);
+    was_counted(app.claims.store().as_ref(), &scope)
+        .await
+        .map_err(ProxyError::StoreUnavailable)
+}
+
+/// After a counted request that creates an object committed with a 2xx answer: marks the
+/// object counted (before the client hears of it), so its later steps cost nothing more; for
+/// `keep`, as long as the creating operation's receipt. Best effort: an object left unmarked
+/// is only priced as unknown later, never undercounted.
+pub async fn after(
+    app: &App,
+    route: &Route,
+    rules: &RouteSpend,
+    view: &Request<'_>,
+    account: &str,
+    keep: Duration,
+    executed: &Executed<UpstreamError>,
+) {
+    let Some((kind, at)) = rules
+        .operation(view.method, view.path)
+        .and_then(|o| o.records)
+    else {
+        return;
+    };
+    let Ok(receipt) = &executed.result else {
+        return;
+    };
+    if !matches!(executed.outcome, Outcome::Committed) || !(200..300).contains(&receipt.status) {
+        return;
+    }
+    let Some(id) = id_in_answer(&receipt.body, at) else {
+        return;
+    };
+    let scope = scope(app, route, view.tenant, account, kind, &id);
+    let now = app.claims.clock().now_ms();
+    if let Err(e) = record(
+        app.claims.store().as_ref(),
+        &scope,
+        &route.name,
+        kind,
+        now,
+        keep,
+    )
+    .await
+    {
+        tracing::warn!(route = %route.name, %kind, error = %e, "could not mark an object counted: its later steps will be priced as unknown");
+    }
+}
 
 /// The marker's scope: the object, within the route, upstream, tenant and account.
-pub fn scope(place: &Place<'_>, account: &str, kind: &str, id: &str) -> String {
-    place.scope(account, &format!("\0counted {kind} {id}"))
+fn scope(app: &App, route: &Route, tenant: &str, account: &str, kind: &str, id: &str) -> String {
+    route
+        .place(&app.namespace, tenant)
+        .scope(account, &format!("\0counted {kind} {id}"))
 }
 
 /// The id of the object a step names: path segment `at` (from 0).
-pub fn id_in_path(path: &str, at: usize) -> Option<&str> {
+fn id_in_path(path: &str, at: usize) -> Option<&str> {
     path.split('/').filter(|s| !s.is_empty()).nth(at)
 }
 
 /// The id of the object an answer made: the JSON field at the dotted `at` (`payment.id`).
-pub fn id_in_answer(body: &[u8], at: &str) -> Option<String> {
+fn id_in_answer(body: &[u8], at: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let mut cur = &v;
     for part in at.split('.') {
@@ -33,15 +109,15 @@ pub fn id_in_answer(body: &[u8], at: &str) -> Option<String> {
 }
 
 /// Whether the object was counted at its creation.
-pub async fn was_counted(store: &dyn Store, scope: &str) -> Result<bool, StoreError> {
+async fn was_counted(store: &dyn Store, scope: &str) -> Result<bool, StoreError> {
     Ok(store
         .get(scope)
         .await?
         .is_some_and(|r| r.state == State::Committed))
 }
 
-/// Marks the object counted, for `keep` (as long as the creating operation's receipt).
-pub async fn record(
+/// Marks the object counted, for `keep`.
+async fn record(
     store: &dyn Store,
     scope: &str,
     route: &str,

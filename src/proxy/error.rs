@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{HeaderValue, Response, StatusCode};
 
 use super::spending::SpendError;
-use crate::http::body::Body;
+use crate::http::body::{Body, ReadError};
 use crate::http::problem::Problem;
 use crate::idempotency::claims::Recorded;
 use crate::idempotency::outcome::Outcome;
@@ -69,6 +69,18 @@ pub enum ProxyError {
     /// A money-moving request stopped by its caps or approvals.
     #[error(transparent)]
     Spend(SpendError),
+}
+
+impl From<ReadError> for ProxyError {
+    /// A request body that could not be read whole.
+    fn from(e: ReadError) -> ProxyError {
+        match e {
+            ReadError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
+            ReadError::Failed(e) => {
+                ProxyError::BadRequest(format!("the request body could not be read: {e}"))
+            }
+        }
+    }
 }
 
 impl ProxyError {

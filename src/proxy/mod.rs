@@ -17,9 +17,11 @@ pub mod passthrough;
 pub mod pipeline;
 #[cfg(test)]
 mod pipeline_tests;
+pub mod reconcile;
 pub mod recorded;
 pub mod routed;
 pub mod server;
 pub mod spending;
+mod trace;
 
 pub use self::state::App;

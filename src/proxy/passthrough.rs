@@ -5,7 +5,7 @@ use hyper::body::Incoming;
 
 use crate::http::body::{stream, Body};
 use crate::http::headers::{for_upstream, strip_hop_by_hop};
-use crate::identity::provider_key::{in_tenant, KeyField};
+use crate::identity::provider_key::KeyField;
 use crate::identity::DEFAULT_TENANT;
 use crate::outbound::upstream::Upstream;
 use crate::providers::ErrorShape;
@@ -27,7 +27,7 @@ pub async fn forward_for(
                 .headers()
                 .get(name)
                 .and_then(|v| v.to_str().ok())
-                .map(|k| route.forward_key_limits.fit(&in_tenant(tenant, k)))
+                .map(|k| route.passing().passed_on(tenant, k))
                 .and_then(|k| http::HeaderValue::from_str(&k).ok());
             if let Some(v) = namespaced {
                 req.headers_mut().insert(name.clone(), v);

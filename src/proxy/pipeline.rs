@@ -1,46 +1,56 @@
-//! The pipeline of one protected request, top to bottom: `route → read → refuse what reads
-//! two ways → identify (key, account, fingerprint) → scope → (on a capped route: a replay
-//! the receipt cache holds is answered, then the price) → prepare → claim (or reconcile, or
-//! answer) → spend gate → forward → settle → respond`.
-//! (The route was chosen by `dispatch`, the path read in the one grammar by `routed`; the
-//! claim's life — lease, settle, waking waiters — is `Claims::execute`.) This file is HTTP
-//! only: each stage below is one function, and every stage reads the request through one
-//! view (`request::Request`).
+//! The pipeline of one protected request. It only sequences; each phase's rules live with
+//! the module named beside it:
+//!
+//! 1. admit — a forward slot (`admission`)
+//! 2. read — the body within its limit, one view of it (`request::Request`)
+//! 3. refuse what reads two ways (`request::ambiguity`)
+//! 4. identify — key, account, fingerprint (`identity::RouteIdentity`); a capped request
+//!    without a key is derived from its whole body or refused (`spending::derivable_without_key`)
+//! 5. scope (`identity::scope::Place::scoped`)
+//! 6. on a capped route: a replay the receipt cache holds is answered, then the price
+//!    (`counted::before`, `spending::plan`)
+//! 7. prepare the request going down (`outgoing`)
+//! 8. claim, or answer from what is there, or reconcile a held one (`reconcile`)
+//! 9. spend gate, with the claim's token (`spending::admit`)
+//! 10. pass the key down (`identity::passed_down`), forward and settle (`Claims::execute`,
+//!     `outbound::upstream::call`)
+//! 11. settle the spend (`spending::settle`), mark a created object counted (`counted::after`)
+//! 12. respond — the provider's answer, built exactly as a replay would be
+//!
+//! (The route was chosen by `dispatch`, the path read in the one grammar by `routed`.) This
+//! file is HTTP only; one log line per request comes from `trace`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
-use http::{header, HeaderName, HeaderValue, Request, Response, Uri};
+use http::{header, HeaderValue, Request, Response, Uri};
 
 use super::admission::Admitted;
 use super::counted;
 use super::outgoing::Outgoing;
+use super::reconcile;
 use super::spending;
-use crate::http::body::{read_limited, stream, Body, BoxError, ReadError};
+use super::trace::{outcome_of, Trace};
+use crate::http::body::{read_limited, stream, Body, BoxError};
 use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{
-    Acquired, Claim, ClaimRequest, Executed, Found, HeldClaim, OtherDerivation, Reconciled,
-    Recorded, Verdict,
+    Acquired, Claim, ClaimRequest, Executed, Found, OtherDerivation, Reconciled, Recorded,
 };
-use crate::idempotency::outcome::{CallFailure, Outcome};
+use crate::idempotency::outcome::Outcome;
 use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
-use crate::idempotency::record::Receipt;
-use crate::identity::provider_key::{in_tenant, KeyField};
-use crate::identity::DEFAULT_TENANT;
-use crate::identity::{Derived, Identification, Identified, Identity};
+use crate::identity::scope::Scoped;
+use crate::identity::{Identification, Identified, Identity};
 use crate::metrics::{InFlight, RequestOutcome};
-use crate::outbound::lookup::{self, Asking, Lookup};
 use crate::outbound::receipt;
-use crate::outbound::upstream::{Upstream, UpstreamError};
+use crate::outbound::upstream::{self, UpstreamError};
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::request::ambiguity;
 use crate::request::body::BodyError;
 use crate::request::{AsSent, Request as Read};
 use crate::routes::{Route, RouteSpend};
-use crate::spend::cost::Pricing;
 use crate::spend::gate::{Admission, Ticket};
 
 /// Where a protected request goes upstream, in the one grammar, and where it would have gone
@@ -107,8 +117,11 @@ where
         },
     };
     trace.identified(&identified);
-    let mut op = scope(app, route, tenant, identified);
-    trace.scope = Some(op.scope.clone());
+    let mut op = Claiming::new(
+        route,
+        route.place(&app.namespace, tenant).scoped(identified),
+    );
+    trace.scope = Some(op.scoped.scope.clone());
     if capped.is_some() {
         // A retry this proxy's receipt cache answers executes nothing and reserves nothing,
         // so it is not priced: pricing (the canonical body and its hash) was a third of a
@@ -121,8 +134,17 @@ where
     }
     let plan = match capped {
         Some(rules) => {
-            let counted = counted_before(app, route, tenant, rules, &view, &op.identified).await?;
-            let plan = plan(route, rules, &req, &view, &op.identified, counted, trace)?;
+            let account = &op.scoped.identified.derived.account;
+            let counted = counted::before(app, route, rules, &view, account).await?;
+            let plan = plan(
+                route,
+                rules,
+                &req,
+                &view,
+                &op.scoped.identified,
+                counted,
+                trace,
+            )?;
             op.priced = Some(plan.binding.clone());
             Some((rules, plan))
         }
@@ -130,7 +152,7 @@ where
     };
     if let Some(lookup) = &route.lookup {
         op.lookup_target = lookup.first_target(&view);
-        op.lookup_credentials = Some(lookup::credentials(&view, &key_headers(route)));
+        op.lookup_credentials = Some(reconcile::credentials(route, &view));
     }
     let outgoing = Outgoing::prepare(
         route,
@@ -138,7 +160,7 @@ where
         req.upstream_uri.clone(),
         req.body.clone(),
         tenant,
-        op.identified.provider_set.as_deref(),
+        op.scoped.identified.provider_set.as_deref(),
     )?;
     let (mut claim, mut ticket) =
         match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
@@ -147,29 +169,30 @@ where
         };
     // Only a request about to execute can be a re-run under a new key: a replay or a
     // conflict came under a key already seen.
-    notice_minted_keys(app, route, tenant, &op.identified);
-    let key = passed_down(route, tenant, &op, &claim.scope, claim.attempt());
+    notice_minted_keys(app, route, tenant, &op.scoped.identified);
+    let key = route
+        .passing()
+        .for_attempt(tenant, &op.scoped, &claim.scope, claim.attempt());
     claim.note_passed_down(key.as_str());
     // Going out: from here on the reservation stays unless the outcome says nothing happened.
     if let Some(t) = ticket.as_mut() {
         t.keep();
     }
     let request = outgoing.request(key.ours());
-    let policy = op.policy.clone();
-    let executed = forward(app, route, claim, op.policy, request, admitted, trace).await?;
-    settle_spend(app, route, tenant, ticket, &executed.outcome).await;
+    let executed = forward(
+        app,
+        route,
+        claim,
+        op.policy.clone(),
+        request,
+        admitted,
+        trace,
+    )
+    .await?;
+    spending::settle(&app.metrics, &route.name, tenant, ticket, &executed.outcome).await;
     if let Some(rules) = capped {
-        record_counted(
-            app,
-            route,
-            tenant,
-            rules,
-            &view,
-            &op.identified,
-            &policy,
-            &executed,
-        )
-        .await;
+        let (account, keep) = (&op.scoped.identified.derived.account, op.policy.retention);
+        counted::after(app, route, rules, &view, account, keep, &executed).await;
     }
     respond(executed, key.as_str())
 }
@@ -207,12 +230,10 @@ impl ReadRequest<'_> {
     }
 }
 
-/// A protected request once identified: what it is, the scope it claims (and the other
-/// derivation's, during an upgrade's window), and the policy its claim follows.
-struct Scoped {
-    identified: Box<Identified>,
-    scope: String,
-    other_scope: Option<String>,
+/// What the claim stage claims: the operation with its scopes (`identity::scope::Scoped`),
+/// and what its claim keeps beside them.
+struct Claiming {
+    scoped: Scoped,
     policy: Arc<Policy>,
     /// On a capped operation, its canonical fingerprint (`spending::Plan::binding`): what a
     /// takeover of its claim must execute.
@@ -223,13 +244,16 @@ struct Scoped {
     lookup_credentials: Option<String>,
 }
 
-impl Scoped {
-    /// The derivation a claim on `scope` was made under: the operation's own, or the other
-    /// one when the claim was found under its scope.
-    fn derived_for(&self, scope: &str) -> &Derived {
-        match (&self.identified.other, &self.other_scope) {
-            (Some(other), Some(s)) if s == scope => other,
-            _ => &self.identified.derived,
+impl Claiming {
+    /// The operation, scoped, under the policy its route gives its kind of identity.
+    fn new(route: &Route, scoped: Scoped) -> Claiming {
+        let policy = route.policy_for(&scoped.identified.derived.identity);
+        Claiming {
+            scoped,
+            policy,
+            priced: None,
+            lookup_target: None,
+            lookup_credentials: None,
         }
     }
 }
@@ -271,135 +295,24 @@ async fn unprotected(
         req.tenant,
         None,
     )?;
-    let key = tenant_key(route, req.tenant, client_key);
+    let key = client_key.map(|k| route.passing().passed_on(req.tenant, k));
     forward_unprotected(route, &outgoing, key.as_deref(), why).await
 }
 
-/// The scope the operation claims: within the namespace, tenant, route, upstream and account.
-fn scope(app: &App, route: &Route, tenant: &str, identified: Box<Identified>) -> Scoped {
-    let place = route.place(&app.namespace, tenant);
-    let scope = place.scope_of(&identified.derived);
-    let other_scope = identified.other.as_ref().map(|d| place.scope_of(d));
-    let policy = route.policy_for(&identified.derived.identity);
-    Scoped {
-        identified,
-        scope,
-        other_scope,
-        policy,
-        priced: None,
-        lookup_target: None,
-        lookup_credentials: None,
-    }
-}
-
-/// A capped request the route could not key (`why`): an operation that may derive (a
-/// charge) takes its identity from the whole request; any other (money out, an order) is
-/// refused with what to add. A capped request is never forwarded unpriced.
+/// A capped request the route could not key (`why`): identified by its whole request where
+/// its operation may be (a charge), else refused with what to add.
 fn keyless(
     route: &Route,
     rules: &RouteSpend,
     view: &Read<'_>,
     why: &str,
 ) -> Result<Box<Identified>, ProxyError> {
-    if !rules.derives_without_key(view.method, view.path) {
-        return Err(key_required(route, view, why));
-    }
+    spending::derivable_without_key(route, rules, view, why).map_err(ProxyError::Spend)?;
     Ok(Box::new(route.identity.identify_whole(&route.name, view)?))
 }
 
-fn key_required(route: &Route, view: &Read<'_>, why: &str) -> ProxyError {
-    let what = format!(
-        "{why}. {} {} moves money or places an order, so it needs a business key: one per payment, the same on every retry — an Idempotency-Key header (`{}`) with key_source = \"client\", or a field the route's key template names",
-        view.method,
-        view.path,
-        route.identity.key_header
-    );
-    ProxyError::Spend(spending::SpendError::KeyRequired(what))
-}
-
-/// Whether a step of an object (confirming a PaymentIntent) names one this route counted at
-/// its creation, for the same account: then it costs nothing more. The store down: refused.
-async fn counted_before(
-    app: &App,
-    route: &Route,
-    tenant: &str,
-    rules: &RouteSpend,
-    view: &Read<'_>,
-    identified: &Identified,
-) -> Result<bool, ProxyError> {
-    let Some(Pricing::Counted { kind, id_segment }) =
-        rules.operation(view.method, view.path).map(|o| &o.pricing)
-    else {
-        return Ok(false);
-    };
-    let Some(id) = counted::id_in_path(view.path, *id_segment) else {
-        return Ok(false);
-    };
-    let scope = counted::scope(
-        &route.place(&app.namespace, tenant),
-        &identified.derived.account,
-        kind,
-        id,
-    );
-    counted::was_counted(app.claims.store().as_ref(), &scope)
-        .await
-        .map_err(ProxyError::StoreUnavailable)
-}
-
-/// After a counted request that creates an object committed with a 2xx answer: marks the
-/// object counted (before the client hears of it), so its later steps cost nothing more.
-/// Best effort: an object left unmarked is only priced as unknown later, never undercounted.
-#[allow(clippy::too_many_arguments)]
-async fn record_counted(
-    app: &App,
-    route: &Route,
-    tenant: &str,
-    rules: &RouteSpend,
-    view: &Read<'_>,
-    identified: &Identified,
-    policy: &Policy,
-    executed: &Executed<UpstreamError>,
-) {
-    let Some((kind, at)) = rules
-        .operation(view.method, view.path)
-        .and_then(|o| o.records)
-    else {
-        return;
-    };
-    let Ok(receipt) = &executed.result else {
-        return;
-    };
-    if !matches!(executed.outcome, Outcome::Committed) || !(200..300).contains(&receipt.status) {
-        return;
-    }
-    let Some(id) = counted::id_in_answer(&receipt.body, at) else {
-        return;
-    };
-    let scope = counted::scope(
-        &route.place(&app.namespace, tenant),
-        &identified.derived.account,
-        kind,
-        &id,
-    );
-    let now = app.claims.clock().now_ms();
-    if let Err(e) = counted::record(
-        app.claims.store().as_ref(),
-        &scope,
-        &route.name,
-        kind,
-        now,
-        policy.retention,
-    )
-    .await
-    {
-        tracing::warn!(route = %route.name, %kind, error = %e, "could not mark an object counted: its later steps will be priced as unknown");
-    }
-}
-
 /// Prices a capped request and binds it to its canonical form, before the claim (no store
-/// read). A request identified by its whole body on an operation that may not derive (a
-/// payout on a route that keys every request by its body) is refused: two deliberate
-/// identical payouts must not silently become one.
+/// read): spending's `plan`, after its rule for a request identified by its whole body.
 fn plan(
     route: &Route,
     rules: &RouteSpend,
@@ -409,18 +322,19 @@ fn plan(
     counted: bool,
     trace: &mut Trace,
 ) -> Result<spending::Plan, ProxyError> {
-    if matches!(identified.derived.identity, Identity::Request)
-        && !rules.derives_without_key(view.method, view.path)
-    {
-        trace.spend = Some("idempotency-key-required".into());
-        return Err(key_required(
+    let derived = match identified.derived.identity {
+        Identity::Request => spending::derivable_without_key(
             route,
+            rules,
             view,
             "the route identifies this request by its whole body",
-        ));
-    }
+        ),
+        _ => Ok(()),
+    };
     let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
-    spending::plan(rules, view, tunnel, &identified.derived.account, counted).map_err(|error| {
+    let account = &identified.derived.account;
+    let planned = derived.and_then(|()| spending::plan(rules, view, tunnel, account, counted));
+    planned.map_err(|error| {
         trace.spend = Some(error.slug().to_string());
         ProxyError::Spend(error)
     })
@@ -478,7 +392,7 @@ async fn gated(
     app: &App,
     route: &Route,
     req: &Read<'_>,
-    op: &Scoped,
+    op: &Claiming,
     outgoing: &Outgoing<'_>,
     plan: Option<(&RouteSpend, spending::Plan)>,
     trace: &mut Trace,
@@ -503,7 +417,7 @@ async fn gated(
             ));
         };
         let at = spending::Attempting {
-            scope: &op.scope,
+            scope: &op.scoped.scope,
             token: held.token.as_str(),
             replaces: held.replaces(),
             approved,
@@ -541,12 +455,12 @@ async fn gated(
 
 /// A replay of a capped operation identified by its whole request says so: two identical
 /// charges within the window are one, and the client learns it rather than a silent merge.
-fn said_if_merged(mut resp: Response<Body>, op: &Scoped, capped: bool) -> Response<Body> {
+fn said_if_merged(mut resp: Response<Body>, op: &Claiming, capped: bool) -> Response<Body> {
     let replayed = resp
         .headers()
         .get("idempotent-replayed")
         .is_some_and(|v| v.as_bytes() == b"true");
-    if capped && replayed && matches!(op.identified.derived.identity, Identity::Request) {
+    if capped && replayed && matches!(op.scoped.identified.derived.identity, Identity::Request) {
         let window = humantime::format_duration(op.policy.retention);
         let note = format!("replayed: an identical request within the {window} window is the same payment; to pay twice, send each with its own Idempotency-Key (key_source = \"client\") or a field that differs");
         if let Ok(v) = HeaderValue::from_str(&note) {
@@ -554,18 +468,6 @@ fn said_if_merged(mut resp: Response<Body>, op: &Scoped, capped: bool) -> Respon
         }
     }
     resp
-}
-
-/// Takes the reservation back when the outcome says the payment did not happen; counts the
-/// spend when it did (or may have).
-async fn settle_spend(
-    app: &App,
-    route: &Route,
-    tenant: &str,
-    ticket: Option<Ticket>,
-    outcome: &Outcome,
-) {
-    spending::settle(&app.metrics, &route.name, tenant, ticket, outcome).await;
 }
 
 /// The request's path after the route's upstream base path (without the query), and its
@@ -598,14 +500,7 @@ where
             limit: app.max_body_bytes,
         });
     }
-    let body = read_limited(body, app.max_body_bytes)
-        .await
-        .map_err(|e| match e {
-            ReadError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
-            ReadError::Failed(e) => {
-                ProxyError::BadRequest(format!("the request body could not be read: {e}"))
-            }
-        })?;
+    let body = read_limited(body, app.max_body_bytes).await?;
     Ok(ReadRequest {
         parts,
         upstream_uri: target.uri,
@@ -667,7 +562,7 @@ async fn claim(
     app: &App,
     route: &Route,
     req: &Read<'_>,
-    op: &Scoped,
+    op: &Claiming,
     outgoing: &Outgoing<'_>,
     trace: &mut Trace,
 ) -> Result<Claimed, ProxyError> {
@@ -676,10 +571,21 @@ async fn claim(
         Ok(Acquired::Found(Found::Held {
             reconcilable: Some(held),
             ..
-        })) => match reconcile(app, route, held, req, op, trace).await? {
+        })) => match reconcile::run(
+            app,
+            route,
+            held,
+            req,
+            &op.scoped,
+            &claim_request(route, op),
+            &op.policy,
+        )
+        .await?
+        {
             Reconciled::Execute(claim) => *claim,
             Reconciled::Replay(receipt) => {
-                return Ok(Claimed::Answered(receipt::respond(&receipt, true)))
+                trace.outcome = Some(RequestOutcome::Replayed);
+                return Ok(Claimed::Answered(receipt::respond(&receipt, true)));
             }
             Reconciled::Held { retry_after } => {
                 return Err(ProxyError::OutcomeUnknown { retry_after })
@@ -692,7 +598,9 @@ async fn claim(
         Err(e) if op.policy.fail_open && e.is_unreachable() => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
             trace.outcome = Some(RequestOutcome::Unprotected);
-            let key = passed_down(route, req.tenant, op, &op.scope, 0);
+            let key = route
+                .passing()
+                .for_attempt(req.tenant, &op.scoped, &op.scoped.scope, 0);
             let resp = forward_unprotected(route, outgoing, key.ours(), "store unavailable");
             return resp.await.map(Claimed::Answered);
         }
@@ -706,9 +614,9 @@ async fn claim(
 
 /// The claim on the operation's scope, as the store gives it, with the other derivation's
 /// scope during an upgrade's window.
-fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
-    let derived = &op.identified.derived;
-    let other = match (&op.identified.other, &op.other_scope) {
+fn claim_request<'a>(route: &'a Route, op: &'a Claiming) -> ClaimRequest<'a> {
+    let derived = &op.scoped.identified.derived;
+    let other = match (&op.scoped.identified.other, &op.scoped.other_scope) {
         (Some(other), Some(scope)) => Some(OtherDerivation {
             scope,
             fingerprint: &other.fingerprint,
@@ -717,7 +625,7 @@ fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
         _ => None,
     };
     ClaimRequest {
-        scope: &op.scope,
+        scope: &op.scoped.scope,
         fingerprint: &derived.fingerprint,
         strict: derived.identity.strict(),
         route: &route.name,
@@ -734,7 +642,7 @@ fn claim_request<'a>(route: &'a Route, op: &'a Scoped) -> ClaimRequest<'a> {
 async fn acquire(
     app: &App,
     route: &Route,
-    op: &Scoped,
+    op: &Claiming,
 ) -> Result<Acquired, crate::idempotency::store::StoreError> {
     let req = claim_request(route, op);
     match op.policy.on_in_flight {
@@ -769,161 +677,6 @@ fn answer(
     }
 }
 
-/// A held operation, asked about at the provider with this retry's credentials before the
-/// retry is held: found → its answer is the receipt; not found → this retry executes it.
-async fn reconcile(
-    app: &App,
-    route: &Route,
-    held: HeldClaim,
-    retry: &Read<'_>,
-    op: &Scoped,
-    trace: &mut Trace,
-) -> Result<Reconciled, ProxyError> {
-    let Some(lookup) = &route.lookup else {
-        return Ok(Reconciled::Held { retry_after: None });
-    };
-    // The lookup asks with this retry's credentials: only when they are the held attempt's
-    // own (hashed alike), else a retry with other credentials could be told "not found" and
-    // execute the operation again. Otherwise it stays held.
-    let credentials = lookup::credentials(retry, &key_headers(route));
-    if held.lookup_credentials() != Some(credentials.as_str()) {
-        tracing::info!(route = %route.name, scope = %op.scope, "a retry with other credentials than the held attempt's: not looked up, still held");
-        return Ok(Reconciled::Held { retry_after: None });
-    }
-    let key = passed_down(route, retry.tenant, op, held.scope(), held.attempt());
-    let verdict = ask(
-        app,
-        route,
-        lookup,
-        retry,
-        key.as_str(),
-        held.lookup_target(),
-    )
-    .await;
-    let reconciled = app
-        .claims
-        .reconcile(held, verdict, &claim_request(route, op), &op.policy)
-        .await
-        .map_err(ProxyError::StoreUnavailable)?;
-    match &reconciled {
-        Reconciled::Replay(_) => {
-            trace.outcome = Some(RequestOutcome::Replayed);
-            app.metrics.unknown_resolved(&route.name, "lookup");
-            tracing::info!(route = %route.name, scope = %op.scope, "a lookup found the held operation at the provider: its answer is the receipt");
-        }
-        Reconciled::Execute(_) => {
-            app.metrics.unknown_resolved(&route.name, "lookup");
-            tracing::info!(route = %route.name, scope = %op.scope, "a lookup found no trace of the held operation: this retry executes it");
-        }
-        Reconciled::Held { .. } | Reconciled::Mismatch => {}
-    }
-    Ok(reconciled)
-}
-
-/// Asks the provider, with the retry's request, whether the attempt that passed down `key`
-/// happened.
-async fn ask(
-    app: &App,
-    route: &Route,
-    lookup: &Lookup,
-    retry: &Read<'_>,
-    key: &str,
-    target: Option<&str>,
-) -> Verdict {
-    let asking = Asking {
-        request: retry,
-        key,
-        target,
-    };
-    let key_headers = key_headers(route);
-    let verdict = lookup
-        .ask(
-            &*route.client,
-            |target| route.upstream_uri(target).ok(),
-            &asking,
-            &key_headers,
-            route.timeout,
-            app.max_receipt_bytes,
-        )
-        .await;
-    let seen = match &verdict {
-        Verdict::Found(_) => "found",
-        Verdict::NotFound => "not_found",
-        Verdict::Unclear(_) => "unclear",
-    };
-    app.metrics.lookup(&route.name, seen);
-    verdict
-}
-
-/// The headers that carry an idempotency key on this route: never a credential.
-fn key_headers(route: &Route) -> Vec<&HeaderName> {
-    let mut headers = vec![&route.identity.key_header];
-    if let Some(KeyField::Header(h)) = &route.pass_key {
-        headers.push(h);
-    }
-    headers
-}
-
-/// The key the provider gets.
-enum PassedDown {
-    /// Ours, within the provider's limits, in place of whatever the client set.
-    Ours(String),
-    /// The client's own, set in the provider's field, which goes down untouched.
-    Clients(String),
-}
-
-impl PassedDown {
-    fn as_str(&self) -> &str {
-        match self {
-            PassedDown::Ours(k) | PassedDown::Clients(k) => k,
-        }
-    }
-
-    /// The key to set on the request going down; the client's own is there already.
-    fn ours(&self) -> Option<&str> {
-        match self {
-            PassedDown::Ours(k) => Some(k),
-            PassedDown::Clients(_) => None,
-        }
-    }
-}
-
-/// A client keyed by its own provider key keeps it (in the default tenant: outside it, the
-/// provider-level key is the proxy's to set); a derived operation's key replaces what the
-/// client set, which SDKs mint per call. A claim found under the other derivation's scope
-/// passes down what that derivation's attempt passed down.
-fn passed_down(
-    route: &Route,
-    tenant: &str,
-    op: &Scoped,
-    claim_scope: &str,
-    attempt: u32,
-) -> PassedDown {
-    let id = op.derived_for(claim_scope);
-    match (&id.identity, &op.identified.provider_set) {
-        // Nothing of ours reaches the provider (a signed body): it has the client's own key.
-        (_, Some(own)) if route.pass_key.is_none() => PassedDown::Clients(own.clone()),
-        (Identity::Client(_), Some(own)) if tenant == DEFAULT_TENANT => {
-            PassedDown::Clients(own.clone())
-        }
-        (Identity::Client(_), Some(own)) => {
-            PassedDown::Ours(route.forward_key_limits.fit(&in_tenant(tenant, own)))
-        }
-        (identity, _) => PassedDown::Ours(route.forward_key_limits.fit(&identity.provider_key(
-            tenant,
-            &id.fingerprint,
-            attempt,
-        ))),
-    }
-}
-
-/// An unprotected request's own key, passed on so the provider can still deduplicate the
-/// client's own retries; namespaced outside the default tenant: tenants sharing a provider
-/// account must never have one's key deduplicated against another's.
-fn tenant_key(route: &Route, tenant: &str, client_key: Option<&str>) -> Option<String> {
-    client_key.map(|k| route.forward_key_limits.fit(&in_tenant(tenant, k)))
-}
-
 /// Forwards under the claim and settles it (`Claims::execute`); the trace gets how long that
 /// took and how it settled.
 async fn forward(
@@ -944,7 +697,7 @@ async fn forward(
         let _admitted = admitted;
         let _in_flight = InFlight::start(&metrics);
         let started = Instant::now();
-        let result = call(&*client, request, deadline, max_receipt).await;
+        let result = upstream::call(&*client, request, deadline, max_receipt).await;
         metrics.upstream(&route_name, started.elapsed().as_secs_f64());
         result
     };
@@ -982,34 +735,6 @@ fn respond(executed: Executed<UpstreamError>, key: &str) -> Result<Response<Body
     }
 }
 
-impl CallFailure for UpstreamError {
-    fn may_have_been_sent(&self) -> bool {
-        UpstreamError::may_have_been_sent(self)
-    }
-}
-
-/// One upstream call under the route's total deadline, reading the whole response.
-async fn call(
-    client: &dyn Upstream,
-    req: Request<Body>,
-    deadline: Duration,
-    max_receipt: usize,
-) -> Result<Receipt, UpstreamError> {
-    let exchange = async {
-        let (parts, body) = client.send(req).await?.into_parts();
-        let body = read_limited(body, max_receipt).await.map_err(|e| match e {
-            ReadError::TooLarge(n) => UpstreamError::ResponseTooLarge(n),
-            ReadError::Failed(e) => {
-                UpstreamError::Failed(format!("reading the response body: {e}"))
-            }
-        })?;
-        Ok(receipt::from_response(&parts, body))
-    };
-    tokio::time::timeout(deadline, exchange)
-        .await
-        .unwrap_or(Err(UpstreamError::Timeout(deadline)))
-}
-
 /// A protected method forwarded without protection: its body was read already, so it goes
 /// down buffered; the response streams back, marked with why it was not protected.
 async fn forward_unprotected(
@@ -1028,84 +753,5 @@ async fn forward_unprotected(
             Ok(Response::from_parts(parts, stream(body)))
         }
         Err(error) => Err(ProxyError::Upstream { error, claim: None }),
-    }
-}
-
-/// What one protected request did: its one log line and its request count. The scope stands
-/// in for the key: it is a hash, so neither the key nor the caller's credentials are logged.
-#[derive(Default)]
-struct Trace {
-    scope: Option<String>,
-    outcome: Option<RequestOutcome>,
-    key_source: Option<&'static str>,
-    operation: Option<String>,
-    unprotected: Option<String>,
-    /// What spend control decided (reserved, or why not).
-    spend: Option<String>,
-    upstream_status: Option<u16>,
-    /// Forward and settle together (the upstream call alone is in the metrics).
-    forward: Option<Duration>,
-}
-
-impl Trace {
-    fn identified(&mut self, id: &Identified) {
-        self.key_source = Some(id.derived.identity.source().as_str());
-        self.operation = id.operation.clone();
-    }
-
-    fn settled(&mut self, executed: &Executed<UpstreamError>) {
-        self.upstream_status = executed.result.as_ref().ok().map(|r| r.status);
-        self.outcome = Some(match (&executed.outcome, executed.recorded) {
-            (_, Recorded::NotOurs | Recorded::Unconfirmed) => RequestOutcome::Unknown,
-            (Outcome::Committed | Outcome::Declined, _) => RequestOutcome::Forwarded,
-            (Outcome::Released | Outcome::Awaiting(_), _) => RequestOutcome::Released,
-            (Outcome::Unknown(_) | Outcome::Duplicate(_), _) => RequestOutcome::Unknown,
-        });
-    }
-
-    fn finish(self, app: &App, route: &Route, tenant: &str, started: Instant, status: u16) {
-        let outcome = self.outcome.unwrap_or(RequestOutcome::Rejected);
-        app.metrics.request(&route.name, outcome);
-        if outcome == RequestOutcome::Unprotected {
-            // Identification says why it had no key; otherwise the store was down (fail_open).
-            let reason = if self.unprotected.is_some() {
-                "no_key"
-            } else {
-                "store_unavailable"
-            };
-            app.metrics.unprotected(&route.name, reason);
-        }
-        tracing::info!(
-            route = %route.name,
-            %tenant,
-            scope = %self.scope.as_deref().unwrap_or("-"),
-            key_source = self.key_source.unwrap_or("-"),
-            operation = self.operation.as_deref().unwrap_or("-"),
-            outcome = %outcome.as_str(),
-            unprotected = self.unprotected.as_deref(),
-            spend = self.spend.as_deref(),
-            status,
-            upstream_status = self.upstream_status,
-            forward_ms = self.forward.map(|d| d.as_millis() as u64),
-            total_ms = started.elapsed().as_millis() as u64,
-            "protected request"
-        );
-    }
-}
-
-fn outcome_of(e: &ProxyError) -> RequestOutcome {
-    match e {
-        ProxyError::KeyReused => RequestOutcome::Mismatch,
-        ProxyError::InFlight { .. } => RequestOutcome::Conflict,
-        ProxyError::OutcomeUnknown { .. } | ProxyError::DuplicateRejected { .. } => {
-            RequestOutcome::Unknown
-        }
-        ProxyError::Upstream { claim, .. } => match claim {
-            None => RequestOutcome::Unprotected,
-            Some((_, Recorded::NotOurs | Recorded::Unconfirmed)) => RequestOutcome::Unknown,
-            Some((Outcome::Unknown(_) | Outcome::Duplicate(_), _)) => RequestOutcome::Unknown,
-            Some(_) => RequestOutcome::Released,
-        },
-        _ => RequestOutcome::Rejected,
     }
 }

@@ -103,6 +103,28 @@ pub fn applies<'r>(route: &'r Route, method: &Method, path: &str) -> Option<&'r 
     route.spend.as_ref().filter(|s| s.covers(method, path))
 }
 
+/// A capped request without a business key (`why` it has none): an operation that may
+/// derive its identity from the whole request (a charge) does; any other (money out, an
+/// order) is refused with what to add, as is one a route identifies by its whole body: two
+/// deliberate identical payouts must not silently become one. A capped request is never
+/// forwarded unpriced.
+pub fn derivable_without_key(
+    route: &Route,
+    spend: &RouteSpend,
+    view: &Request<'_>,
+    why: &str,
+) -> Result<(), SpendError> {
+    if spend.derives_without_key(view.method, view.path) {
+        return Ok(());
+    }
+    Err(SpendError::KeyRequired(format!(
+        "{why}. {} {} moves money or places an order, so it needs a business key: one per payment, the same on every retry — an Idempotency-Key header (`{}`) with key_source = \"client\", or a field the route's key template names",
+        view.method,
+        view.path,
+        route.identity.key_header
+    )))
+}
+
 /// What spend control knows of a capped request before its claim: what it costs, whose
 /// budgets it counts against, and the canonical fingerprint it is priced (and approved) as.
 pub struct Plan {

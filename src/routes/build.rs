@@ -14,6 +14,7 @@ use crate::config::{
 use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, StatusSet, Test};
 use crate::identity::account::{AccountPart, AccountSpec, CREDENTIAL_FIELDS};
 use crate::identity::derivation::{Derivation, Derivations};
+use crate::identity::key_limits::{default_limits, KeyLimits, LimitsError};
 use crate::identity::operations::Operation;
 use crate::identity::operations::Pattern;
 use crate::identity::provider_key::KeyField;
@@ -22,7 +23,7 @@ use crate::mcp::McpRules;
 use crate::outbound::lookup::Lookup;
 use crate::outbound::upstream::{ClientBuildError, ClientOptions, UpstreamClient};
 use crate::providers::catalogue::RowPrice;
-use crate::providers::{self, ErrorShape, KeyLimits, LimitsError, Profile, SpendDefaults};
+use crate::providers::{self, ErrorShape, Profile, SpendDefaults};
 use crate::request::template::Template;
 use crate::spend::budget::{Budget, BudgetText, OnUnpriced, Pricing};
 
@@ -300,7 +301,7 @@ impl<'a> Builder<'a> {
             .profile
             .as_ref()
             .map(|p| p.limits.clone())
-            .unwrap_or_else(providers::default_limits);
+            .unwrap_or_else(default_limits);
         let limits = KeyLimits::new(
             r.forward_key_min_len.unwrap_or(base.min_len),
             r.forward_key_max_len.unwrap_or(base.max_len),

@@ -9,14 +9,16 @@ use http::{Method, Uri};
 
 use crate::config::{Config, ConfigError};
 use crate::idempotency::policy::Policy;
+use crate::identity::key_limits::KeyLimits;
 use crate::identity::operations::Pattern;
+use crate::identity::passed_down::Passing;
 use crate::identity::provider_key::KeyField;
 use crate::identity::scope::Place;
 use crate::identity::{Identity, RouteIdentity};
 use crate::mcp::McpRules;
 use crate::outbound::lookup::Lookup;
 use crate::outbound::upstream::Upstream;
-use crate::providers::{ErrorShape, KeyLimits};
+use crate::providers::ErrorShape;
 use crate::request::path::PathRules;
 use crate::spend::budget::Budget;
 use crate::spend::cost::Pricing;
@@ -144,6 +146,14 @@ impl Route {
             tenant,
             route: &self.name,
             upstream_host: &self.upstream.host,
+        }
+    }
+
+    /// How this route passes keys down to its provider (`identity::passed_down`).
+    pub fn passing(&self) -> Passing<'_> {
+        Passing {
+            sets_key: self.pass_key.is_some(),
+            limits: &self.forward_key_limits,
         }
     }
 

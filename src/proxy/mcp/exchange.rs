@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::content_type;
 use super::deadline::Deadline;
-use crate::http::body::{full, read_limited, Body, BoxError, ReadError};
+use crate::http::body::{full, read_limited, Body, BoxError};
 use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{Claim, Executed};
 use crate::idempotency::policy::Policy;
@@ -263,10 +263,7 @@ async fn call(
         };
     }
     let _ = head.send(Head::Whole);
-    let bytes = read_limited(body, max).await.map_err(|e| match e {
-        ReadError::TooLarge(n) => UpstreamError::ResponseTooLarge(n),
-        ReadError::Failed(e) => UpstreamError::Failed(format!("reading the response body: {e}")),
-    })?;
+    let bytes = read_limited(body, max).await?;
     let receipt = if parts.status.is_success() {
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(m) if replay::answers(&m, id) => kept(bytes.clone(), replay::JSON),

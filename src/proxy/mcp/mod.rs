@@ -139,12 +139,7 @@ async fn serve(
         .spend
         .as_ref()
         .filter(|s| s.covers(&http::Method::POST, &format!("/{}", call.tool)));
-    let place = Place {
-        namespace: &app.namespace,
-        tenant,
-        route: &route.name,
-        upstream_host: &route.upstream.host,
-    };
+    let place = route.place(&app.namespace, tenant);
     let arguments = message
         .params
         .get("arguments")
