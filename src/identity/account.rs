@@ -113,6 +113,17 @@ impl AccountSpec {
         ignore: &[&HeaderName],
         derivation: Derivation,
     ) -> Result<String, AccountError> {
+        Ok(self.input(req, ignore, derivation)?.hash())
+    }
+
+    /// The bytes `fingerprint` hashes. Two derivations that read a request alike (a key sent
+    /// as `Bearer`) give the same bytes, and so the same account, without a second hash.
+    pub fn input(
+        &self,
+        req: &Request<'_>,
+        ignore: &[&HeaderName],
+        derivation: Derivation,
+    ) -> Result<AccountInput, AccountError> {
         let mut h = Hasher::default();
         match self {
             AccountSpec::Template(t) => match t.render(req) {
@@ -127,7 +138,7 @@ impl AccountSpec {
                 }
             }
         }
-        Ok(h.finish())
+        Ok(h.0)
     }
 
     /// Whether the account is told apart by the header `name` (or may be: every
@@ -354,12 +365,9 @@ pub fn sigv4_signed_headers(headers: &HeaderMap) -> Option<Vec<String>> {
     Some(signed.split(';').map(|s| s.to_ascii_lowercase()).collect())
 }
 
-/// Length-prefixed SHA-256 of tagged parts; `""` when nothing was added.
+/// Length-prefixed tagged parts, hashed by `AccountInput::hash`.
 #[derive(Default)]
-struct Hasher {
-    h: Sha256,
-    any: bool,
-}
+struct Hasher(AccountInput);
 
 impl Hasher {
     /// A header's name and each of its values, exactly as earlier versions hashed them.
@@ -370,16 +378,29 @@ impl Hasher {
     }
 
     fn add(&mut self, tag: &str, value: &[u8]) {
-        self.any = true;
+        let input = &mut self.0;
+        input.any = true;
         for part in [tag.as_bytes(), value] {
-            self.h.update((part.len() as u64).to_be_bytes());
-            self.h.update(part);
+            input
+                .bytes
+                .extend_from_slice(&(part.len() as u64).to_be_bytes());
+            input.bytes.extend_from_slice(part);
         }
     }
+}
 
-    fn finish(self) -> String {
+/// What an account's hash is computed over: equal inputs are equal accounts.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AccountInput {
+    bytes: Vec<u8>,
+    any: bool,
+}
+
+impl AccountInput {
+    /// Hex SHA-256 of the input; `""` when nothing was added.
+    pub fn hash(&self) -> String {
         if self.any {
-            crate::hex::lower(&self.h.finalize())
+            crate::hex::lower(&Sha256::digest(&self.bytes))
         } else {
             String::new()
         }
