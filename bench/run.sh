@@ -78,7 +78,9 @@ openssl x509 -req -in "$WORK/leaf.csr" -CA "$WORK/bench-ca.pem" -CAkey "$WORK/be
   -days 2 -extfile "$WORK/leaf.ext" -out "$WORK/leaf.pem" 2>/dev/null
 
 # --- the fake provider (nginx, CPU 0) and nginx as a plain reverse proxy (CPU 1) --------------
-P_HTTP=$(free_port); P_TLS=$(free_port); P_NGINX=$(free_port)
+# P_TUNNEL: the same TLS server on a port no route sends to, for the blind tunnel rows (a
+# CONNECT to a route's upstream address is refused: it would pass the route by).
+P_HTTP=$(free_port); P_TLS=$(free_port); P_NGINX=$(free_port); P_TUNNEL=$(free_port)
 BODY='{"id":"ch_3MmlLrLkdIwHu7ix0snN0B15","object":"charge","amount":2000,"amount_captured":2000,"balance_transaction":"txn_3MmlLrLkdIwHu7ix0uke3Ezy","captured":true,"created":1679090539,"currency":"usd","livemode":false,"paid":true,"status":"succeeded","outcome":{"network_status":"approved_by_network","risk_level":"normal","type":"authorized"}}'
 # The MCP stand-in: the same nginx answering a `tools/call` with its result, as one JSON body
 # (/mcp-json) or as one SSE `message` event (/mcp-sse); the load generator's calls all carry
@@ -95,7 +97,7 @@ http {
   client_body_temp_path $WORK/nginx-provider; proxy_temp_path $WORK/nginx-provider;
   server { listen 127.0.0.1:$P_HTTP; location / { default_type application/json; return 200 '$BODY'; }
            $MCP_LOCATIONS }
-  server { listen 127.0.0.1:$P_TLS ssl; ssl_certificate $WORK/leaf.pem; ssl_certificate_key $WORK/leaf.key;
+  server { listen 127.0.0.1:$P_TLS ssl; listen 127.0.0.1:$P_TUNNEL ssl; ssl_certificate $WORK/leaf.pem; ssl_certificate_key $WORK/leaf.key;
            location / { default_type application/json; return 200 '$BODY'; } }
 }
 NGX
@@ -112,7 +114,7 @@ http {
 NGX
 taskset -c $LOAD_CPU "$NGINX" -p "$WORK/nginx-provider" -c "$WORK/nginx-provider/nginx.conf" & PIDS+=($!)
 taskset -c $PROXY_CPU "$NGINX" -p "$WORK/nginx-proxy" -c "$WORK/nginx-proxy/nginx.conf" & NGINX_PROXY_PID=$!; PIDS+=($!)
-wait_port "$P_HTTP"; wait_port "$P_TLS"; wait_port "$P_NGINX"
+wait_port "$P_HTTP"; wait_port "$P_TLS"; wait_port "$P_NGINX"; wait_port "$P_TUNNEL"
 
 # --- Redis (CPU 1), with AOF as production should run it --------------------------------------
 P_REDIS=$(free_port)
@@ -168,8 +170,8 @@ token_sha256 = "$(printf %s bench-admin-token | sha256sum | cut -d' ' -f1)"
 [store]
 url = "$2"
 ${3:-}
-$( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\nconnect_ports = [443, %s]\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" "$P_TLS" )
-$( [ $HAVE_TLS = 1 ] && printf '[egress]\nallow = ["127.0.0.1:%s"]  # the tunnel baseline dials loopback, refused unless named\n' "$P_TLS" )
+$( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\nconnect_ports = [443, %s]\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" "$P_TUNNEL" )
+$( [ $HAVE_TLS = 1 ] && printf '[egress]\nallow = ["127.0.0.1:%s", "127.0.0.1:%s"]  # loopback is refused unless named\n' "$P_TLS" "$P_TUNNEL" )
 $( [ -n "${BENCH_EXTRA_TOML:-}" ] && printf '%s\n' "$BENCH_EXTRA_TOML" )
 [[routes]]
 name = "bench"
@@ -302,8 +304,8 @@ measure "direct to provider" "-" --addr "127.0.0.1:$P_HTTP" --keys none
 ROW_CONNS=1 measure "direct to provider, 1 connection" "-" --addr "127.0.0.1:$P_HTTP" --keys none
 # The MCP stand-in called directly, as the MCP rows' reference.
 if grep -Eq -- "$ONLY" <<<"mcp"; then
-  measure "direct to MCP stand-in: tools/call, JSON" "-" --addr "127.0.0.1:$P_HTTP" --path /mcp-json --mcp --keys none
-  measure "direct to MCP stand-in: tools/call, SSE" "-" --addr "127.0.0.1:$P_HTTP" --path /mcp-sse --mcp --keys none
+  measure "mcp stand-in, direct: tools/call JSON" "-" --addr "127.0.0.1:$P_HTTP" --path /mcp-json --mcp --keys none
+  measure "mcp stand-in, direct: tools/call SSE" "-" --addr "127.0.0.1:$P_HTTP" --path /mcp-sse --mcp --keys none
 fi
 echo "nginx reverse proxy" >&2
 CPU_PROXY=$NGINX_PROXY_PID; CPU_STORE=""
@@ -382,12 +384,12 @@ https_rows() {
   CPU_PROXY=$PROXY_PID; CPU_STORE=$REDIS_PID
   local who=${1#idemproxy}
   echo "HTTPS_PROXY$who ($PROXY_ADDR)" >&2
-  measure "HTTPS_PROXY$who blind tunnel (baseline)" peak --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TLS" \
+  measure "HTTPS_PROXY$who blind tunnel (baseline)" peak --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TUNNEL" \
     --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
   # First bytes: one request per tunnel, one at a time (CONNECT, the ClientHello peek, TLS,
   # the request), against the bare relay and a direct TLS connection below.
   ROW_CONNS=1 measure "HTTPS_PROXY$who blind tunnel, first bytes (a new tunnel per request, one at a time)" peak \
-    --fresh --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TLS" \
+    --fresh --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TUNNEL" \
     --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
   measure "HTTPS_PROXY$who interception, no key (TLS both legs, no store)" peak --addr "$PROXY_ADDR" \
     --connect "secure.bench.test:443" --host secure.bench.test --cacert "$WORK/ca/ca.pem" --keys none
@@ -399,13 +401,13 @@ if [ $HAVE_TLS = 1 ]; then
   if grep -Eq -- "$ONLY" <<<"first bytes" && [ -x "$RELAY" ]; then
     CPU_PROXY=""; CPU_STORE=""
     ROW_CONNS=1 measure "direct TLS, first bytes (a new connection per request, one at a time)" "-" \
-      --fresh --addr "127.0.0.1:$P_TLS" --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
+      --fresh --addr "127.0.0.1:$P_TUNNEL" --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
     : > "$WORK/relay.out"
     taskset -c $PROXY_CPU "$RELAY" --listen 127.0.0.1:0 > "$WORK/relay.out" & RELAY_PID=$!; PIDS+=($RELAY_PID)
     for _ in $(seq 100); do RELAY_ADDR=$(sed -n 's/^relay listening //p' "$WORK/relay.out"); [ -n "$RELAY_ADDR" ] && break; sleep 0.05; done
     CPU_PROXY=$RELAY_PID
     ROW_CONNS=1 measure "bare CONNECT relay (no peek), first bytes (a new tunnel per request, one at a time)" "-" \
-      --fresh --addr "$RELAY_ADDR" --connect "127.0.0.1:$P_TLS" \
+      --fresh --addr "$RELAY_ADDR" --connect "127.0.0.1:$P_TUNNEL" \
       --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
     kill "$RELAY_PID" 2>/dev/null || true
   fi

@@ -398,16 +398,25 @@ impl RouteIdentity {
             },
             identity => identity.clone(),
         };
-        // Most requests read alike under both (a Stripe key sent as `Bearer`): one hash.
-        let their_account = self.account_input(req, other)?;
+        // Most requests read alike under both (a Stripe key sent as `Bearer`): no second
+        // reading where derivation 2 rewrote nothing, no second hash where the bytes agree.
+        let their_account = if derived.derivation == Derivation::V2
+            && other == Derivation::V1
+            && account.as_derivation_1_reads()
+        {
+            derived.account.clone()
+        } else {
+            let theirs = self.account_input(req, other)?;
+            if theirs == *account {
+                derived.account.clone()
+            } else {
+                theirs.hash()
+            }
+        };
         let theirs = Derived {
             derivation: other,
             identity,
-            account: if their_account == *account {
-                derived.account.clone()
-            } else {
-                their_account.hash()
-            },
+            account: their_account,
             fingerprint: if respelled {
                 self.fingerprint(req, other)
             } else {
