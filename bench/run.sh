@@ -73,13 +73,16 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 
   -keyout "$WORK/bench-ca.key" -out "$WORK/bench-ca.pem" 2>/dev/null
 openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=api.bench.test" \
   -keyout "$WORK/leaf.key" -out "$WORK/leaf.csr" 2>/dev/null
-printf 'subjectAltName=DNS:api.bench.test,DNS:secure.bench.test\nextendedKeyUsage=serverAuth\n' > "$WORK/leaf.ext"
+printf 'subjectAltName=DNS:api.bench.test,DNS:secure.bench.test,DNS:localhost\nextendedKeyUsage=serverAuth\n' > "$WORK/leaf.ext"
 openssl x509 -req -in "$WORK/leaf.csr" -CA "$WORK/bench-ca.pem" -CAkey "$WORK/bench-ca.key" -CAcreateserial \
   -days 2 -extfile "$WORK/leaf.ext" -out "$WORK/leaf.pem" 2>/dev/null
 
 # --- the fake provider (nginx, CPU 0) and nginx as a plain reverse proxy (CPU 1) --------------
 # P_TUNNEL: the same TLS server on a port no route sends to, for the blind tunnel rows (a
-# CONNECT to a route's upstream address is refused: it would pass the route by).
+# CONNECT to a route's upstream address is refused: it would pass the route by), called
+# `localhost`, a name no route covers (the peek splices it rather than intercepting). Where a
+# route caps spend, a CONNECT to an address, to a host tls.tunnel_hosts does not list, or whose
+# ClientHello names another host is refused: so it is listed, and the SNI is `localhost` too.
 P_HTTP=$(free_port); P_TLS=$(free_port); P_NGINX=$(free_port); P_TUNNEL=$(free_port)
 BODY='{"id":"ch_3MmlLrLkdIwHu7ix0snN0B15","object":"charge","amount":2000,"amount_captured":2000,"balance_transaction":"txn_3MmlLrLkdIwHu7ix0uke3Ezy","captured":true,"created":1679090539,"currency":"usd","livemode":false,"paid":true,"status":"succeeded","outcome":{"network_status":"approved_by_network","risk_level":"normal","type":"authorized"}}'
 # The MCP stand-in: the same nginx answering a `tools/call` with its result, as one JSON body
@@ -170,8 +173,8 @@ token_sha256 = "$(printf %s bench-admin-token | sha256sum | cut -d' ' -f1)"
 [store]
 url = "$2"
 ${3:-}
-$( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\nconnect_ports = [443, %s]\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" "$P_TUNNEL" )
-$( [ $HAVE_TLS = 1 ] && printf '[egress]\nallow = ["127.0.0.1:%s", "127.0.0.1:%s"]  # loopback is refused unless named\n' "$P_TLS" "$P_TUNNEL" )
+$( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\nconnect_ports = [443, %s]\ntunnel_hosts = ["localhost"]\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" "$P_TUNNEL" )
+$( [ $HAVE_TLS = 1 ] && printf '[egress]\nallow = ["127.0.0.1:%s", "localhost:%s"]  # loopback is refused unless named\n' "$P_TLS" "$P_TUNNEL" )
 $( [ -n "${BENCH_EXTRA_TOML:-}" ] && printf '%s\n' "$BENCH_EXTRA_TOML" )
 [[routes]]
 name = "bench"
@@ -384,13 +387,13 @@ https_rows() {
   CPU_PROXY=$PROXY_PID; CPU_STORE=$REDIS_PID
   local who=${1#idemproxy}
   echo "HTTPS_PROXY$who ($PROXY_ADDR)" >&2
-  measure "HTTPS_PROXY$who blind tunnel (baseline)" peak --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TUNNEL" \
-    --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
+  measure "HTTPS_PROXY$who blind tunnel (baseline)" peak --addr "$PROXY_ADDR" --connect "localhost:$P_TUNNEL" \
+    --host localhost --cacert "$WORK/bench-ca.pem" --keys none
   # First bytes: one request per tunnel, one at a time (CONNECT, the ClientHello peek, TLS,
   # the request), against the bare relay and a direct TLS connection below.
   ROW_CONNS=1 measure "HTTPS_PROXY$who blind tunnel, first bytes (a new tunnel per request, one at a time)" peak \
-    --fresh --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TUNNEL" \
-    --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
+    --fresh --addr "$PROXY_ADDR" --connect "localhost:$P_TUNNEL" \
+    --host localhost --cacert "$WORK/bench-ca.pem" --keys none
   measure "HTTPS_PROXY$who interception, no key (TLS both legs, no store)" peak --addr "$PROXY_ADDR" \
     --connect "secure.bench.test:443" --host secure.bench.test --cacert "$WORK/ca/ca.pem" --keys none
   measure "HTTPS_PROXY$who interception, redis: A" peak --addr "$PROXY_ADDR" --connect "secure.bench.test:443" \
@@ -401,14 +404,14 @@ if [ $HAVE_TLS = 1 ]; then
   if grep -Eq -- "$ONLY" <<<"first bytes" && [ -x "$RELAY" ]; then
     CPU_PROXY=""; CPU_STORE=""
     ROW_CONNS=1 measure "direct TLS, first bytes (a new connection per request, one at a time)" "-" \
-      --fresh --addr "127.0.0.1:$P_TUNNEL" --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
+      --fresh --addr "127.0.0.1:$P_TUNNEL" --host localhost --cacert "$WORK/bench-ca.pem" --keys none
     : > "$WORK/relay.out"
     taskset -c $PROXY_CPU "$RELAY" --listen 127.0.0.1:0 > "$WORK/relay.out" & RELAY_PID=$!; PIDS+=($RELAY_PID)
     for _ in $(seq 100); do RELAY_ADDR=$(sed -n 's/^relay listening //p' "$WORK/relay.out"); [ -n "$RELAY_ADDR" ] && break; sleep 0.05; done
     CPU_PROXY=$RELAY_PID
     ROW_CONNS=1 measure "bare CONNECT relay (no peek), first bytes (a new tunnel per request, one at a time)" "-" \
-      --fresh --addr "$RELAY_ADDR" --connect "127.0.0.1:$P_TUNNEL" \
-      --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
+      --fresh --addr "$RELAY_ADDR" --connect "localhost:$P_TUNNEL" \
+      --host localhost --cacert "$WORK/bench-ca.pem" --keys none
     kill "$RELAY_PID" 2>/dev/null || true
   fi
   each_build https_rows

@@ -49,24 +49,14 @@ pub fn no_method_override(headers: &HeaderMap, query: &str) -> Result<(), Ambigu
 /// escape (`%5F`, `\u005f`) that could spell it. Most bodies do neither, and need not be
 /// parsed for this.
 pub fn may_override_in_body(body: &[u8]) -> bool {
-    // Skips to the next byte that may start one (a tight scan: every protected request with a
-    // body runs it).
-    let candidate = |b: &u8| *b == b'%' || *b == b'\\' || (*b | 0x20) == b'm';
-    let mut rest = body;
-    while let Some(i) = rest.iter().position(candidate) {
-        let found = match rest[i] {
-            b'%' => true,
-            b'\\' => rest.get(i + 1) == Some(&b'u'),
-            _ => rest
-                .get(i..i + 6)
-                .is_some_and(|w| w.eq_ignore_ascii_case(b"method")),
-        };
-        if found {
-            return true;
-        }
-        rest = &rest[i + 1..];
-    }
-    false
+    body.iter().enumerate().any(|(i, b)| match b {
+        b'%' => true,
+        b'\\' => body.get(i + 1) == Some(&b'u'),
+        b'm' | b'M' => body
+            .get(i..i + 6)
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"method")),
+        _ => false,
+    })
 }
 
 /// Refuses a `_method` field in a form or JSON body the proxy has read.
