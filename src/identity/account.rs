@@ -644,46 +644,43 @@ mod tests {
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode("sk_test_x:")
         );
-        let cases: Vec<(Vec<(&'static str, String)>, &str, &[u8], bool)> = vec![
+        // (a header, the path, the body, whether derivation 1 reads it alike)
+        let header = |k: &'static str, v: &str| Some((k, v.to_string()));
+        let cases = [
             (
-                vec![("authorization", "Bearer sk_test_x".into())],
+                header("authorization", "Bearer sk_test_x"),
                 "/v1/charges",
-                b"",
+                &b""[..],
                 true,
             ),
             (
-                vec![("authorization", "bearer sk_test_x".into())],
+                header("authorization", "bearer sk_test_x"),
                 "/v1/charges",
                 b"",
                 false,
             ),
             (
-                vec![("authorization", "Bearer  sk_test_x ".into())],
+                header("authorization", "Bearer  sk_test_x "),
                 "/v1/charges",
                 b"",
                 false,
             ),
-            (vec![("authorization", basic)], "/v1/charges", b"", false),
+            (header("authorization", &basic), "/v1/charges", b"", false),
             (
-                vec![("authorization", "Token abc".into())],
+                header("authorization", "Token abc"),
                 "/v1/charges",
                 b"",
                 true,
             ),
-            (
-                vec![("stripe-account", "acct_1".into())],
-                "/v1/charges",
-                b"",
-                true,
-            ),
-            (vec![], "/2010-04-01/Accounts/AC1/Messages", b"", true),
-            (vec![], "/2010-04-01/accounts/AC1/Messages", b"", false),
-            (vec![], "/v1/x", b"client_id=c1", false),
-            (vec![], "/v1/x", b"other=1", true),
+            (header("stripe-account", "acct_1"), "/v1/charges", b"", true),
+            (None, "/2010-04-01/Accounts/AC1/Messages", b"", true),
+            (None, "/2010-04-01/accounts/AC1/Messages", b"", false),
+            (None, "/v1/x", b"client_id=c1", false),
+            (None, "/v1/x", b"other=1", true),
         ];
-        for (pairs, path, body, alike) in cases {
+        for (pair, path, body, alike) in cases {
             let mut h = HeaderMap::new();
-            for (k, v) in &pairs {
+            if let Some((k, v)) = &pair {
                 h.append(*k, HeaderValue::from_str(v).expect("value"));
             }
             h.insert(
@@ -693,8 +690,8 @@ mod tests {
             let req = view(&h, path, body);
             let v2 = spec.input(&req, &[], Derivation::V2).expect("v2");
             let v1 = spec.input(&req, &[], Derivation::V1).expect("v1");
-            assert_eq!(v2.as_derivation_1_reads(), alike, "{pairs:?} {path}");
-            assert_eq!(v1 == v2, alike, "{pairs:?} {path}");
+            assert_eq!(v2.as_derivation_1_reads(), alike, "{pair:?} {path}");
+            assert_eq!(v1 == v2, alike, "{pair:?} {path}");
             if alike {
                 assert_eq!(v1.hash(), v2.hash());
             }
