@@ -7,6 +7,8 @@
 #   bench/callgrind.sh                                         # this tree's release build
 #   bench/callgrind.sh before=/tmp/old/idemproxy after=target/release/idemproxy
 #   BENCH_ROWS='redis-A redis-B' BENCH_SECS=4 bench/callgrind.sh ...
+#   BENCH_ROWS='mcp-json-A mcp-json-B mcp-sse-A mcp-sse-B' bench/callgrind.sh ...
+#                                     # MCP tools/call on Redis, answered as JSON or one SSE event
 #
 # For each build and row: the proxy under callgrind on one CPU, a warm-up, the counters zeroed,
 # BENCH_SECS of load at BENCH_CONNS connections, a dump; instructions over answered requests.
@@ -41,6 +43,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 wait_port() { for _ in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 
 P_HTTP=$(free_port); P_REDIS=$(free_port)
+# The MCP stand-in's answer to a tools/call (see bench/run.sh).
+MCP_RESULT='{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"refund re_3MmlLrLkdIwHu7ix0kLZc9Ps of 2000 usd on ch_3MmlLrLkdIwHu7ix0snN0B15: succeeded"}],"isError":false}}'
 mkdir -p "$WORK/nginx"
 cat > "$WORK/nginx/nginx.conf" <<NGX
 worker_processes 1; daemon off; pid $WORK/nginx/pid; error_log $WORK/nginx/error.log;
@@ -49,7 +53,9 @@ http {
   access_log off; keepalive_requests 1000000; keepalive_timeout 120s;
   client_body_temp_path $WORK/nginx; proxy_temp_path $WORK/nginx;
   server { listen 127.0.0.1:$P_HTTP; location / { default_type application/json;
-    return 200 '{"id":"ch_3MmlLrLkdIwHu7ix0snN0B15","object":"charge","amount":2000,"captured":true,"currency":"usd","paid":true,"status":"succeeded"}'; } }
+    return 200 '{"id":"ch_3MmlLrLkdIwHu7ix0snN0B15","object":"charge","amount":2000,"captured":true,"currency":"usd","paid":true,"status":"succeeded"}'; }
+    location = /mcp-json { default_type application/json; return 200 '$MCP_RESULT'; }
+    location = /mcp-sse { default_type text/event-stream; return 200 'event: message\ndata: $MCP_RESULT\n\n'; } }
 }
 NGX
 "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" & PIDS+=($!)
@@ -90,17 +96,36 @@ approve_above = "1000000.00"
 TOML
 }
 
+# An MCP route (Streamable HTTP) in front of the MCP stand-in: every tools/call is claimed as
+# the tool and its arguments. Only in the MCP rows' config (builds before MCP refuse it).
+mcp_route() {
+  cat <<TOML
+[[routes]]
+name = "mcp"
+prefix = "/mcp"
+host = "mcp.bench.test"
+upstream = "http://mcp.bench.test"
+connect_to = "127.0.0.1:$P_HTTP"
+protocol = "mcp"
+TOML
+}
 RESULTS="$WORK/results.tsv"; : > "$RESULTS"
 run_row() { # $1 label, $2 build, $3 row
-  local label=$1 bin=$2 row=$3 store path keys url pid addr out
+  local label=$1 bin=$2 row=$3 store path keys url pid addr out mcp=()
   store=${row%%-*}
-  case $row in *capped*) path=/capped/v1/charges ;; *) path=/bench/v1/charges ;; esac
+  case $row in
+    *capped*) path=/capped/v1/charges ;;
+    mcp-json-*) path=/mcp/mcp-json; mcp=(--mcp --host mcp.bench.test); store=redis ;;
+    mcp-sse-*) path=/mcp/mcp-sse; mcp=(--mcp --host mcp.bench.test); store=redis ;;
+    *) path=/bench/v1/charges ;;
+  esac
   case $row in *-A) keys=unique ;; *-B) keys=fixed ;; esac
   case $store in
     redis) url="redis://127.0.0.1:$P_REDIS/0" ;;
     sqlite) url="sqlite://$WORK/claims-$RANDOM$RANDOM.db" ;;
   esac
   write_config "$WORK/proxy.toml" "$url"
+  [ ${#mcp[@]} = 0 ] || mcp_route >> "$WORK/proxy.toml"
   out="$WORK/cg.$label.$row"
   : > "$WORK/proxy.out"
   taskset -c 1 valgrind --tool=callgrind --collect-atstart=yes --callgrind-out-file="$out.%p" \
@@ -111,10 +136,10 @@ run_row() { # $1 label, $2 build, $3 row
     sleep 0.1
   done
   [ -n "$addr" ] || { echo "the proxy did not start:" >&2; cat "$WORK/proxy.err" >&2; exit 1; }
-  taskset -c 0 "$LOADGEN" --addr "$addr" --path "$path" --keys "$keys" --connections "$CONNS" --duration 2s --warmup 0s >/dev/null
+  taskset -c 0 "$LOADGEN" --addr "$addr" --path "$path" --keys "$keys" "${mcp[@]}" --connections "$CONNS" --duration 2s --warmup 0s >/dev/null
   callgrind_control -z "$pid" >/dev/null
   local line sent
-  line=$(taskset -c 0 "$LOADGEN" --addr "$addr" --path "$path" --keys "$keys" --connections "$CONNS" --duration "${SECS}s" --warmup 0s)
+  line=$(taskset -c 0 "$LOADGEN" --addr "$addr" --path "$path" --keys "$keys" "${mcp[@]}" --connections "$CONNS" --duration "${SECS}s" --warmup 0s)
   callgrind_control -d "$pid" >/dev/null
   sent=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["sent"])' "$line")
   kill "$pid"; wait "$pid" 2>/dev/null || true

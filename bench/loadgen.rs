@@ -44,6 +44,15 @@ struct Args {
     duration: Duration,
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     warmup: Duration,
+    /// Send MCP `tools/call` requests (JSON-RPC, with the headers an MCP client sends)
+    /// instead of a form-encoded charge: `unique` keys make each call's arguments new,
+    /// `fixed` repeats one call (a re-run), `none` is the same as `fixed`.
+    #[arg(long)]
+    mcp: bool,
+    /// One request per connection (and per tunnel, with `--connect`): each request's time
+    /// then counts from before the TCP connect, its CONNECT and TLS handshake included.
+    #[arg(long)]
+    fresh: bool,
     /// Instead of load: open this many idle keep-alive connections, hold them, then exit.
     #[arg(long)]
     idle: Option<usize>,
@@ -112,6 +121,29 @@ fn tls_connector(args: &Args) -> anyhow::Result<Option<tokio_rustls::TlsConnecto
     Ok(Some(tokio_rustls::TlsConnector::from(Arc::new(config))))
 }
 
+/// A `tools/call` as an MCP client (2025-11-25 revision, stateless server: no session) posts
+/// it: JSON-RPC in the body, `Accept` for both framings, the protocol version header. The
+/// JSON-RPC id is the same on every call, as every new client process starts it; a new call
+/// differs in its arguments (MCP clients send no idempotency key).
+fn mcp_call(
+    req: http::request::Builder,
+    keys: &str,
+    unique: &str,
+) -> http::Result<http::Request<Full<Bytes>>> {
+    let reference = if keys == "unique" {
+        unique
+    } else {
+        "bench-fixed"
+    };
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"create_refund","arguments":{{"charge":"ch_3MmlLrLkdIwHu7ix0snN0B15","amount":2000,"reference":"{reference}"}},"_meta":{{"progressToken":1}}}}}}"#
+    );
+    req.header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(Full::new(Bytes::from(body)))
+}
+
 struct ConnStats {
     hist: Histogram<u64>,
     /// Answered during the warm-up too: what the proxy and its store served in all.
@@ -139,6 +171,7 @@ async fn worker(
     let end = measure_from + args.duration;
     let mut seq: u64 = 0;
     'reconnect: while Instant::now() < end {
+        let opened = Instant::now();
         let io = match open(&args, &tls).await {
             Ok(io) => io,
             Err(_) => {
@@ -155,22 +188,27 @@ async fn worker(
         tokio::spawn(conn);
         while Instant::now() < end {
             seq += 1;
-            let mut req = http::Request::post(args.path.as_str())
+            let req = http::Request::post(args.path.as_str())
                 .header("host", args.host.as_str())
-                .header("content-type", "application/x-www-form-urlencoded")
                 .header("authorization", "Bearer sk_test_bench");
-            match args.keys.as_str() {
-                "unique" => {
-                    req = req.header("idempotency-key", format!("bench-{run_id}-{id}-{seq}"))
+            let req = if args.mcp {
+                mcp_call(req, &args.keys, &format!("bench-{run_id}-{id}-{seq}"))
+            } else {
+                let mut req = req.header("content-type", "application/x-www-form-urlencoded");
+                match args.keys.as_str() {
+                    "unique" => {
+                        req = req.header("idempotency-key", format!("bench-{run_id}-{id}-{seq}"))
+                    }
+                    "fixed" => req = req.header("idempotency-key", "bench-fixed-key"),
+                    _ => {}
                 }
-                "fixed" => req = req.header("idempotency-key", "bench-fixed-key"),
-                _ => {}
-            }
-            let Ok(req) = req.body(Full::new(Bytes::from_static(BODY.as_bytes()))) else {
+                req.body(Full::new(Bytes::from_static(BODY.as_bytes())))
+            };
+            let Ok(req) = req else {
                 stats.errors += 1;
                 continue;
             };
-            let t0 = Instant::now();
+            let t0 = if args.fresh { opened } else { Instant::now() };
             let result = async {
                 let resp = sender.send_request(req).await?;
                 let status = resp.status();
@@ -183,7 +221,7 @@ async fn worker(
                 stats.sent += 1;
             }
             if t0 < measure_from {
-                if result.is_err() {
+                if result.is_err() || args.fresh {
                     continue 'reconnect;
                 }
                 continue;
@@ -200,6 +238,9 @@ async fn worker(
                     stats.errors += 1;
                     continue 'reconnect;
                 }
+            }
+            if args.fresh {
+                continue 'reconnect;
             }
         }
     }

@@ -44,8 +44,10 @@ done
 LOADGEN=${BENCH_LOADGEN:-target/release/examples/loadgen}
 if [ -z "${BENCH_LOADGEN:-}" ]; then
   echo "building (release)..." >&2
-  cargo build --release --locked --quiet --bin idemproxy --example loadgen
+  cargo build --release --locked --quiet --bin idemproxy --example loadgen --example relay
 fi
+# The bare CONNECT relay beside the proxy's blind tunnel (built with the load generator).
+RELAY=${BENCH_RELAY:-$(dirname "$LOADGEN")/relay}
 BIN=${BENCH_BIN:-target/release/idemproxy}
 # The builds under test, as label=path (an empty label for the one build of a plain run).
 read -r -a BINS <<<"${BENCH_BINS:-=$BIN}"
@@ -71,13 +73,24 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 
   -keyout "$WORK/bench-ca.key" -out "$WORK/bench-ca.pem" 2>/dev/null
 openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=api.bench.test" \
   -keyout "$WORK/leaf.key" -out "$WORK/leaf.csr" 2>/dev/null
-printf 'subjectAltName=DNS:api.bench.test,DNS:secure.bench.test\nextendedKeyUsage=serverAuth\n' > "$WORK/leaf.ext"
+printf 'subjectAltName=DNS:api.bench.test,DNS:secure.bench.test,DNS:localhost\nextendedKeyUsage=serverAuth\n' > "$WORK/leaf.ext"
 openssl x509 -req -in "$WORK/leaf.csr" -CA "$WORK/bench-ca.pem" -CAkey "$WORK/bench-ca.key" -CAcreateserial \
   -days 2 -extfile "$WORK/leaf.ext" -out "$WORK/leaf.pem" 2>/dev/null
 
 # --- the fake provider (nginx, CPU 0) and nginx as a plain reverse proxy (CPU 1) --------------
-P_HTTP=$(free_port); P_TLS=$(free_port); P_NGINX=$(free_port)
+# P_TUNNEL: the same TLS server on a port no route sends to, for the blind tunnel rows (a
+# CONNECT to a route's upstream address is refused: it would pass the route by), called
+# `localhost`, a name no route covers (the peek splices it rather than intercepting). Where a
+# route caps spend, a CONNECT to an address, to a host tls.tunnel_hosts does not list, or whose
+# ClientHello names another host is refused: so it is listed, and the SNI is `localhost` too.
+P_HTTP=$(free_port); P_TLS=$(free_port); P_NGINX=$(free_port); P_TUNNEL=$(free_port)
 BODY='{"id":"ch_3MmlLrLkdIwHu7ix0snN0B15","object":"charge","amount":2000,"amount_captured":2000,"balance_transaction":"txn_3MmlLrLkdIwHu7ix0uke3Ezy","captured":true,"created":1679090539,"currency":"usd","livemode":false,"paid":true,"status":"succeeded","outcome":{"network_status":"approved_by_network","risk_level":"normal","type":"authorized"}}'
+# The MCP stand-in: the same nginx answering a `tools/call` with its result, as one JSON body
+# (/mcp-json) or as one SSE `message` event (/mcp-sse); the load generator's calls all carry
+# JSON-RPC id 1, as every new client process's first call does.
+MCP_RESULT='{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"refund re_3MmlLrLkdIwHu7ix0kLZc9Ps of 2000 usd on ch_3MmlLrLkdIwHu7ix0snN0B15: succeeded"}],"isError":false}}'
+MCP_LOCATIONS="location = /mcp-json { default_type application/json; return 200 '$MCP_RESULT'; }
+           location = /mcp-sse { default_type text/event-stream; return 200 'event: message\\ndata: $MCP_RESULT\\n\\n'; }"
 mkdir -p "$WORK/nginx-provider" "$WORK/nginx-proxy"
 cat > "$WORK/nginx-provider/nginx.conf" <<NGX
 worker_processes 1; daemon off; pid $WORK/nginx-provider/pid; error_log $WORK/nginx-provider/error.log;
@@ -85,8 +98,9 @@ events { worker_connections 8192; }
 http {
   access_log off; keepalive_requests 1000000; keepalive_timeout 120s;
   client_body_temp_path $WORK/nginx-provider; proxy_temp_path $WORK/nginx-provider;
-  server { listen 127.0.0.1:$P_HTTP; location / { default_type application/json; return 200 '$BODY'; } }
-  server { listen 127.0.0.1:$P_TLS ssl; ssl_certificate $WORK/leaf.pem; ssl_certificate_key $WORK/leaf.key;
+  server { listen 127.0.0.1:$P_HTTP; location / { default_type application/json; return 200 '$BODY'; }
+           $MCP_LOCATIONS }
+  server { listen 127.0.0.1:$P_TLS ssl; listen 127.0.0.1:$P_TUNNEL ssl; ssl_certificate $WORK/leaf.pem; ssl_certificate_key $WORK/leaf.key;
            location / { default_type application/json; return 200 '$BODY'; } }
 }
 NGX
@@ -103,7 +117,7 @@ http {
 NGX
 taskset -c $LOAD_CPU "$NGINX" -p "$WORK/nginx-provider" -c "$WORK/nginx-provider/nginx.conf" & PIDS+=($!)
 taskset -c $PROXY_CPU "$NGINX" -p "$WORK/nginx-proxy" -c "$WORK/nginx-proxy/nginx.conf" & NGINX_PROXY_PID=$!; PIDS+=($!)
-wait_port "$P_HTTP"; wait_port "$P_TLS"; wait_port "$P_NGINX"
+wait_port "$P_HTTP"; wait_port "$P_TLS"; wait_port "$P_NGINX"; wait_port "$P_TUNNEL"
 
 # --- Redis (CPU 1), with AOF as production should run it --------------------------------------
 P_REDIS=$(free_port)
@@ -159,8 +173,8 @@ token_sha256 = "$(printf %s bench-admin-token | sha256sum | cut -d' ' -f1)"
 [store]
 url = "$2"
 ${3:-}
-$( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\nconnect_ports = [443, %s]\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" "$P_TLS" )
-$( [ $HAVE_TLS = 1 ] && printf '[egress]\nallow = ["127.0.0.1:%s"]  # the tunnel baseline dials loopback, refused unless named\n' "$P_TLS" )
+$( [ $HAVE_TLS = 1 ] && printf '[tls]\nca_cert = "%s"\nca_key = "%s"\nconnect_ports = [443, %s]\ntunnel_hosts = ["localhost"]\n' "$WORK/ca/ca.pem" "$WORK/ca/ca.key" "$P_TUNNEL" )
+$( [ $HAVE_TLS = 1 ] && printf '[egress]\nallow = ["127.0.0.1:%s", "localhost:%s"]  # loopback is refused unless named\n' "$P_TLS" "$P_TUNNEL" )
 $( [ -n "${BENCH_EXTRA_TOML:-}" ] && printf '%s\n' "$BENCH_EXTRA_TOML" )
 [[routes]]
 name = "bench"
@@ -195,6 +209,19 @@ upstream = "https://secure.bench.test"
 connect_to = "127.0.0.1:$P_TLS"
 upstream_ca = "$WORK/bench-ca.pem"
 provider = "stripe"
+TOML
+}
+# An MCP route (Streamable HTTP) in front of the MCP stand-in: every tools/call is claimed as
+# the tool and its arguments. Only in the MCP rows' config (builds before MCP refuse it).
+mcp_route() {
+  cat <<TOML
+[[routes]]
+name = "mcp"
+prefix = "/mcp"
+host = "mcp.bench.test"
+upstream = "http://mcp.bench.test"
+connect_to = "127.0.0.1:$P_HTTP"
+protocol = "mcp"
 TOML
 }
 PROXY_PID=""; PROXY_ADDR=""
@@ -278,6 +305,11 @@ CPU_PROXY=""; CPU_STORE=""
 measure "direct to provider" "-" --addr "127.0.0.1:$P_HTTP" --keys none
 # One connection: the latency a lone agent sees, with no queueing behind other requests.
 ROW_CONNS=1 measure "direct to provider, 1 connection" "-" --addr "127.0.0.1:$P_HTTP" --keys none
+# The MCP stand-in called directly, as the MCP rows' reference.
+if grep -Eq -- "$ONLY" <<<"mcp"; then
+  measure "mcp stand-in, direct: tools/call JSON" "-" --addr "127.0.0.1:$P_HTTP" --path /mcp-json --mcp --keys none
+  measure "mcp stand-in, direct: tools/call SSE" "-" --addr "127.0.0.1:$P_HTTP" --path /mcp-sse --mcp --keys none
+fi
 echo "nginx reverse proxy" >&2
 CPU_PROXY=$NGINX_PROXY_PID; CPU_STORE=""
 measure "nginx reverse proxy (no idempotency)" "-" --addr "127.0.0.1:$P_NGINX" --keys none
@@ -318,6 +350,26 @@ for store in redis sqlite postgres redis-tls; do
 done
 CMD_PORT=""; CMD_TLS=""
 
+# MCP tool calls on Redis: a new call (new arguments) is claimed, forwarded and kept; a re-run
+# of one call is replayed. The SSE rows read the server's event stream as it passes (the
+# streaming capture) and keep its final message.
+mcp_rows() {
+  write_config "$WORK/mcp.toml" "redis://127.0.0.1:$P_REDIS/0"
+  mcp_route >> "$WORK/mcp.toml"
+  start_proxy "$WORK/mcp.toml" "$2"
+  CPU_PROXY=$PROXY_PID; CPU_STORE=$REDIS_PID; CMD_PORT=$P_REDIS; CMD_TLS=""
+  echo "$1 mcp ($PROXY_ADDR)" >&2
+  local f
+  for f in JSON SSE; do
+    local path=/mcp/mcp-$(tr '[:upper:]' '[:lower:]' <<<"$f")
+    measure "$1 mcp redis: tools/call $f, A new call" peak --addr "$PROXY_ADDR" --host mcp.bench.test --path "$path" --mcp --keys unique
+    measure "$1 mcp redis: tools/call $f, B re-run (replay)" peak --addr "$PROXY_ADDR" --host mcp.bench.test --path "$path" --mcp --keys fixed
+  done
+  CMD_PORT=""
+  stop_proxy
+}
+each_build mcp_rows
+
 # The embedded store without an fsync per commit: what `sqlite_synchronous = "full"` costs.
 sqlite_normal_rows() {
   write_config "$WORK/sqlite-normal.toml" "sqlite://$WORK/claims-normal-$RANDOM$RANDOM.db" 'sqlite_synchronous = "normal"'
@@ -335,8 +387,13 @@ https_rows() {
   CPU_PROXY=$PROXY_PID; CPU_STORE=$REDIS_PID
   local who=${1#idemproxy}
   echo "HTTPS_PROXY$who ($PROXY_ADDR)" >&2
-  measure "HTTPS_PROXY$who blind tunnel (baseline)" peak --addr "$PROXY_ADDR" --connect "127.0.0.1:$P_TLS" \
-    --host secure.bench.test --cacert "$WORK/bench-ca.pem" --keys none
+  measure "HTTPS_PROXY$who blind tunnel (baseline)" peak --addr "$PROXY_ADDR" --connect "localhost:$P_TUNNEL" \
+    --host localhost --cacert "$WORK/bench-ca.pem" --keys none
+  # First bytes: one request per tunnel, one at a time (CONNECT, the ClientHello peek, TLS,
+  # the request), against the bare relay and a direct TLS connection below.
+  ROW_CONNS=1 measure "HTTPS_PROXY$who blind tunnel, first bytes (a new tunnel per request, one at a time)" peak \
+    --fresh --addr "$PROXY_ADDR" --connect "localhost:$P_TUNNEL" \
+    --host localhost --cacert "$WORK/bench-ca.pem" --keys none
   measure "HTTPS_PROXY$who interception, no key (TLS both legs, no store)" peak --addr "$PROXY_ADDR" \
     --connect "secure.bench.test:443" --host secure.bench.test --cacert "$WORK/ca/ca.pem" --keys none
   measure "HTTPS_PROXY$who interception, redis: A" peak --addr "$PROXY_ADDR" --connect "secure.bench.test:443" \
@@ -344,6 +401,19 @@ https_rows() {
   stop_proxy
 }
 if [ $HAVE_TLS = 1 ]; then
+  if grep -Eq -- "$ONLY" <<<"first bytes" && [ -x "$RELAY" ]; then
+    CPU_PROXY=""; CPU_STORE=""
+    ROW_CONNS=1 measure "direct TLS, first bytes (a new connection per request, one at a time)" "-" \
+      --fresh --addr "127.0.0.1:$P_TUNNEL" --host localhost --cacert "$WORK/bench-ca.pem" --keys none
+    : > "$WORK/relay.out"
+    taskset -c $PROXY_CPU "$RELAY" --listen 127.0.0.1:0 > "$WORK/relay.out" & RELAY_PID=$!; PIDS+=($RELAY_PID)
+    for _ in $(seq 100); do RELAY_ADDR=$(sed -n 's/^relay listening //p' "$WORK/relay.out"); [ -n "$RELAY_ADDR" ] && break; sleep 0.05; done
+    CPU_PROXY=$RELAY_PID
+    ROW_CONNS=1 measure "bare CONNECT relay (no peek), first bytes (a new tunnel per request, one at a time)" "-" \
+      --fresh --addr "$RELAY_ADDR" --connect "localhost:$P_TUNNEL" \
+      --host localhost --cacert "$WORK/bench-ca.pem" --keys none
+    kill "$RELAY_PID" 2>/dev/null || true
+  fi
   each_build https_rows
 else
   echo "this build has no 'ca init': HTTPS_PROXY rows skipped" >&2

@@ -113,6 +113,17 @@ impl AccountSpec {
         ignore: &[&HeaderName],
         derivation: Derivation,
     ) -> Result<String, AccountError> {
+        Ok(self.input(req, ignore, derivation)?.hash())
+    }
+
+    /// The bytes `fingerprint` hashes. Two derivations that read a request alike (a key sent
+    /// as `Bearer`) give the same bytes, and so the same account, without a second hash.
+    pub fn input(
+        &self,
+        req: &Request<'_>,
+        ignore: &[&HeaderName],
+        derivation: Derivation,
+    ) -> Result<AccountInput, AccountError> {
         let mut h = Hasher::default();
         match self {
             AccountSpec::Template(t) => match t.render(req) {
@@ -127,7 +138,7 @@ impl AccountSpec {
                 }
             }
         }
-        Ok(h.finish())
+        Ok(h.0)
     }
 
     /// Whether the account is told apart by the header `name` (or may be: every
@@ -197,7 +208,10 @@ impl AccountPart {
                     Derivation::V2 => s.eq_ignore_ascii_case(segment),
                 };
                 let mut segments = req.path.split('/').filter(|s| !s.is_empty());
-                if segments.any(same) {
+                if let Some(found) = segments.find(|s| same(s)) {
+                    if found != segment {
+                        h.rewritten();
+                    }
                     if let Some(id) = segments.next() {
                         h.add("path", id.as_bytes());
                     }
@@ -209,7 +223,17 @@ impl AccountPart {
                     // Exactly the bytes derivation 1 hashed for `Bearer KEY`: a key sent as
                     // Bearer keeps its scope across the upgrade.
                     (Derivation::V2, Some(key)) => {
-                        h.add("authorization", format!("Bearer {key}").as_bytes())
+                        let canonical = format!("Bearer {key}");
+                        // A key is only read from a lone header.
+                        if req
+                            .headers
+                            .get(http::header::AUTHORIZATION)
+                            .map(|v| v.as_bytes())
+                            != Some(canonical.as_bytes())
+                        {
+                            h.rewritten();
+                        }
+                        h.add("authorization", canonical.as_bytes())
                     }
                     _ => h.header(req.headers, &http::header::AUTHORIZATION),
                 }
@@ -219,12 +243,14 @@ impl AccountPart {
                     // In the query, it is read there (the body's reader refuses a field
                     // named in both, which a credential may well be).
                     if let Some(v) = crate::request::form::value_of(req.query().as_bytes(), name) {
+                        h.rewritten();
                         h.add(&format!("query {name}"), v.as_bytes());
                         continue;
                     }
                     let field = Template::parse(&format!("{{body.{name}}}"))
                         .map_err(AccountError::Unreadable)?;
                     if let Some(v) = body_value(req, &field)? {
+                        h.rewritten();
                         h.add(&format!("body {name}"), v.as_bytes());
                     }
                 }
@@ -242,6 +268,8 @@ impl AccountPart {
                     }
                 }
                 Derivation::V2 => {
+                    // Not worked out value by value: derivation 1's reading is computed.
+                    h.rewritten();
                     for (name, field) in pairs {
                         if let Some(v) = header_or_body(req, name, field)? {
                             h.add(name.as_str(), v.as_bytes());
@@ -354,12 +382,9 @@ pub fn sigv4_signed_headers(headers: &HeaderMap) -> Option<Vec<String>> {
     Some(signed.split(';').map(|s| s.to_ascii_lowercase()).collect())
 }
 
-/// Length-prefixed SHA-256 of tagged parts; `""` when nothing was added.
+/// Length-prefixed tagged parts, hashed by `AccountInput::hash`.
 #[derive(Default)]
-struct Hasher {
-    h: Sha256,
-    any: bool,
-}
+struct Hasher(AccountInput);
 
 impl Hasher {
     /// A header's name and each of its values, exactly as earlier versions hashed them.
@@ -369,17 +394,51 @@ impl Hasher {
         }
     }
 
-    fn add(&mut self, tag: &str, value: &[u8]) {
-        self.any = true;
-        for part in [tag.as_bytes(), value] {
-            self.h.update((part.len() as u64).to_be_bytes());
-            self.h.update(part);
-        }
+    /// This derivation read something otherwise than derivation 1 would have.
+    fn rewritten(&mut self) {
+        self.0.rewritten = true;
     }
 
-    fn finish(self) -> String {
+    fn add(&mut self, tag: &str, value: &[u8]) {
+        let input = &mut self.0;
+        input.any = true;
+        for part in [tag.as_bytes(), value] {
+            input
+                .bytes
+                .extend_from_slice(&(part.len() as u64).to_be_bytes());
+            input.bytes.extend_from_slice(part);
+        }
+    }
+}
+
+/// What an account's hash is computed over: equal inputs are equal accounts.
+#[derive(Debug, Default, Clone)]
+pub struct AccountInput {
+    bytes: Vec<u8>,
+    any: bool,
+    /// Derivation 2 read some part otherwise than derivation 1 would (a Basic key, a field
+    /// only 2 reads). Never set by derivation 1.
+    rewritten: bool,
+}
+
+impl PartialEq for AccountInput {
+    fn eq(&self, other: &AccountInput) -> bool {
+        self.any == other.any && self.bytes == other.bytes
+    }
+}
+
+impl AccountInput {
+    /// Whether derivation 1 reads this request into the same bytes: true when derivation 2
+    /// (which computed this) rewrote nothing, so the other derivation needs no reading of
+    /// its own.
+    pub fn as_derivation_1_reads(&self) -> bool {
+        !self.rewritten
+    }
+
+    /// Hex SHA-256 of the input; `""` when nothing was added.
+    pub fn hash(&self) -> String {
         if self.any {
-            crate::hex::lower(&self.h.finalize())
+            crate::hex::lower(&Sha256::digest(&self.bytes))
         } else {
             String::new()
         }
@@ -568,6 +627,75 @@ mod tests {
         let other_key = headers(&[("authorization", "Bearer sk_test_y")]);
         assert_ne!(at(&bearer, Derivation::V2), at(&other_key, Derivation::V2));
         assert!(spec.normalises());
+    }
+
+    /// Where derivation 2 says it rewrote nothing, derivation 1 reads the same bytes (the
+    /// identity then skips derivation 1's reading); where the readings differ, it says so.
+    #[test]
+    fn derivation_2_says_when_derivation_1_reads_the_same_bytes() {
+        use base64::Engine as _;
+        let spec = AccountSpec::Parts(vec![
+            AccountPart::BearerOrBasicUser,
+            AccountPart::PathAfter("Accounts".into()),
+            AccountPart::Fields(vec!["client_id".into()]),
+            AccountPart::Headers(vec![HeaderName::from_static("stripe-account")]),
+        ]);
+        let basic = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("sk_test_x:")
+        );
+        // (a header, the path, the body, whether derivation 1 reads it alike)
+        let header = |k: &'static str, v: &str| Some((k, v.to_string()));
+        let cases = [
+            (
+                header("authorization", "Bearer sk_test_x"),
+                "/v1/charges",
+                &b""[..],
+                true,
+            ),
+            (
+                header("authorization", "bearer sk_test_x"),
+                "/v1/charges",
+                b"",
+                false,
+            ),
+            (
+                header("authorization", "Bearer  sk_test_x "),
+                "/v1/charges",
+                b"",
+                false,
+            ),
+            (header("authorization", &basic), "/v1/charges", b"", false),
+            (
+                header("authorization", "Token abc"),
+                "/v1/charges",
+                b"",
+                true,
+            ),
+            (header("stripe-account", "acct_1"), "/v1/charges", b"", true),
+            (None, "/2010-04-01/Accounts/AC1/Messages", b"", true),
+            (None, "/2010-04-01/accounts/AC1/Messages", b"", false),
+            (None, "/v1/x", b"client_id=c1", false),
+            (None, "/v1/x", b"other=1", true),
+        ];
+        for (pair, path, body, alike) in cases {
+            let mut h = HeaderMap::new();
+            if let Some((k, v)) = &pair {
+                h.append(*k, HeaderValue::from_str(v).expect("value"));
+            }
+            h.insert(
+                "content-type",
+                HeaderValue::from_static("application/x-www-form-urlencoded"),
+            );
+            let req = view(&h, path, body);
+            let v2 = spec.input(&req, &[], Derivation::V2).expect("v2");
+            let v1 = spec.input(&req, &[], Derivation::V1).expect("v1");
+            assert_eq!(v2.as_derivation_1_reads(), alike, "{pair:?} {path}");
+            assert_eq!(v1 == v2, alike, "{pair:?} {path}");
+            if alike {
+                assert_eq!(v1.hash(), v2.hash());
+            }
+        }
     }
 
     #[test]

@@ -147,7 +147,19 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
-        assert!(!may_override_in_body(br#"{"amount":100,"currency":"usd"}"#));
+        for body in [
+            &br#"{"amount":100,"currency":"usd"}"#[..],
+            b"amount=2000&description=benchmark+charge&metadata[order_id]=6735&mode=m",
+            br#"{"note":"a\nb","memo":"Metho"}"#,
+            b"metho",
+            b"",
+        ] {
+            assert!(
+                !may_override_in_body(body),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]
