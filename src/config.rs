@@ -554,6 +554,12 @@ pub struct SpendConfig {
     pub currency: Option<String>,
     /// `minor` (integers of cents: Stripe) or `major` (decimals: PayPal). Default: the profile's.
     pub unit: Option<String>,
+    /// Operations that move money and never say how much (an MCP route: tool names,
+    /// `finalize_invoice`): always unpriced, whatever the request carries — an `amount` an
+    /// agent adds to such a call is not read — so sent for approval (`unpriced = "approve"`)
+    /// or refused.
+    #[serde(default)]
+    pub unpriced_operations: Vec<String>,
     /// What a money-moving request the proxy cannot price gets where money is limited:
     /// `refuse` (403 `unpriced-operation`, the default) or `approve` (parked for a person).
     pub unpriced: Option<String>,

@@ -69,6 +69,9 @@ pub enum ProxyError {
     /// A money-moving request stopped by its caps or approvals.
     #[error(transparent)]
     Spend(SpendError),
+    /// A capped MCP tool call stopped by its caps or approvals: said of the call.
+    #[error("{}", error.to_tool(tool).map(|(said, _)| said).unwrap_or_else(|| error.to_string()))]
+    ToolSpend { tool: String, error: SpendError },
 }
 
 impl ProxyError {
@@ -94,7 +97,7 @@ impl ProxyError {
             } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::EgressRefused(_) => StatusCode::FORBIDDEN,
-            ProxyError::Spend(error) => error.status(),
+            ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.status(),
         }
     }
 
@@ -141,7 +144,7 @@ impl ProxyError {
             } => "upstream-response-too-large",
             ProxyError::Upstream { .. } => "upstream-failed",
             ProxyError::EgressRefused(_) => "egress-refused",
-            ProxyError::Spend(error) => error.slug(),
+            ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.slug(),
         }
     }
 
@@ -186,6 +189,7 @@ impl ProxyError {
             ProxyError::Upstream { .. } => "Upstream failed",
             ProxyError::EgressRefused(_) => "Destination not allowed",
             ProxyError::Spend(_) => "Payment stopped by spend control",
+            ProxyError::ToolSpend { .. } => "Tool call stopped by spend control",
         }
     }
 
@@ -227,6 +231,10 @@ impl ProxyError {
             },
             ProxyError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
             ProxyError::Spend(error) => error.advice().into(),
+            ProxyError::ToolSpend { tool, error } => error
+                .to_tool(tool)
+                .map_or(error.advice(), |(_, advice)| advice)
+                .into(),
         }
     }
 
@@ -237,7 +245,7 @@ impl ProxyError {
             ProxyError::StoreUnavailable(_) | ProxyError::Busy { .. } => {
                 Some(Duration::from_secs(1))
             }
-            ProxyError::Spend(error) => error.retry_after(),
+            ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.retry_after(),
             _ => None,
         }
     }
@@ -251,7 +259,11 @@ impl ProxyError {
             ProxyError::InFlight { .. }
             | ProxyError::StoreUnavailable(_)
             | ProxyError::Busy { .. }
-            | ProxyError::Spend(SpendError::Refused(Refusal::Store(_))) => true,
+            | ProxyError::Spend(SpendError::Refused(Refusal::Store(_)))
+            | ProxyError::ToolSpend {
+                error: SpendError::Refused(Refusal::Store(_)),
+                ..
+            } => true,
             ProxyError::Upstream { error, claim } => match claim {
                 _ if matches!(error, UpstreamError::Tls(_)) => false,
                 None | Some((Outcome::Released, Recorded::Done)) => true,

@@ -466,25 +466,6 @@ impl<'a> Builder<'a> {
                 None => Ok(None),
             };
         }
-        if let Some(spend) = &r.spend {
-            let approvals = [
-                ("approve_above", &spend.approve_above),
-                ("approve_run_above", &spend.approve_run_above),
-                ("approve_tenant_above", &spend.approve_tenant_above),
-            ];
-            if let Some((field, _)) = approvals.iter().find(|(_, v)| v.is_some()) {
-                return Err(self.invalid(
-                    &format!("spend.{field}"),
-                    "approvals of MCP tool calls are not done yet: cap the tools (per_request, per_run, per_tenant, per_route, count_*) instead".into(),
-                ));
-            }
-            if spend.unpriced.as_deref() == Some("approve") {
-                return Err(self.invalid(
-                    "spend.unpriced",
-                    "approvals of MCP tool calls are not done yet: an unpriced tool call is refused on a route with money caps (unpriced = \"refuse\")".into(),
-                ));
-            }
-        }
         let c = r.mcp.clone().unwrap_or_default();
         let window = c.window.map_or(DEFAULT_MCP_WINDOW, |d| d.0);
         if window.is_zero() {
@@ -649,11 +630,41 @@ impl<'a> Builder<'a> {
                     .into(),
             ));
         }
+        // Listed first: the first row an operation matches prices it.
+        let mut never_priced = Vec::new();
+        for (j, o) in c.unpriced_operations.iter().enumerate() {
+            let field = format!("spend.unpriced_operations[{j}]");
+            let (op, why) = if mcp {
+                let op = tool_operation(o).map_err(|m| self.invalid(&field, m))?;
+                (
+                    op,
+                    format!("the tool {o} moves money and its arguments say no amount"),
+                )
+            } else {
+                (
+                    o.clone(),
+                    format!("{o} moves money and the request says no amount"),
+                )
+            };
+            if c.operations.iter().flatten().any(|p| p == o) {
+                return Err(self.invalid(
+                    &field,
+                    format!("`{o}` is in spend.operations too: name it in one of the two"),
+                ));
+            }
+            never_priced.push(PricedOperation {
+                pattern: Pattern::parse(&op).map_err(|m| self.invalid(&field, m))?,
+                pricing: Pricing::Unpriced(why),
+                records: None,
+            });
+        }
+        // Without a key, identified by the whole request like a charge (REST rows).
+        let unpriced_names = c.unpriced_operations.clone();
         if let Some(ops) = &c.operations {
-            let on = ops
-                .iter()
-                .enumerate()
-                .map(|(j, o)| {
+            let on = never_priced
+                .into_iter()
+                .map(Ok)
+                .chain(ops.iter().enumerate().map(|(j, o)| {
                     let o = if mcp {
                         tool_operation(o)
                             .map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))?
@@ -665,7 +676,7 @@ impl<'a> Builder<'a> {
                         pricing: Pricing::Amount(0),
                         records: None,
                     })
-                })
+                }))
                 .collect::<Result<Vec<_>, ConfigError>>()?;
             return Ok((on, Vec::new()));
         }
@@ -675,8 +686,8 @@ impl<'a> Builder<'a> {
                 "needed: this route's provider has no default for it".into(),
             ));
         };
-        let mut on = Vec::new();
-        let mut elsewhere = Vec::new();
+        let mut on = never_priced;
+        let mut elsewhere = unpriced_names;
         for (j, row) in d.rows.iter().enumerate() {
             let pricing = match row.price {
                 RowPrice::Body => Pricing::Amount(0),

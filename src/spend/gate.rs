@@ -15,7 +15,9 @@ use sha2::{Digest, Sha256};
 
 use super::budget::{Attempt, Budget, Cost, OnUnpriced, Price, Spender};
 use super::money::Money;
-use super::port::{Approval, ApprovalState, CapName, FreezeTarget, Opened, Reserved, SpendStore};
+use super::port::{
+    Approval, ApprovalState, CapName, FreezeTarget, Opened, Reserved, SpendStore, ToolCall,
+};
 use crate::idempotency::claims::Claims;
 use crate::idempotency::store::StoreError;
 
@@ -69,8 +71,11 @@ pub struct Charge<'a> {
     pub binding: &'a str,
     pub method: &'a str,
     pub path: &'a str,
-    /// What the approver reads: the body with card data redacted.
+    /// What the approver reads: the body (a tool call's canonical arguments) with card data
+    /// redacted.
     pub body: &'a [u8],
+    /// A tool call of an MCP route: its tool and account, shown beside the arguments.
+    pub tool: Option<&'a ToolCall>,
     /// `false`: shadow mode — every decision logged and counted, nothing refused.
     pub enforce: bool,
     /// The attempt's claim token: its reservation belongs to it.
@@ -645,6 +650,7 @@ fn fresh_approval(
         first_approval: None,
         variants: Vec::new(),
         version: 0,
+        tool: ask.tool.cloned(),
     }
 }
 

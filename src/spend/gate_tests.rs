@@ -145,6 +145,7 @@ impl Gate {
             method: "POST",
             path: "/v1/payment_intents",
             body: b"amount=1",
+            tool: None,
             enforce: r.enforce,
             token: &token,
             replaces: None,

@@ -20,8 +20,8 @@ use serde_json::Value;
 use super::outgoing::Outgoing;
 use crate::http::body::{full, read_limited, stream, Body, ReadError};
 use crate::http::headers::strip_hop_by_hop;
-use crate::idempotency::claims::{Acquired, ClaimRequest, Found};
-use crate::idempotency::policy::OnInFlight;
+use crate::idempotency::claims::{Acquired, Claim, ClaimRequest, Found};
+use crate::idempotency::policy::{OnInFlight, Policy};
 use crate::idempotency::record::Receipt;
 use crate::identity::account::AccountSpec;
 use crate::identity::scope::Place;
@@ -32,11 +32,12 @@ use crate::mcp::{replay, resume, sse, McpRules};
 use crate::metrics::RequestOutcome;
 use crate::outbound::receipt::REPLAYED;
 use crate::proxy::error::ProxyError;
+use crate::proxy::pipeline::Unsent;
 use crate::proxy::spending;
 use crate::proxy::App;
 use crate::request::Request as Read;
-use crate::routes::Route;
-use crate::spend::gate::Admission;
+use crate::routes::{Route, RouteSpend};
+use crate::spend::gate::{Admission, Ticket};
 
 mod exchange;
 mod probe;
@@ -148,8 +149,9 @@ async fn serve(
                 .unwrap_or_else(|| Value::Object(Default::default()));
             let plan =
                 spending::plan_tool(spend, &view, tunnel, &call.account, &call.tool, &arguments)
-                    .map_err(ProxyError::Spend)?;
-            Some((spend, plan))
+                    .map_err(|error| tool_refusal(&call.tool, error))?;
+            let asked = spending::ToolAsked::new(&call.tool, &call.account, &arguments);
+            Some(Capped { spend, plan, asked })
         }
         None => None,
     };
@@ -173,67 +175,23 @@ async fn serve(
         route: &route.name,
         derivation: route.identity.derivations.primary.number(),
         other: None,
-        priced: plan.as_ref().map(|(_, p)| p.binding.as_str()),
+        priced: plan.as_ref().map(|c| c.plan.binding.as_str()),
         // MCP routes have no lookup.
         lookup_target: None,
         lookup_credentials: None,
     };
-    let acquired = match policy.on_in_flight {
-        OnInFlight::Conflict => app.claims.acquire(&ask, &policy).await,
-        OnInFlight::Wait => {
-            app.claims
-                .acquire_waiting(&ask, &policy, route.wait_timeout)
-                .await
-        }
-    }
-    .map_err(ProxyError::StoreUnavailable)?;
-    let claim = match acquired {
-        Acquired::Execute(claim) => claim,
-        Acquired::Found(Found::Replay { receipt, .. }) => {
-            *outcome = RequestOutcome::Replayed;
+    let calling = Calling {
+        ask: &ask,
+        policy: &policy,
+        tool: &call.tool,
+        view: &view,
+    };
+    let (claim, ticket) = match gated(app, route, &calling, plan.as_ref(), outcome).await? {
+        Gated::Execute(claim, ticket) => (*claim, ticket),
+        Gated::Replay(receipt) => {
             tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), "replayed a tool call's kept result");
             return Ok(replayed(&receipt, &message.id, &parts.headers));
         }
-        Acquired::Found(Found::Mismatch) => {
-            *outcome = RequestOutcome::Mismatch;
-            return Err(ProxyError::KeyReused);
-        }
-        Acquired::Found(Found::InFlight { retry_after }) => {
-            *outcome = RequestOutcome::Conflict;
-            return Err(ProxyError::InFlight { retry_after });
-        }
-        Acquired::Found(Found::Held { retry_after, .. }) => {
-            *outcome = RequestOutcome::Unknown;
-            return Err(ProxyError::OutcomeUnknown { retry_after });
-        }
-    };
-    // A capped tool passes the spend gate only once its claim says it executes: a replay, an
-    // in-flight or a held call never reaches the gate. A refusal withdraws the claim.
-    let ticket = match &plan {
-        Some((spend, plan)) => {
-            let at = spending::Attempting {
-                scope: &scope,
-                token: claim.token.as_str(),
-                replaces: claim.replaces(),
-                approved: false,
-            };
-            match spending::admit(&app.spend, route, spend, plan, &view, &at).await {
-                Ok(Admission::Admitted(ticket)) => Some(ticket),
-                Ok(Admission::Parked(_)) => {
-                    // Approval thresholds are refused on MCP routes at start-up.
-                    app.claims.give_up(claim, policy).await;
-                    return Err(ProxyError::BadRequest(
-                        "internal: a tool call was parked for approval, which MCP routes do not take".into(),
-                    ));
-                }
-                Err(refused) => {
-                    app.claims.give_up(claim, policy).await;
-                    *outcome = RequestOutcome::Rejected;
-                    return Err(ProxyError::Spend(refused));
-                }
-            }
-        }
-        None => None,
     };
     let request = outgoing.request(None);
     let resume = parts
@@ -255,6 +213,158 @@ async fn serve(
     *outcome = forwarded.1;
     tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "executed a tool call");
     forwarded.0
+}
+
+/// A capped tool call before its claim: its budget, what it costs and is bound to, and what
+/// a person approving it reads.
+struct Capped<'a> {
+    spend: &'a RouteSpend,
+    plan: spending::Plan,
+    asked: spending::ToolAsked,
+}
+
+/// What claiming a protected tool call needs.
+struct Calling<'a> {
+    ask: &'a ClaimRequest<'a>,
+    policy: &'a Arc<Policy>,
+    tool: &'a str,
+    view: &'a Read<'a>,
+}
+
+/// Where the claim and the spend gate leave a tool call.
+enum Gated {
+    /// It executes under this claim, with this reservation (on a capped tool).
+    Execute(Box<Claim>, Option<Ticket>),
+    /// An earlier call's kept result answers it.
+    Replay(Receipt),
+}
+
+/// Claims the call, then — on a capped tool — passes the spend gate with the claim's token, as
+/// a REST payment does (`pipeline::gated`): a replay, a call in flight or held never reaches
+/// the gate; a refusal withdraws the claim. A call parked for a person lets its claim go while
+/// it waits up to the budget's `approval_wait`, and once approved claims again (a re-run may
+/// have executed it meanwhile: then it is a replay) and executes; a denial or no decision in
+/// time is a refusal in the call's words.
+async fn gated(
+    app: &App,
+    route: &Route,
+    calling: &Calling<'_>,
+    capped: Option<&Capped<'_>>,
+    outcome: &mut RequestOutcome,
+) -> Result<Gated, ProxyError> {
+    let mut approved = false;
+    loop {
+        let claim = claim(app, route, calling, outcome).await?;
+        let claim = match claim {
+            Gated::Execute(claim, _) => *claim,
+            replay => return Ok(replay),
+        };
+        let Some(capped) = capped else {
+            return Ok(Gated::Execute(Box::new(claim), None));
+        };
+        // Withdrawn if the client goes away while the gate decides: never left to lapse into
+        // a held outcome.
+        let unsent = Unsent {
+            claims: app.claims.clone(),
+            policy: calling.policy.clone(),
+            claim: Some(claim),
+        };
+        let Some(held) = unsent.claim() else {
+            return Err(ProxyError::BadRequest(
+                "internal: a claim went missing".into(),
+            ));
+        };
+        let at = spending::Attempting {
+            scope: calling.ask.scope,
+            token: held.token.as_str(),
+            replaces: held.replaces(),
+            approved,
+            tool: Some(&capped.asked),
+        };
+        let admitted = spending::admit(
+            &app.spend,
+            route,
+            capped.spend,
+            &capped.plan,
+            calling.view,
+            &at,
+        )
+        .await;
+        let refused = match admitted {
+            Ok(Admission::Admitted(ticket)) => {
+                let Some(claim) = unsent.forward() else {
+                    return Err(ProxyError::BadRequest(
+                        "internal: a claim went missing".into(),
+                    ));
+                };
+                return Ok(Gated::Execute(Box::new(claim), Some(ticket)));
+            }
+            Ok(Admission::Parked(approval)) => {
+                unsent.withdraw().await;
+                tracing::info!(route = %route.name, tool = calling.tool, approval = %approval.id, "a tool call waits for a person's approval");
+                match app.spend.wait(&capped.spend.budget, &approval).await {
+                    Ok(()) => {
+                        approved = true;
+                        continue;
+                    }
+                    Err(refusal) => spending::SpendError::Refused(refusal),
+                }
+            }
+            Err(error) => {
+                unsent.withdraw().await;
+                error
+            }
+        };
+        *outcome = RequestOutcome::Rejected;
+        return Err(tool_refusal(calling.tool, refused));
+    }
+}
+
+/// Takes the call's claim (`Gated::Execute` without a reservation yet), or answers it: the
+/// kept result, or a refusal (in flight, held, a key reused with other arguments).
+async fn claim(
+    app: &App,
+    route: &Route,
+    calling: &Calling<'_>,
+    outcome: &mut RequestOutcome,
+) -> Result<Gated, ProxyError> {
+    let policy = calling.policy;
+    let acquired = match policy.on_in_flight {
+        OnInFlight::Conflict => app.claims.acquire(calling.ask, policy).await,
+        OnInFlight::Wait => {
+            app.claims
+                .acquire_waiting(calling.ask, policy, route.wait_timeout)
+                .await
+        }
+    }
+    .map_err(ProxyError::StoreUnavailable)?;
+    match acquired {
+        Acquired::Execute(claim) => Ok(Gated::Execute(Box::new(claim), None)),
+        Acquired::Found(Found::Replay { receipt, .. }) => {
+            *outcome = RequestOutcome::Replayed;
+            Ok(Gated::Replay(receipt))
+        }
+        Acquired::Found(Found::Mismatch) => {
+            *outcome = RequestOutcome::Mismatch;
+            Err(ProxyError::KeyReused)
+        }
+        Acquired::Found(Found::InFlight { retry_after }) => {
+            *outcome = RequestOutcome::Conflict;
+            Err(ProxyError::InFlight { retry_after })
+        }
+        Acquired::Found(Found::Held { retry_after, .. }) => {
+            *outcome = RequestOutcome::Unknown;
+            Err(ProxyError::OutcomeUnknown { retry_after })
+        }
+    }
+}
+
+/// A spend refusal, said of the call to `tool`.
+fn tool_refusal(tool: &str, error: spending::SpendError) -> ProxyError {
+    ProxyError::ToolSpend {
+        tool: tool.to_string(),
+        error,
+    }
 }
 
 fn refusal(e: MessageError) -> ProxyError {
