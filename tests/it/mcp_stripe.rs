@@ -548,8 +548,8 @@ fn check_config_names_what_an_mcp_spend_section_cannot_say() {
             "in spend.operations too",
         ),
         (
-            r#"unpriced = "approve""#,
-            r#"unpriced = "ask""#,
+            "unpriced = \"approve\"\napproval_wait",
+            "unpriced = \"ask\"\napproval_wait",
             "spend.unpriced",
             "is not refuse or approve",
         ),
