@@ -505,6 +505,10 @@ pub struct McpConfig {
     /// Per tool: `[routes.mcp.tools.create_refund] key = "refund:{args.charge}"`.
     #[serde(default)]
     pub tools: std::collections::BTreeMap<String, McpToolConfig>,
+    /// How a tool call's spend refusal (a cap, an approval pending or denied) is answered:
+    /// `error` (a JSON-RPC error, the default) or `result` (a tool result with `isError:
+    /// true`, for agent frameworks that show their model only results).
+    pub refusals: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -30,6 +30,9 @@ pub struct McpRules {
     pub annotations: protect::Annotations,
     /// Calls waiting for their result on a resumed stream.
     pub resumptions: resume::Resumptions,
+    /// `refusals = "result"`: a tool call's spend refusal is answered as a tool result with
+    /// `isError: true` instead of a JSON-RPC error.
+    pub refusals_as_results: bool,
 }
 
 impl McpRules {
@@ -53,6 +56,7 @@ impl McpRules {
             templates,
             annotations: protect::Annotations::default(),
             resumptions: resume::Resumptions::default(),
+            refusals_as_results: false,
         })
     }
 }

@@ -285,6 +285,32 @@ impl ProxyError {
         self.answer(ErrorShape::JsonRpc, Some(id))
     }
 
+    /// Whether this is a spend refusal of an MCP tool call (what `into_tool_result` answers).
+    pub fn is_tool_spend(&self) -> bool {
+        matches!(self, ProxyError::ToolSpend { .. })
+    }
+
+    /// The refusal of the JSON-RPC request `id` as a tool result with `isError: true` (HTTP
+    /// 200), for agent frameworks that show their model only results: the message is its
+    /// text content, and `_meta` carries the slug as `error.data` would.
+    pub fn into_tool_result(self, id: &serde_json::Value) -> Response<Body> {
+        let problem = Problem {
+            status: self.status(),
+            slug: self.slug(),
+            title: self.title(),
+            detail: format!("{self}. {}", self.advice()),
+            retry_after: self.retry_after(),
+        };
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": id,
+            "result": {"content": [{"type": "text", "text": problem.detail}], "isError": true,
+                "_meta": {"io.idemproxy/refusal": {"slug": problem.slug,
+                    "status": problem.status.as_u16(),
+                    "retryAfter": problem.retry_after.map(|d| d.as_secs().max(1))}}}});
+        let mut resp = problem.json_response(body.to_string());
+        *resp.status_mut() = StatusCode::OK;
+        resp
+    }
+
     fn answer(self, shape: ErrorShape, id: Option<&serde_json::Value>) -> Response<Body> {
         let retry = self.worth_retrying_soon();
         let problem = Problem {

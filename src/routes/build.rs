@@ -476,9 +476,19 @@ impl<'a> Builder<'a> {
             .iter()
             .filter_map(|(tool, t)| t.key.clone().map(|k| (tool.clone(), k)))
             .collect();
-        McpRules::new(window, c.read_only, c.trust_annotations, tools)
-            .map(Some)
-            .map_err(|(tool, e)| self.invalid(&format!("mcp.tools.{tool}.key"), e))
+        let refusals_as_results = match c.refusals.as_deref() {
+            None | Some("error") => false,
+            Some("result") => true,
+            Some(other) => {
+                return Err(
+                    self.invalid("mcp.refusals", format!("`{other}` is not error or result"))
+                )
+            }
+        };
+        let mut rules = McpRules::new(window, c.read_only, c.trust_annotations, tools)
+            .map_err(|(tool, e)| self.invalid(&format!("mcp.tools.{tool}.key"), e))?;
+        rules.refusals_as_results = refusals_as_results;
+        Ok(Some(rules))
     }
 
     /// `[routes.spend]`, with the profile's defaults for what costs money and where the

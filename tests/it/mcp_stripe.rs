@@ -524,6 +524,62 @@ async fn an_undecided_call_says_ask_again_later_and_runs_once_approved() {
     assert_eq!(server.count("create_payment_link"), 1);
 }
 
+/// `[routes.mcp] refusals = "result"`: for agent frameworks that show their model only tool
+/// results, a spend refusal is a result with `isError: true` whose text is the refusal's
+/// message — the client raises nothing — and nothing reaches the server.
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_as_tool_results_where_the_route_says_so() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = Worker::start_edited(
+        "stripe-mcp.toml",
+        &[("stripe-mcp", server.port)],
+        &pki,
+        None,
+        &|cfg| {
+            let route = cfg
+                .get_mut("routes")
+                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.as_table_mut())
+                .expect("the route");
+            if let Some(mcp) = route.get_mut("mcp").and_then(|m| m.as_table_mut()) {
+                mcp.insert("refusals".into(), "result".into());
+            }
+            if let Some(spend) = route.get_mut("spend").and_then(|s| s.as_table_mut()) {
+                spend.insert("approval_wait".into(), "1s".into());
+            }
+        },
+    );
+    let refused_as_result = |v: &Value, says: &[&str]| {
+        assert!(v.get("error").is_none(), "a result, not an error: {v}");
+        assert_eq!(v["isError"], json!(true), "{v}");
+        assert_eq!(v["replayed"], json!(false), "{v}");
+        let text = v["text"][0].as_str().unwrap_or_default();
+        for part in says {
+            assert!(text.contains(part), "{part}: {v}");
+        }
+    };
+    let over = call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_big", "amount": 25_000}),
+    )
+    .await;
+    refused_as_result(
+        &over,
+        &["per_request cap of 200.00", "Nothing was forwarded"],
+    );
+    let whole = call(&w, "create_refund", json!({"payment_intent": "pi_big"})).await;
+    refused_as_result(
+        &whole,
+        &[
+            "a person must approve this call to create_refund (approval apr_",
+            "Ask again later",
+        ],
+    );
+    assert_eq!(server.count("create_refund"), 0, "{:?}", server.effects());
+}
+
 /// What an MCP route's spend section cannot say is a start-up error naming the field.
 #[test]
 fn check_config_names_what_an_mcp_spend_section_cannot_say() {
@@ -552,6 +608,12 @@ fn check_config_names_what_an_mcp_spend_section_cannot_say() {
             "unpriced = \"ask\"\napproval_wait",
             "spend.unpriced",
             "is not refuse or approve",
+        ),
+        (
+            "[routes.mcp]\n",
+            "[routes.mcp]\nrefusals = \"maybe\"\n",
+            "mcp.refusals",
+            "is not error or result",
         ),
         // Approvals of tool calls need someone to decide them.
         (

@@ -63,6 +63,8 @@ pub async fn run(
             tracing::info!(route = %route.name, %tenant, error = %e, rejected, "MCP message refused or failed");
             if seen.id.is_null() {
                 e.into_response(route.errors)
+            } else if rules.refusals_as_results && e.is_tool_spend() {
+                e.into_tool_result(&seen.id)
             } else {
                 e.into_jsonrpc(&seen.id)
             }
