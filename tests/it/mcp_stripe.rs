@@ -522,6 +522,23 @@ async fn an_undecided_call_says_ask_again_later_and_runs_once_approved() {
     let other = call(&w, "create_payment_link", link(2, "https://example.com/a")).await;
     assert_ne!(waits(&other), approval, "{other}");
     assert_eq!(server.count("create_payment_link"), 1);
+
+    // A card number in an argument never reaches the person (or the store) in clear: the
+    // approval shows it masked, as a parked payment's body.
+    let mut carded = link(3, "https://example.com/a");
+    carded["note"] = json!("card 4000 0566 5566 5556");
+    let parked = call(&w, "create_payment_link", carded).await;
+    let id = waits(&parked);
+    let all = admin(&w, "GET", "/v1/approvals?state=all", Value::Null).await;
+    let shown = all["approvals"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["id"] == json!(id)).cloned())
+        .unwrap_or_else(|| panic!("{id} listed: {all}"));
+    let note = shown["tool"]["arguments"]["note"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(note, "card [card ••••5556]", "{shown}");
+    assert!(!all.to_string().contains("5566 5556"), "{all}");
 }
 
 /// `[routes.mcp] refusals = "result"`: for agent frameworks that show their model only tool
