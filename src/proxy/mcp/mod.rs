@@ -1,9 +1,12 @@
 //! A POST to a route with `protocol = "mcp"`, whatever its path: one JSON-RPC message, read
 //! and judged before anything goes upstream. A `tools/call` of a protected tool is the
-//! operation — `read → check mirrored headers → protected? → identify → scope → claim (or
-//! answer: replay, in flight, held, key reused) → forward → settle → respond`; every other
-//! message (initialize, tools/list, notifications, a client's answers to server requests)
-//! passes unclaimed. Refusals are JSON-RPC errors (`ProxyError::into_jsonrpc`).
+//! operation — `read → check mirrored headers → protected? → identify → (a capped tool: price)
+//! → scope → claim (or answer: replay, in flight, held, key reused) → spend gate (a call parked
+//! for a person lets its claim go, waits, and claims again once approved: `gated`) → forward →
+//! settle → respond`; every other message (initialize, tools/list, notifications, a client's
+//! answers to server requests) passes unclaimed. Refusals are JSON-RPC errors
+//! (`ProxyError::into_jsonrpc`); a spend refusal is said of the call (`ProxyError::ToolSpend`),
+//! and with `refusals = "result"` answered as a tool result with `isError: true`.
 //!
 //! A server may answer a call with one JSON body or an event stream. A stream passes to the
 //! client as it comes (progress, server requests) while the same bytes are read for the call's
