@@ -1,6 +1,7 @@
 //! A route from its config block and its provider profile: each part of a route is built by
 //! one function below, and every error names the field that caused it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use crate::outbound::upstream::{ClientBuildError, ClientOptions, UpstreamClient}
 use crate::providers::catalogue::RowPrice;
 use crate::providers::{self, ErrorShape, KeyLimits, LimitsError, Profile, SpendDefaults};
 use crate::request::template::Template;
-use crate::spend::budget::{Budget, BudgetText, OnUnpriced, Pricing};
+use crate::spend::budget::{Budget, BudgetText, OnUnpriced, Pricing, ToolCounts};
 
 /// How long identical tool calls are one, unless `[routes.mcp] window` says otherwise.
 const DEFAULT_MCP_WINDOW: Duration = Duration::from_secs(24 * 3600);
@@ -554,6 +555,7 @@ impl<'a> Builder<'a> {
             }
             exponents.push((code.as_str(), *places));
         }
+        let tool_counts = self.tool_counts(c)?;
         let mut budget = Budget::parse(&BudgetText {
             amount: &amount,
             currency: &currency,
@@ -578,6 +580,7 @@ impl<'a> Builder<'a> {
             approval_expires: c.approval_expires.0,
             exponents: &exponents,
             on_unpriced,
+            tool_counts: &tool_counts,
         })
         .map_err(|(f, m)| self.invalid(&format!("spend.{f}"), m))?;
         let (on, priced_elsewhere) = self.spend_operations(c, defaults, &mut budget)?;
@@ -618,6 +621,50 @@ impl<'a> Builder<'a> {
             derive_without_key,
             descriptive: c.descriptive.clone(),
         }))
+    }
+
+    /// `[routes.spend.tools.NAME]`: count caps of one tool, on an MCP route, of a tool the
+    /// section gates (else they would count nothing).
+    fn tool_counts(
+        &self,
+        c: &crate::config::SpendConfig,
+    ) -> Result<BTreeMap<String, ToolCounts>, ConfigError> {
+        let mut out = BTreeMap::new();
+        for (tool, t) in &c.tools {
+            let field = format!("spend.tools.{tool}");
+            if self.r.protocol != Protocol::Mcp {
+                return Err(self.invalid(
+                    &field,
+                    "is only read on a route with protocol = \"mcp\" (count caps of one tool)"
+                        .into(),
+                ));
+            }
+            let gated = c
+                .operations
+                .iter()
+                .flatten()
+                .chain(&c.unpriced_operations)
+                .any(|o| o == tool);
+            if !gated {
+                return Err(self.invalid(
+                    &field,
+                    format!("`{tool}` is in neither spend.operations nor spend.unpriced_operations: its calls are not gated, so nothing would count them"),
+                ));
+            }
+            let counts = ToolCounts {
+                per_run: t.count_per_run,
+                per_tenant: t.count_per_tenant,
+                per_route: t.count_per_route,
+            };
+            if counts == ToolCounts::default() {
+                return Err(self.invalid(
+                    &field,
+                    "names no cap: set count_per_run, count_per_tenant or count_per_route".into(),
+                ));
+            }
+            out.insert(tool.clone(), counts);
+        }
+        Ok(out)
     }
 
     /// The requests that cost money: the route's own `operations` (priced by its `amount`),

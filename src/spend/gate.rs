@@ -278,6 +278,7 @@ impl Gate {
                 cost: &ask.cost,
                 replaces: ask.replaces,
                 enforce: ask.enforce,
+                tool: ask.tool.map(|t| t.name.as_str()),
             };
             let r = budget.reservation(&attempt, approved, now);
             let verdict = self.store.reserve(&r).await?;
@@ -288,7 +289,8 @@ impl Gate {
                 }
                 Reserved::OverCap { index, spent } => {
                     let name = cap(index).unwrap_or(CapName::PerTenant);
-                    let refusal = self.over_counter(budget, ask, name, spent, price);
+                    let counter = r.counters.get(index);
+                    let refusal = self.over_counter(budget, ask, name, counter, spent, price);
                     shadowed = self.refuse_unless_shadow(ask, name, refusal)?;
                     return Ok(self.admitted(ask, true, price, shadowed));
                 }
@@ -429,15 +431,24 @@ impl Gate {
         budget: &Budget,
         ask: &Charge<'_>,
         name: CapName,
+        counter: Option<&super::port::Counter>,
         spent: i64,
         price: Option<Price>,
     ) -> Refusal {
         if name.counts() {
-            let limit = budget.count_limit_of(name).unwrap_or(0);
+            let limit = counter
+                .and_then(|c| c.cap)
+                .or(budget.count_limit_of(name))
+                .unwrap_or(0);
+            // A tool's own counter says whose executions it counts.
+            let of = counter
+                .and_then(|c| c.key.split_once(super::budget::TOOL_COUNTER))
+                .map(|(_, tool)| format!(" of {tool}"))
+                .unwrap_or_default();
             return self.over(
                 ask,
                 name,
-                format!("{limit} executions"),
+                format!("{limit} executions{of}"),
                 format!("{spent} executions"),
                 "one more".into(),
             );

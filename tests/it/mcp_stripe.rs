@@ -597,6 +597,70 @@ async fn refusals_as_tool_results_where_the_route_says_so() {
     assert_eq!(server.count("create_refund"), 0, "{:?}", server.effects());
 }
 
+/// `[routes.spend.tools.create_refund] count_per_run = 1`: a count cap of one tool counts that
+/// tool's executions alone. A second refund in the run is refused with a JSON-RPC error naming
+/// the tool's cap, its first refund's re-run still replays, and another gated tool is not
+/// counted against it (a payment link still waits for its approval).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_count_cap_of_one_tool_counts_that_tool_alone() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = Worker::start_edited(
+        "stripe-mcp.toml",
+        &[("stripe-mcp", server.port)],
+        &pki,
+        None,
+        &|cfg| {
+            let spend = cfg
+                .get_mut("routes")
+                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut("spend"))
+                .and_then(|s| s.as_table_mut())
+                .expect("[routes.spend]");
+            spend.insert("approval_wait".into(), "1s".into());
+            let mut refund = toml::Table::new();
+            refund.insert("count_per_run".into(), 1.into());
+            let mut tools = toml::Table::new();
+            tools.insert("create_refund".into(), refund.into());
+            spend.insert("tools".into(), tools.into());
+        },
+    );
+    let first = json!({"payment_intent": "pi_1", "amount": 1_000});
+    ok(&call(&w, "create_refund", first.clone()).await);
+    let second = call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_2", "amount": 1_000}),
+    )
+    .await;
+    assert_eq!(second["error"]["code"], json!(-32000), "{second}");
+    assert_eq!(
+        second["error"]["data"]["slug"],
+        json!("spend-cap-exceeded"),
+        "{second}"
+    );
+    let message = second["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("count_per_run cap of 1 executions of create_refund"),
+        "{second}"
+    );
+    assert_eq!(server.count("create_refund"), 1, "{:?}", server.effects());
+    let rerun = ok(&call(&w, "create_refund", first).await).clone();
+    assert_eq!(rerun["replayed"], json!(true), "{rerun}");
+    // Another tool: not counted against create_refund's cap; it waits for its approval.
+    let link = call(
+        &w,
+        "create_payment_link",
+        json!({"price": "price_1", "quantity": 1}),
+    )
+    .await;
+    assert_eq!(
+        link["error"]["data"]["slug"],
+        json!("approval-pending"),
+        "{link}"
+    );
+}
+
 /// What an MCP route's spend section cannot say is a start-up error naming the field.
 #[test]
 fn check_config_names_what_an_mcp_spend_section_cannot_say() {
@@ -631,6 +695,12 @@ fn check_config_names_what_an_mcp_spend_section_cannot_say() {
             "[routes.mcp]\nrefusals = \"maybe\"\n",
             "mcp.refusals",
             "is not error or result",
+        ),
+        (
+            "[routes.mcp]\n",
+            "[routes.spend.tools.create_customer]\ncount_per_run = 1\n\n[routes.mcp]\n",
+            "spend.tools.create_customer",
+            "not gated",
         ),
         // Approvals of tool calls need someone to decide them.
         (

@@ -191,13 +191,18 @@ async fn serve(
         tool: &call.tool,
         view: &view,
     };
-    let (claim, ticket) = match gated(app, route, &calling, plan.as_ref(), outcome).await? {
+    let (claim, mut ticket) = match gated(app, route, &calling, plan.as_ref(), outcome).await? {
         Gated::Execute(claim, ticket) => (*claim, ticket),
         Gated::Replay(receipt) => {
             tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), "replayed a tool call's kept result");
             return Ok(replayed(&receipt, &message.id, &parts.headers));
         }
     };
+    // Going out: from here on the reservation stays unless the outcome says nothing happened
+    // (a ticket dropped unkept gives its reservation back: every call would count nothing).
+    if let Some(t) = ticket.as_mut() {
+        t.keep();
+    }
     let request = outgoing.request(None);
     let resume = parts
         .headers
