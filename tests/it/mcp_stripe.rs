@@ -661,6 +661,49 @@ async fn a_count_cap_of_one_tool_counts_that_tool_alone() {
     );
 }
 
+/// A run's money cap counts every refund the run made: the reservation of a call that went
+/// out stays (it used to be given back when the call ended, so `per_run` never filled up).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runs_refunds_add_up_against_per_run() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = Worker::start_edited(
+        "stripe-mcp.toml",
+        &[("stripe-mcp", server.port)],
+        &pki,
+        None,
+        &|cfg| {
+            let spend = cfg
+                .get_mut("routes")
+                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut("spend"))
+                .and_then(|s| s.as_table_mut())
+                .expect("[routes.spend]");
+            spend.insert("per_run".into(), "15.00".into());
+        },
+    );
+    ok(&call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_1", "amount": 1_000}),
+    )
+    .await);
+    let second = call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_2", "amount": 1_000}),
+    )
+    .await;
+    assert_eq!(
+        second["error"]["data"]["slug"],
+        json!("spend-cap-exceeded"),
+        "{second}"
+    );
+    let message = second["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("per_run cap of 15.00"), "{second}");
+    assert_eq!(server.count("create_refund"), 1, "{:?}", server.effects());
+}
+
 /// What an MCP route's spend section cannot say is a start-up error naming the field.
 #[test]
 fn check_config_names_what_an_mcp_spend_section_cannot_say() {
