@@ -510,6 +510,10 @@ pub struct McpConfig {
     /// Per tool: `[routes.mcp.tools.create_refund] key = "refund:{args.charge}"`.
     #[serde(default)]
     pub tools: std::collections::BTreeMap<String, McpToolConfig>,
+    /// How a tool call's spend refusal (a cap, an approval pending or denied) is answered:
+    /// `error` (a JSON-RPC error, the default) or `result` (a tool result with `isError:
+    /// true`, for agent frameworks that show their model only results).
+    pub refusals: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -596,6 +600,17 @@ pub struct SpendConfig {
     pub currency: Option<String>,
     /// `minor` (integers of cents: Stripe) or `major` (decimals: PayPal). Default: the profile's.
     pub unit: Option<String>,
+    /// On an MCP route, count caps of one tool (`[routes.spend.tools.create_refund]
+    /// count_per_run = 3`), beside the route-wide ones, which count every listed tool
+    /// together.
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolSpendConfig>,
+    /// Operations that move money and never say how much (an MCP route: tool names,
+    /// `finalize_invoice`): always unpriced, whatever the request carries — an `amount` an
+    /// agent adds to such a call is not read — so sent for approval (`unpriced = "approve"`)
+    /// or refused.
+    #[serde(default)]
+    pub unpriced_operations: Vec<String>,
     /// What a money-moving request the proxy cannot price gets where money is limited:
     /// `refuse` (403 `unpriced-operation`, the default) or `approve` (parked for a person).
     pub unpriced: Option<String>,
@@ -668,6 +683,16 @@ pub struct SpendConfig {
     /// user `tenant.run`), `header:NAME`. Absent: the tenant is one run.
     #[serde(default = "default_run_from")]
     pub run_from: Vec<String>,
+}
+
+/// Count caps of one tool of an MCP route: executions of that tool alone, in the windows of
+/// the route-wide count caps.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSpendConfig {
+    pub count_per_run: Option<u32>,
+    pub count_per_tenant: Option<u32>,
+    pub count_per_route: Option<u32>,
 }
 
 fn default_true() -> bool {

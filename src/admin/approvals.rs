@@ -281,9 +281,16 @@ fn view(a: &Approval, now: u64) -> serde_json::Value {
             serde_json::json!({"base64": base64::engine::general_purpose::STANDARD.encode(&a.body)})
         }
     };
+    // A tool call: its tool, whose call it is, and its canonical arguments (the body).
+    let tool = a.tool.as_ref().map(|t| {
+        let arguments = serde_json::from_slice::<serde_json::Value>(&a.body)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&a.body).into()));
+        serde_json::json!({"name": t.name, "account": t.account, "arguments": arguments})
+    });
     serde_json::json!({
         "id": a.id,
         "state": state_name(a, now),
+        "tool": tool,
         "route": a.route,
         "tenant": a.tenant,
         "run": a.run,

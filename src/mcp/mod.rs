@@ -41,6 +41,9 @@ pub struct McpRules {
     pub records: BTreeMap<String, recorded::Records>,
     /// Per tool: the recorded object a call is priced from.
     pub price_from: BTreeMap<String, recorded::PriceFrom>,
+    /// `refusals = "result"`: a tool call's spend refusal is answered as a tool result with
+    /// `isError: true` instead of a JSON-RPC error.
+    pub refusals_as_results: bool,
 }
 
 /// `[routes.mcp] answer_timeout` unless set.
@@ -71,6 +74,7 @@ impl McpRules {
             release_errors: BTreeMap::new(),
             records: BTreeMap::new(),
             price_from: BTreeMap::new(),
+            refusals_as_results: false,
         })
     }
 }

@@ -101,6 +101,8 @@ fn notice(a: &Approval) -> String {
             "run": a.run,
             "amount": a.amount,
             "request": format!("{} {}", a.method, a.path),
+            // A parked MCP tool call: its tool (its arguments, like a body, are not sent).
+            "tool": a.tool.as_ref().map(|t| &t.name),
             "why": a.why,
             "created_ms": a.created_ms,
             "expires_ms": a.expires_ms,

@@ -69,6 +69,9 @@ pub enum ProxyError {
     /// A money-moving request stopped by its caps or approvals.
     #[error(transparent)]
     Spend(SpendError),
+    /// A capped MCP tool call stopped by its caps or approvals: said of the call.
+    #[error("{}", error.to_tool(tool).map(|(said, _)| said).unwrap_or_else(|| error.to_string()))]
+    ToolSpend { tool: String, error: SpendError },
 }
 
 impl From<ReadError> for ProxyError {
@@ -106,7 +109,7 @@ impl ProxyError {
             } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::EgressRefused(_) => StatusCode::FORBIDDEN,
-            ProxyError::Spend(error) => error.status(),
+            ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.status(),
         }
     }
 
@@ -153,7 +156,7 @@ impl ProxyError {
             } => "upstream-response-too-large",
             ProxyError::Upstream { .. } => "upstream-failed",
             ProxyError::EgressRefused(_) => "egress-refused",
-            ProxyError::Spend(error) => error.slug(),
+            ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.slug(),
         }
     }
 
@@ -198,6 +201,7 @@ impl ProxyError {
             ProxyError::Upstream { .. } => "Upstream failed",
             ProxyError::EgressRefused(_) => "Destination not allowed",
             ProxyError::Spend(_) => "Payment stopped by spend control",
+            ProxyError::ToolSpend { .. } => "Tool call stopped by spend control",
         }
     }
 
@@ -239,6 +243,10 @@ impl ProxyError {
             },
             ProxyError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
             ProxyError::Spend(error) => error.advice().into(),
+            ProxyError::ToolSpend { tool, error } => error
+                .to_tool(tool)
+                .map_or(error.advice(), |(_, advice)| advice)
+                .into(),
         }
     }
 
@@ -249,7 +257,7 @@ impl ProxyError {
             ProxyError::StoreUnavailable(_) | ProxyError::Busy { .. } => {
                 Some(Duration::from_secs(1))
             }
-            ProxyError::Spend(error) => error.retry_after(),
+            ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.retry_after(),
             _ => None,
         }
     }
@@ -263,7 +271,11 @@ impl ProxyError {
             ProxyError::InFlight { .. }
             | ProxyError::StoreUnavailable(_)
             | ProxyError::Busy { .. }
-            | ProxyError::Spend(SpendError::Refused(Refusal::Store(_))) => true,
+            | ProxyError::Spend(SpendError::Refused(Refusal::Store(_)))
+            | ProxyError::ToolSpend {
+                error: SpendError::Refused(Refusal::Store(_)),
+                ..
+            } => true,
             ProxyError::Upstream { error, claim } => match claim {
                 _ if matches!(error, UpstreamError::Tls(_)) => false,
                 None | Some((Outcome::Released, Recorded::Done)) => true,
@@ -283,6 +295,32 @@ impl ProxyError {
     /// that id (HTTP 200, so the client raises it as the call's error).
     pub fn into_jsonrpc(self, id: &serde_json::Value) -> Response<Body> {
         self.answer(ErrorShape::JsonRpc, Some(id))
+    }
+
+    /// Whether this is a spend refusal of an MCP tool call (what `into_tool_result` answers).
+    pub fn is_tool_spend(&self) -> bool {
+        matches!(self, ProxyError::ToolSpend { .. })
+    }
+
+    /// The refusal of the JSON-RPC request `id` as a tool result with `isError: true` (HTTP
+    /// 200), for agent frameworks that show their model only results: the message is its
+    /// text content, and `_meta` carries the slug as `error.data` would.
+    pub fn into_tool_result(self, id: &serde_json::Value) -> Response<Body> {
+        let problem = Problem {
+            status: self.status(),
+            slug: self.slug(),
+            title: self.title(),
+            detail: format!("{self}. {}", self.advice()),
+            retry_after: self.retry_after(),
+        };
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": id,
+            "result": {"content": [{"type": "text", "text": problem.detail}], "isError": true,
+                "_meta": {"io.idemproxy/refusal": {"slug": problem.slug,
+                    "status": problem.status.as_u16(),
+                    "retryAfter": problem.retry_after.map(|d| d.as_secs().max(1))}}}});
+        let mut resp = problem.json_response(body.to_string());
+        *resp.status_mut() = StatusCode::OK;
+        resp
     }
 
     fn answer(self, shape: ErrorShape, id: Option<&serde_json::Value>) -> Response<Body> {

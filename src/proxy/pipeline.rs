@@ -351,22 +351,22 @@ enum Gated {
 /// A claim taken but not yet forwarded: withdrawn if the request goes away before it is (a
 /// client that hangs up while the gate checks its budget must not leave a claim to lapse
 /// into a held outcome).
-struct Unsent {
-    claims: Arc<crate::idempotency::claims::Claims>,
-    policy: Arc<Policy>,
-    claim: Option<Claim>,
+pub(super) struct Unsent {
+    pub(super) claims: Arc<crate::idempotency::claims::Claims>,
+    pub(super) policy: Arc<Policy>,
+    pub(super) claim: Option<Claim>,
 }
 
 impl Unsent {
-    fn claim(&self) -> Option<&Claim> {
+    pub(super) fn claim(&self) -> Option<&Claim> {
         self.claim.as_ref()
     }
 
-    fn forward(mut self) -> Option<Claim> {
+    pub(super) fn forward(mut self) -> Option<Claim> {
         self.claim.take()
     }
 
-    async fn withdraw(mut self) {
+    pub(super) async fn withdraw(mut self) {
         if let Some(claim) = self.claim.take() {
             self.claims.give_up(claim, self.policy.clone()).await;
         }
@@ -421,6 +421,7 @@ async fn gated(
             token: held.token.as_str(),
             replaces: held.replaces(),
             approved,
+            tool: None,
         };
         let admitted = spending::admit(&app.spend, route, rules, plan, req, &at).await;
         let refused = match admitted {

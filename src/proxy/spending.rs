@@ -11,6 +11,7 @@ use crate::spend::binding::{self, Bound};
 use crate::spend::budget::{Cost, PriceError, Pricing, Spender};
 use crate::spend::gate::{Admission, Charge, Gate, Refusal, Ticket};
 use crate::spend::money::Money;
+use crate::spend::port::ToolCall;
 
 /// The run the proxy user named on the CONNECT that opened an intercepted tunnel: requests
 /// inside it carry no `Proxy-Authorization` of their own.
@@ -88,6 +89,38 @@ impl SpendError {
             SpendError::Refused(Refusal::Mismatch { .. }) => "Nothing was forwarded: an approval covers exactly the request the person saw; send that one, or a different payment under a new key.",
             SpendError::Refused(Refusal::Store(_)) => "Nothing was forwarded; retry later.",
         }
+    }
+
+    /// What happened and what to do, said of a call to the MCP tool `tool` so that an agent's
+    /// model can act on it; `None` where the payment's wording fits a tool call as it is.
+    pub fn to_tool(&self, tool: &str) -> Option<(String, &'static str)> {
+        let said = match self {
+            SpendError::Refused(Refusal::Pending { id, .. }) => (
+                format!("a person must approve this call to {tool} (approval {id})"),
+                "Nothing was sent. Ask again later with the same call: once a person approves it, it runs, once.",
+            ),
+            SpendError::Refused(Refusal::Denied { id, by, reason }) => (
+                format!(
+                    "a person ({by}) denied this call to {tool} (approval {id}){}",
+                    reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+                ),
+                "Nothing was sent, and the same call gets this answer every time: do not ask again; tell the user, or make a different call.",
+            ),
+            SpendError::Refused(Refusal::Mismatch { id, approved }) => (
+                format!(
+                    "approval {id} is for another call to {tool} ({approved}): this call's arguments differ in what it pays, to whom or how"
+                ),
+                "Nothing was sent: an approval covers exactly the call the person saw. Make that call, or wait until that approval is decided and used, then ask for this one.",
+            ),
+            SpendError::Refused(Refusal::TooLargeToApprove { size, limit }) => (
+                format!(
+                    "this call to {tool} needs a person's approval, and its arguments are {size} bytes: a person approves only what they can read whole, up to {limit} bytes"
+                ),
+                "Nothing was sent or parked.",
+            ),
+            _ => return None,
+        };
+        Some(said)
     }
 
     pub fn retry_after(&self) -> Option<std::time::Duration> {
@@ -251,7 +284,34 @@ pub struct Attempting<'a> {
     pub token: &'a str,
     pub replaces: Option<&'a str>,
     pub approved: bool,
+    /// An MCP tool call: an approval shows it (tool, account, arguments), not the
+    /// JSON-RPC message it came in.
+    pub tool: Option<&'a ToolAsked>,
 }
+
+/// A capped tool call as a person approving it reads it: the tool, the account's fingerprint,
+/// and the canonical arguments (keys sorted; card data is redacted when it is parked). The
+/// JSON-RPC id, `_meta` and the session are left out: they change on every re-run.
+pub struct ToolAsked {
+    pub call: ToolCall,
+    pub arguments: Vec<u8>,
+}
+
+impl ToolAsked {
+    pub fn new(tool: &str, account: &str, arguments: &serde_json::Value) -> ToolAsked {
+        ToolAsked {
+            call: ToolCall {
+                name: tool.to_string(),
+                account: account.to_string(),
+            },
+            // serde_json's map is sorted: this is the canonical spelling.
+            arguments: serde_json::to_vec(arguments).unwrap_or_default(),
+        }
+    }
+}
+
+/// The method an approval of a tool call shows, beside the tool's name as its path.
+pub const TOOL_CALL: &str = "tools/call";
 
 pub async fn admit(
     gate: &Gate,
@@ -261,6 +321,10 @@ pub async fn admit(
     view: &Request<'_>,
     at: &Attempting<'_>,
 ) -> Result<Admission, SpendError> {
+    let (method, path, body) = match at.tool {
+        Some(t) => (TOOL_CALL, t.call.name.as_str(), t.arguments.as_slice()),
+        None => (view.method.as_str(), view.path, view.body),
+    };
     let ask = Charge {
         scope: at.scope,
         who: Spender {
@@ -270,9 +334,10 @@ pub async fn admit(
         },
         cost: plan.cost.clone(),
         binding: &plan.binding,
-        method: view.method.as_str(),
-        path: view.path,
-        body: view.body,
+        method,
+        path,
+        body,
+        tool: at.tool.map(|t| &t.call),
         enforce: spend.enforce,
         token: at.token,
         replaces: at.replaces,

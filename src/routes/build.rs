@@ -1,6 +1,7 @@
 //! A route from its config block and its provider profile: each part of a route is built by
 //! one function below, and every error names the field that caused it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ use crate::outbound::upstream::{ClientBuildError, ClientOptions, UpstreamClient}
 use crate::providers::catalogue::RowPrice;
 use crate::providers::{self, ErrorShape, Profile, SpendDefaults};
 use crate::request::template::Template;
-use crate::spend::budget::{Budget, BudgetText, OnUnpriced, Pricing};
+use crate::spend::budget::{Budget, BudgetText, OnUnpriced, Pricing, ToolCounts};
 
 /// How long identical tool calls are one, unless `[routes.mcp] window` says otherwise.
 const DEFAULT_MCP_WINDOW: Duration = Duration::from_secs(24 * 3600);
@@ -501,25 +502,6 @@ impl<'a> Builder<'a> {
                 None => Ok(None),
             };
         }
-        if let Some(spend) = &r.spend {
-            let approvals = [
-                ("approve_above", &spend.approve_above),
-                ("approve_run_above", &spend.approve_run_above),
-                ("approve_tenant_above", &spend.approve_tenant_above),
-            ];
-            if let Some((field, _)) = approvals.iter().find(|(_, v)| v.is_some()) {
-                return Err(self.invalid(
-                    &format!("spend.{field}"),
-                    "approvals of MCP tool calls are not done yet: cap the tools (per_request, per_run, per_tenant, per_route, count_*) instead".into(),
-                ));
-            }
-            if spend.unpriced.as_deref() == Some("approve") {
-                return Err(self.invalid(
-                    "spend.unpriced",
-                    "approvals of MCP tool calls are not done yet: an unpriced tool call is refused on a route with money caps (unpriced = \"refuse\")".into(),
-                ));
-            }
-        }
         let c = r.mcp.clone().unwrap_or_default();
         let window = c.window.map_or(DEFAULT_MCP_WINDOW, |d| d.0);
         if window.is_zero() {
@@ -554,10 +536,20 @@ impl<'a> Builder<'a> {
             .iter()
             .filter_map(|(tool, t)| t.key.clone().map(|k| (tool.clone(), k)))
             .collect();
+        let refusals_as_results = match c.refusals.as_deref() {
+            None | Some("error") => false,
+            Some("result") => true,
+            Some(other) => {
+                return Err(
+                    self.invalid("mcp.refusals", format!("`{other}` is not error or result"))
+                )
+            }
+        };
         let mut rules = McpRules::new(window, c.read_only.clone(), c.trust_annotations, tools)
             .map_err(|(tool, e)| self.invalid(&format!("mcp.tools.{tool}.key"), e))?;
         rules.answer_timeout = answer_timeout;
         rules.release_errors = release_errors;
+        rules.refusals_as_results = refusals_as_results;
         self.recorded(&c, &mut rules)?;
         Ok(Some(rules))
     }
@@ -672,6 +664,7 @@ impl<'a> Builder<'a> {
             }
             exponents.push((code.as_str(), *places));
         }
+        let tool_counts = self.tool_counts(c)?;
         let mut budget = Budget::parse(&BudgetText {
             amount: &amount,
             currency: &currency,
@@ -696,6 +689,7 @@ impl<'a> Builder<'a> {
             approval_expires: c.approval_expires.0,
             exponents: &exponents,
             on_unpriced,
+            tool_counts: &tool_counts,
         })
         .map_err(|(f, m)| self.invalid(&format!("spend.{f}"), m))?;
         let (on, priced_elsewhere) = self.spend_operations(c, defaults, &mut budget)?;
@@ -738,6 +732,50 @@ impl<'a> Builder<'a> {
         }))
     }
 
+    /// `[routes.spend.tools.NAME]`: count caps of one tool, on an MCP route, of a tool the
+    /// section gates (else they would count nothing).
+    fn tool_counts(
+        &self,
+        c: &crate::config::SpendConfig,
+    ) -> Result<BTreeMap<String, ToolCounts>, ConfigError> {
+        let mut out = BTreeMap::new();
+        for (tool, t) in &c.tools {
+            let field = format!("spend.tools.{tool}");
+            if self.r.protocol != Protocol::Mcp {
+                return Err(self.invalid(
+                    &field,
+                    "is only read on a route with protocol = \"mcp\" (count caps of one tool)"
+                        .into(),
+                ));
+            }
+            let gated = c
+                .operations
+                .iter()
+                .flatten()
+                .chain(&c.unpriced_operations)
+                .any(|o| o == tool);
+            if !gated {
+                return Err(self.invalid(
+                    &field,
+                    format!("`{tool}` is in neither spend.operations nor spend.unpriced_operations: its calls are not gated, so nothing would count them"),
+                ));
+            }
+            let counts = ToolCounts {
+                per_run: t.count_per_run,
+                per_tenant: t.count_per_tenant,
+                per_route: t.count_per_route,
+            };
+            if counts == ToolCounts::default() {
+                return Err(self.invalid(
+                    &field,
+                    "names no cap: set count_per_run, count_per_tenant or count_per_route".into(),
+                ));
+            }
+            out.insert(tool.clone(), counts);
+        }
+        Ok(out)
+    }
+
     /// The requests that cost money: the route's own `operations` (priced by its `amount`),
     /// else its profile's catalogue, each row priced as it says. Also the rows not priced
     /// from the body (steps of counted objects, unpriced requests).
@@ -758,11 +796,41 @@ impl<'a> Builder<'a> {
                     .into(),
             ));
         }
+        // Listed first: the first row an operation matches prices it.
+        let mut never_priced = Vec::new();
+        for (j, o) in c.unpriced_operations.iter().enumerate() {
+            let field = format!("spend.unpriced_operations[{j}]");
+            let (op, why) = if mcp {
+                let op = tool_operation(o).map_err(|m| self.invalid(&field, m))?;
+                (
+                    op,
+                    format!("the tool {o} moves money and its arguments say no amount"),
+                )
+            } else {
+                (
+                    o.clone(),
+                    format!("{o} moves money and the request says no amount"),
+                )
+            };
+            if c.operations.iter().flatten().any(|p| p == o) {
+                return Err(self.invalid(
+                    &field,
+                    format!("`{o}` is in spend.operations too: name it in one of the two"),
+                ));
+            }
+            never_priced.push(PricedOperation {
+                pattern: Pattern::parse(&op).map_err(|m| self.invalid(&field, m))?,
+                pricing: Pricing::Unpriced(why),
+                records: None,
+            });
+        }
+        // Without a key, identified by the whole request like a charge (REST rows).
+        let unpriced_names = c.unpriced_operations.clone();
         if let Some(ops) = &c.operations {
-            let on = ops
-                .iter()
-                .enumerate()
-                .map(|(j, named)| {
+            let on = never_priced
+                .into_iter()
+                .map(Ok)
+                .chain(ops.iter().enumerate().map(|(j, named)| {
                     let o = if mcp {
                         tool_operation(named)
                             .map_err(|m| self.invalid(&format!("spend.operations[{j}]"), m))?
@@ -785,7 +853,7 @@ impl<'a> Builder<'a> {
                         },
                         records: None,
                     })
-                })
+                }))
                 .collect::<Result<Vec<_>, ConfigError>>()?;
             return Ok((on, Vec::new()));
         }
@@ -795,8 +863,8 @@ impl<'a> Builder<'a> {
                 "needed: this route's provider has no default for it".into(),
             ));
         };
-        let mut on = Vec::new();
-        let mut elsewhere = Vec::new();
+        let mut on = never_priced;
+        let mut elsewhere = unpriced_names;
         for (j, row) in d.rows.iter().enumerate() {
             let pricing = match row.price {
                 RowPrice::Body => Pricing::Amount(0),

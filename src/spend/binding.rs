@@ -196,6 +196,46 @@ mod tests {
             fp(f, "destination=acct_EVIL&amount=1500", &["metadata.note"])
         );
         assert_eq!(number("007"), "007");
+    }
+
+    /// A tool call is bound as its tool and canonical arguments (what `plan_tool` binds): a
+    /// reworded descriptive argument is the same call, another payee or amount is not.
+    #[test]
+    fn a_tool_call_is_bound_to_its_arguments_minus_descriptive_ones() {
+        let d = vec!["redirect_url".to_string(), "description".to_string()];
+        let bind = |args: serde_json::Value| {
+            let body = args.to_string();
+            fingerprint(&Bound {
+                method: "POST",
+                path: "/create_refund",
+                account: "acc",
+                amount: "150.00 USD",
+                content_type: Some("application/json"),
+                body: body.as_bytes(),
+                descriptive: &d,
+            })
+        };
+        let first = bind(
+            serde_json::json!({"payment_intent": "pi_A", "amount": 15000, "description": "duplicate order"}),
+        );
+        assert_eq!(
+            first,
+            bind(
+                serde_json::json!({"amount": 15000.0, "payment_intent": "pi_A", "description": "the customer ordered twice"})
+            )
+        );
+        assert_ne!(
+            first,
+            bind(
+                serde_json::json!({"payment_intent": "pi_B", "amount": 15000, "description": "duplicate order"})
+            )
+        );
+        assert_ne!(
+            first,
+            bind(
+                serde_json::json!({"payment_intent": "pi_A", "amount": 15001, "description": "duplicate order"})
+            )
+        );
         assert_eq!(number("-12.50"), "-12.5");
     }
 }

@@ -95,6 +95,17 @@ pub struct Budget {
     pub approve_tenant_above: Option<Money>,
     pub approval_wait: Duration,
     pub approval_expires: Duration,
+    /// Count caps of one operation (an MCP tool) of the route, beside the route-wide ones.
+    pub tool_counts: BTreeMap<String, ToolCounts>,
+}
+
+/// Executions of one operation (an MCP tool, by name) per run, tenant and route, each in the
+/// window of its route-wide namesake.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ToolCounts {
+    pub per_run: Option<u32>,
+    pub per_tenant: Option<u32>,
+    pub per_route: Option<u32>,
 }
 
 /// The pieces of a `[routes.spend]` after defaults, as text; [`Budget::parse`] checks them.
@@ -123,6 +134,7 @@ pub struct BudgetText<'a> {
     /// The provider's own minor units where they differ from ISO 4217.
     pub exponents: &'a [(&'a str, u32)],
     pub on_unpriced: OnUnpriced,
+    pub tool_counts: &'a BTreeMap<String, ToolCounts>,
 }
 
 impl Budget {
@@ -192,6 +204,7 @@ impl Budget {
             approve_tenant_above: money("approve_tenant_above", t.approve_tenant_above)?,
             approval_wait: t.approval_wait,
             approval_expires: t.approval_expires,
+            tool_counts: t.tool_counts.clone(),
         };
         b.check_limits()?;
         Ok(b)
@@ -244,6 +257,7 @@ impl Budget {
         ]
         .iter()
         .any(Option::is_some)
+            || !self.tool_counts.is_empty()
     }
 
     /// Another way to read an amount (a catalogue row's own fields); its number for
@@ -444,6 +458,43 @@ impl Budget {
                 });
             }
         }
+        // The tool's own: its executions alone, under a key of their own (same hash tag).
+        if let Some((tool, caps)) = at
+            .tool
+            .and_then(|t| self.tool_counts.get(t).map(|c| (t, c)))
+        {
+            let own = [
+                (
+                    caps.per_run,
+                    who.run_counter(),
+                    self.run_window,
+                    CapName::CountPerRun,
+                ),
+                (
+                    caps.per_tenant,
+                    who.tenant_counter(),
+                    self.tenant_window,
+                    CapName::CountPerTenant,
+                ),
+                (
+                    caps.per_route,
+                    who.route_counter(),
+                    self.route_window,
+                    CapName::CountPerRoute,
+                ),
+            ];
+            for (cap, key, window, name) in own {
+                if let Some(cap) = cap {
+                    counters.push(Counter {
+                        key: format!("{key}/executions{TOOL_COUNTER}{tool}"),
+                        cap: Some(i64::from(cap)),
+                        since_ms: since(window),
+                        add: 1,
+                        name,
+                    });
+                }
+            }
+        }
         Reservation {
             token: at.token.to_string(),
             counters,
@@ -560,7 +611,12 @@ pub struct Attempt<'a> {
     /// An earlier attempt whose reservation this one takes over (see `Reservation`).
     pub replaces: Option<&'a str>,
     pub enforce: bool,
+    /// The MCP tool it calls: its own count caps apply too.
+    pub tool: Option<&'a str>,
 }
+
+/// What a tool's own execution counter's key holds before the tool's name.
+pub const TOOL_COUNTER: &str = "/tool/";
 
 /// Whose budgets a request counts against.
 #[derive(Debug, Clone, Copy)]

@@ -15,7 +15,9 @@ use sha2::{Digest, Sha256};
 
 use super::budget::{Attempt, Budget, Cost, OnUnpriced, Price, Spender};
 use super::money::Money;
-use super::port::{Approval, ApprovalState, CapName, FreezeTarget, Opened, Reserved, SpendStore};
+use super::port::{
+    Approval, ApprovalState, CapName, FreezeTarget, Opened, Reserved, SpendStore, ToolCall,
+};
 use crate::idempotency::claims::Claims;
 use crate::idempotency::store::StoreError;
 
@@ -69,8 +71,11 @@ pub struct Charge<'a> {
     pub binding: &'a str,
     pub method: &'a str,
     pub path: &'a str,
-    /// What the approver reads: the body with card data redacted.
+    /// What the approver reads: the body (a tool call's canonical arguments) with card data
+    /// redacted.
     pub body: &'a [u8],
+    /// A tool call of an MCP route: its tool and account, shown beside the arguments.
+    pub tool: Option<&'a ToolCall>,
     /// `false`: shadow mode — every decision logged and counted, nothing refused.
     pub enforce: bool,
     /// The attempt's claim token: its reservation belongs to it.
@@ -273,6 +278,7 @@ impl Gate {
                 cost: &ask.cost,
                 replaces: ask.replaces,
                 enforce: ask.enforce,
+                tool: ask.tool.map(|t| t.name.as_str()),
             };
             let r = budget.reservation(&attempt, approved, now);
             let verdict = self.store.reserve(&r).await?;
@@ -283,7 +289,8 @@ impl Gate {
                 }
                 Reserved::OverCap { index, spent } => {
                     let name = cap(index).unwrap_or(CapName::PerTenant);
-                    let refusal = self.over_counter(budget, ask, name, spent, price);
+                    let counter = r.counters.get(index);
+                    let refusal = self.over_counter(budget, ask, name, counter, spent, price);
                     shadowed = self.refuse_unless_shadow(ask, name, refusal)?;
                     return Ok(self.admitted(ask, true, price, shadowed));
                 }
@@ -424,15 +431,24 @@ impl Gate {
         budget: &Budget,
         ask: &Charge<'_>,
         name: CapName,
+        counter: Option<&super::port::Counter>,
         spent: i64,
         price: Option<Price>,
     ) -> Refusal {
         if name.counts() {
-            let limit = budget.count_limit_of(name).unwrap_or(0);
+            let limit = counter
+                .and_then(|c| c.cap)
+                .or(budget.count_limit_of(name))
+                .unwrap_or(0);
+            // A tool's own counter says whose executions it counts.
+            let of = counter
+                .and_then(|c| c.key.split_once(super::budget::TOOL_COUNTER))
+                .map(|(_, tool)| format!(" of {tool}"))
+                .unwrap_or_default();
             return self.over(
                 ask,
                 name,
-                format!("{limit} executions"),
+                format!("{limit} executions{of}"),
                 format!("{spent} executions"),
                 "one more".into(),
             );
@@ -645,6 +661,7 @@ fn fresh_approval(
         first_approval: None,
         variants: Vec::new(),
         version: 0,
+        tool: ask.tool.cloned(),
     }
 }
 

@@ -69,6 +69,7 @@ fn world() -> World {
 
 fn budget(configure: impl FnOnce(&mut BudgetText<'_>)) -> Budget {
     let rates = BTreeMap::new();
+    let tool_counts = BTreeMap::new();
     let amount = ["{body.amount}".to_string()];
     let mut t = BudgetText {
         amount: &amount,
@@ -94,6 +95,7 @@ fn budget(configure: impl FnOnce(&mut BudgetText<'_>)) -> Budget {
         approval_expires: Duration::from_secs(3600),
         exponents: &[],
         on_unpriced: Default::default(),
+        tool_counts: &tool_counts,
     };
     configure(&mut t);
     Budget::parse(&t).expect("budget")
@@ -145,6 +147,7 @@ impl Gate {
             method: "POST",
             path: "/v1/payment_intents",
             body: b"amount=1",
+            tool: None,
             enforce: r.enforce,
             token: &token,
             replaces: None,
@@ -427,6 +430,7 @@ fn a_calendar_day_starts_at_midnight_in_the_routes_zone() {
             cost: &cost,
             replaces: None,
             enforce: true,
+            tool: None,
         },
         false,
         noon,
@@ -439,6 +443,7 @@ fn a_calendar_day_starts_at_midnight_in_the_routes_zone() {
 fn bad_windows_and_zones_are_named() {
     let parse = |window: &'static str, zone: Option<&'static str>| {
         let rates = BTreeMap::new();
+        let tool_counts = BTreeMap::new();
         let amount = ["{body.amount}".to_string()];
         let t = BudgetText {
             amount: &amount,
@@ -464,6 +469,7 @@ fn bad_windows_and_zones_are_named() {
             approval_expires: Duration::from_secs(3600),
             exponents: &[],
             on_unpriced: Default::default(),
+            tool_counts: &tool_counts,
         };
         Budget::parse(&t).map(|_| ()).map_err(|(field, _)| field)
     };
@@ -475,4 +481,69 @@ fn bad_windows_and_zones_are_named() {
     assert_eq!(parse("daily", None), Err("tenant_window".into()));
     assert_eq!(parse("0s", None), Err("tenant_window".into()));
     assert_eq!(parse("calendar-day", None), Ok(()), "UTC by default");
+}
+
+#[test]
+fn a_tool_count_cap_is_a_counter_of_its_own() {
+    let rates = BTreeMap::new();
+    let mut tool_counts = BTreeMap::new();
+    tool_counts.insert(
+        "create_refund".to_string(),
+        super::budget::ToolCounts {
+            per_run: Some(1),
+            ..Default::default()
+        },
+    );
+    let amount = ["{body.amount}".to_string()];
+    let t = BudgetText {
+        amount: &amount,
+        currency: "usd",
+        unit: "minor",
+        caps_currency: "usd",
+        rates: &rates,
+        per_request: Some("5.00"),
+        per_run: None,
+        per_tenant: None,
+        per_route: None,
+        count_per_run: None,
+        count_per_tenant: None,
+        count_per_route: None,
+        tenant_window: "1h",
+        run_window: "1h",
+        route_window: "1h",
+        time_zone: None,
+        approve_above: None,
+        approve_run_above: None,
+        approve_tenant_above: None,
+        approval_wait: Duration::from_secs(20),
+        approval_expires: Duration::from_secs(3600),
+        exponents: &[],
+        on_unpriced: Default::default(),
+        tool_counts: &tool_counts,
+    };
+    let b = Budget::parse(&t).expect("budget");
+    let who = Spender {
+        route: "r",
+        tenant: "t",
+        run: "x",
+    };
+    let cost = Cost::Free;
+    let at = |tool| super::budget::Attempt {
+        token: "a",
+        who: &who,
+        cost: &cost,
+        replaces: None,
+        enforce: true,
+        tool,
+    };
+    let r = b.reservation(&at(Some("create_refund")), false, 0);
+    let keys: Vec<_> = r.counters.iter().map(|c| (c.key.as_str(), c.cap)).collect();
+    assert_eq!(
+        keys,
+        [("{r/t}/run/x/executions/tool/create_refund", Some(1))]
+    );
+    assert!(b
+        .reservation(&at(Some("finalize_invoice")), false, 0)
+        .counters
+        .is_empty());
 }

@@ -192,6 +192,20 @@ pub struct Approval {
     /// Bumped on every change; a decision is written only over the version it read.
     #[serde(default)]
     pub version: u64,
+    /// A parked MCP tool call (`None`: an HTTP request): the tool and whose call it is; its
+    /// canonical arguments are the `body`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<ToolCall>,
+}
+
+/// What an approver sees of a tool call beside its arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The tool's name (`create_refund`).
+    pub name: String,
+    /// The account the call acts for, as a fingerprint (a hash: never a credential), so the
+    /// approver can tell two callers' calls apart.
+    pub account: String,
 }
 
 /// Who approved first when an approval needs two people, and why.

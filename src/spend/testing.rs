@@ -38,6 +38,7 @@ pub fn approval(id: &str, t: u64) -> Approval {
         first_approval: None,
         variants: Vec::new(),
         version: 0,
+        tool: None,
     }
 }
 

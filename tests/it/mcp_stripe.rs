@@ -5,8 +5,11 @@
 //! MCP client (`tests/python/mcp_call.py`: defaults, no key) with the setup `idemproxy env`
 //! prints and a restricted key as its bearer token, as an agent's tool makes it.
 
+use std::time::Duration;
+
 use serde_json::{json, Value};
 
+use crate::common::client::send;
 use crate::common::pki::TestPki;
 use crate::common::worker::{python_script, Worker};
 use crate::common::Backend;
@@ -15,6 +18,8 @@ use crate::mcp::{ok, result, Framing, McpServer};
 const URL: &str = "https://mcp.stripe.com/";
 const HOST: &str = "mcp.stripe.com";
 const KEY: &str = "rk_test_agent";
+/// The admin token `Worker` starts the proxy with (an operator's IDEMPROXY_ADMIN_TOKEN).
+const ADMIN_TOKEN: &str = "worker-test-admin-token";
 
 async fn stripe_server(pki: &TestPki, framing: Framing) -> McpServer {
     McpServer::start_script("python3", "stripe_mcp_server.py", HOST, pki, framing, &[]).await
@@ -41,6 +46,80 @@ async fn call_as(w: &Worker, key: &str, tool: &str, args: Value) -> Value {
     .await
 }
 
+/// The admin API, over HTTP to the proxy's admin listener with the operator's bearer token.
+async fn admin(w: &Worker, method: &str, path: &str, body: Value) -> Value {
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let r = send(
+        w.proxy.admin.expect("the admin listener"),
+        method,
+        path,
+        &[
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+        ],
+        if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        },
+    )
+    .await
+    .expect("the admin API answers");
+    assert!(
+        (200..300).contains(&r.status),
+        "{method} {path}: {}",
+        r.text()
+    );
+    r.json()
+}
+
+/// The approval a call to `tool` with `args` waits on, as the approvals API shows it, once it
+/// is there.
+async fn pending(w: &Worker, tool: &str, args: &Value) -> Value {
+    for _ in 0..300 {
+        let listed = admin(w, "GET", "/v1/approvals?state=pending", Value::Null).await;
+        let found = listed["approvals"].as_array().and_then(|all| {
+            all.iter()
+                .find(|a| a["tool"]["name"] == tool && &a["tool"]["arguments"] == args)
+                .cloned()
+        });
+        if let Some(a) = found {
+            return a;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no approval of {tool} {args} came");
+}
+
+/// A person's decision (`approve` or `deny`) on approval `id`, through the admin API.
+async fn decide(w: &Worker, decision: &str, id: &str, reason: &str) -> Value {
+    let body = json!({"id": id, "by": "ana@example.com", "reason": reason});
+    let decided = admin(w, "POST", &format!("/v1/approvals/{decision}"), body).await;
+    assert_eq!(decided["id"], json!(id), "{decided}");
+    decided
+}
+
+/// `tool(args)` called while a person looks at the approval it waits on and approves it: the
+/// call runs then, once. Returns the call's answer and the approval as the person saw it.
+async fn approved_while_waiting(
+    server: &McpServer,
+    w: &Worker,
+    tool: &str,
+    args: Value,
+) -> (Value, Value) {
+    let before = server.count(tool);
+    let person = async {
+        let a = pending(w, tool, &args).await;
+        // Waiting: nothing reached the server.
+        assert_eq!(server.count(tool), before, "{tool} ran before its approval");
+        decide(w, "approve", a["id"].as_str().expect("an id"), "checked").await;
+        a
+    };
+    let (answer, seen) = tokio::join!(call(w, tool, args.clone()), person);
+    assert_eq!(server.count(tool), before + 1, "{tool}: {answer}");
+    (answer, seen)
+}
+
 /// `first`, then `rerun` in another process: one effect of `tool` (as many as before plus
 /// one), the re-run a replay of the first result. Returns the first result.
 async fn once(server: &McpServer, w: &Worker, tool: &str, first: Value, rerun: Value) -> Value {
@@ -51,6 +130,25 @@ async fn once(server: &McpServer, w: &Worker, tool: &str, first: Value, rerun: V
     assert_eq!(ok(&a)["replayed"], json!(false), "{tool}: {a}");
     assert_eq!(ok(&b)["replayed"], json!(true), "{tool}: {b}");
     assert_eq!(a["isError"], json!(false), "{tool}: {a}");
+    assert_eq!(a["text"], b["text"], "{tool}");
+    result(&a)
+}
+
+/// `once` for a tool that waits for a person: the first call approved while it waits (the
+/// approval shows the tool, its arguments and "unpriced"), the re-run a replay that asks no one.
+async fn once_approved(
+    server: &McpServer,
+    w: &Worker,
+    tool: &str,
+    first: Value,
+    rerun: Value,
+) -> Value {
+    let (a, seen) = approved_while_waiting(server, w, tool, first).await;
+    assert_eq!(seen["amount"], json!("unpriced"), "{seen}");
+    let b = call(w, tool, rerun).await;
+    assert_eq!(server.count(tool), 1, "{tool}: {a} / {b}");
+    assert_eq!(ok(&a)["replayed"], json!(false), "{tool}: {a}");
+    assert_eq!(ok(&b)["replayed"], json!(true), "{tool}: {b}");
     assert_eq!(a["text"], b["text"], "{tool}");
     result(&a)
 }
@@ -92,7 +190,9 @@ async fn toolkit_sequence_runs_once(framing: Framing) {
         json!({"product": product, "unit_amount": 1500, "currency": "USD"}),
     )
     .await);
-    let link = once(
+    // A payment link and a finalization move money and carry no amount: a person approves
+    // each (through the admin API) while the call waits; the re-runs replay.
+    let link = once_approved(
         &server,
         &w,
         "create_payment_link",
@@ -119,7 +219,7 @@ async fn toolkit_sequence_runs_once(framing: Framing) {
     .await;
     // Finalizing charges the customer: once. The second finalization gets the first's result,
     // not Stripe's "already finalized" error.
-    let finalized = once(
+    let finalized = once_approved(
         &server,
         &w,
         "finalize_invoice",
@@ -216,21 +316,14 @@ async fn a_call_without_a_templated_argument_is_refused_before_the_server() {
 
 /// The example caps refunds (`[routes.spend]`, priced from the tool's `amount` argument): one
 /// over the cap is refused with a JSON-RPC error the client raises and whose message tells the
-/// model what happened and what to do, and nothing reaches the server; one without an amount
-/// cannot be priced and is refused the same way; one under the cap goes through once, its
-/// re-run a replay that the gate never counts again.
+/// model what happened and what to do, and nothing reaches the server; one under the cap and
+/// under `approve_above` goes through once, its re-run a replay that the gate never counts
+/// again.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_refund_over_the_cap_or_unpriced_is_a_jsonrpc_error_one_under_it_runs_once() {
+async fn a_refund_over_the_cap_is_a_jsonrpc_error_one_under_it_runs_once() {
     let pki = TestPki::new("stripe-mcp");
     let server = stripe_server(&pki, Framing::Json).await;
     let w = worker(&pki, &server);
-    let refused = |v: &Value, slug: &str, says: &str| {
-        assert_eq!(v["error"]["code"], json!(-32000), "{v}");
-        assert_eq!(v["error"]["data"]["slug"], json!(slug), "{v}");
-        let message = v["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains(says), "{says}: {v}");
-        assert!(message.contains("Nothing was forwarded"), "{v}");
-    };
 
     // 250.00 usd against a per-request cap of 200.00, twice: refused both times.
     for _ in 0..2 {
@@ -240,15 +333,20 @@ async fn a_refund_over_the_cap_or_unpriced_is_a_jsonrpc_error_one_under_it_runs_
             json!({"payment_intent": "pi_big", "amount": 25_000}),
         )
         .await;
-        refused(&over, "spend-cap-exceeded", "cap");
+        assert_eq!(over["error"]["code"], json!(-32000), "{over}");
+        assert_eq!(
+            over["error"]["data"]["slug"],
+            json!("spend-cap-exceeded"),
+            "{over}"
+        );
+        let message = over["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("per_request cap of 200.00"), "{over}");
+        assert!(message.contains("Nothing was forwarded"), "{over}");
     }
-    // A whole refund names no amount: the capped route cannot price it.
-    let whole = call(&w, "create_refund", json!({"payment_intent": "pi_big"})).await;
-    refused(&whole, "unpriced-operation", "amount argument");
     assert_eq!(server.count("create_refund"), 0, "{:?}", server.effects());
 
-    // 150.00 usd: under the cap, once; the re-run is the first refund.
-    let under = json!({"payment_intent": "pi_big", "amount": 15_000});
+    // 50.00 usd: under the cap and under approve_above, once; the re-run is the first refund.
+    let under = json!({"payment_intent": "pi_big", "amount": 5_000});
     let first = ok(&call(&w, "create_refund", under.clone()).await).clone();
     let rerun = ok(&call(&w, "create_refund", under).await).clone();
     assert_eq!(server.count("create_refund"), 1, "{first} / {rerun}");
@@ -259,7 +357,363 @@ async fn a_refund_over_the_cap_or_unpriced_is_a_jsonrpc_error_one_under_it_runs_
     assert_eq!(server.count("create_customer"), 1);
 }
 
-/// What an MCP route's spend section cannot say yet is a start-up error naming the field.
+/// Approvals of tool calls with the shipped example: a money tool without an amount
+/// (finalize_invoice) waits while a person reads the approval — the tool, its canonical
+/// arguments, the account's fingerprint, "unpriced" — and approves it through the admin API:
+/// it runs once, and its re-run in a new process replays. A refund above `approve_above` waits
+/// the same way, showing its price. An approval of one refund does not cover a refund of
+/// another payment intent: that one waits for its own, and nothing of it runs until approved.
+/// A denied call never runs: the client gets a JSON-RPC error naming the denial, every time.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_money_tool_waits_for_a_person_approved_it_runs_once_denied_never() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = worker(&pki, &server);
+    let id = |v: &Value| {
+        v["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no id: {v}"))
+            .to_string()
+    };
+    let customer = id(&result(
+        &call(&w, "create_customer", json!({"name": "Jo"})).await,
+    ));
+    let invoice = id(&result(
+        &call(&w, "create_invoice", json!({"customer": customer})).await,
+    ));
+
+    // Unpriced: approved while it waits, it runs once.
+    let finalize = json!({"invoice": invoice});
+    let (done, seen) =
+        approved_while_waiting(&server, &w, "finalize_invoice", finalize.clone()).await;
+    assert_eq!(ok(&done)["replayed"], json!(false), "{done}");
+    assert_eq!(result(&done)["status"], json!("open"), "{done}");
+    assert_eq!(seen["amount"], json!("unpriced"), "{seen}");
+    assert_eq!(
+        seen["request"],
+        json!("tools/call finalize_invoice"),
+        "{seen}"
+    );
+    assert_eq!(seen["tool"]["arguments"], finalize, "{seen}");
+    let account = seen["tool"]["account"].as_str().unwrap_or_default();
+    assert!(
+        account.len() >= 16 && account.bytes().all(|b| b.is_ascii_hexdigit()),
+        "the account is a fingerprint: {seen}"
+    );
+    assert!(
+        !seen.to_string().contains(KEY),
+        "no credential shown: {seen}"
+    );
+    // Its re-run, a new process: the kept result; nobody is asked again.
+    let rerun = ok(&call(&w, "finalize_invoice", finalize).await).clone();
+    assert_eq!(rerun["replayed"], json!(true), "{rerun}");
+    assert_eq!(rerun["text"], done["text"]);
+    assert_eq!(server.count("finalize_invoice"), 1);
+
+    // Priced above approve_above (100.00): the person sees the price.
+    let big = json!({"payment_intent": "pi_A", "amount": 15_000});
+    let (refunded, seen) = approved_while_waiting(&server, &w, "create_refund", big.clone()).await;
+    assert_eq!(seen["amount"], json!("150.00 USD"), "{seen}");
+    assert!(
+        seen["why"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("approve_above"),
+        "{seen}"
+    );
+    assert_eq!(result(&refunded)["amount"], json!(15_000), "{refunded}");
+    let rerun = ok(&call(&w, "create_refund", big).await).clone();
+    assert_eq!(rerun["replayed"], json!(true), "{rerun}");
+    assert_eq!(server.count("create_refund"), 1);
+
+    // The same amount to another payment intent is another call: the approval above does not
+    // cover it; it waits for its own (approved_while_waiting checks nothing ran meanwhile).
+    let other = json!({"payment_intent": "pi_B", "amount": 15_000});
+    let (refunded, seen) = approved_while_waiting(&server, &w, "create_refund", other).await;
+    ok(&refunded);
+    assert_eq!(
+        seen["tool"]["arguments"]["payment_intent"],
+        json!("pi_B"),
+        "{seen}"
+    );
+    assert_eq!(server.count("create_refund"), 2);
+
+    // Denied while it waits: never runs, and the client hears why, in the call's words.
+    let whole = json!({"payment_intent": "pi_C"});
+    let person = async {
+        let a = pending(&w, "create_refund", &whole).await;
+        assert_eq!(a["amount"], json!("unpriced"), "{a}");
+        let id = a["id"].as_str().expect("an id").to_string();
+        decide(&w, "deny", &id, "not our customer").await;
+        id
+    };
+    let (denied, approval) = tokio::join!(call(&w, "create_refund", whole.clone()), person);
+    let said = |v: &Value| {
+        assert_eq!(v["error"]["code"], json!(-32000), "{v}");
+        assert_eq!(v["error"]["data"]["slug"], json!("approval-denied"), "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        for part in [
+            "denied this call to create_refund",
+            approval.as_str(),
+            "not our customer",
+            "Nothing was sent",
+            "do not ask again",
+        ] {
+            assert!(message.contains(part), "{part}: {v}");
+        }
+    };
+    said(&denied);
+    // Asked again in a new process: the same denial at once, and still nothing ran.
+    said(&call(&w, "create_refund", whole).await);
+    assert_eq!(server.count("create_refund"), 2, "{:?}", server.effects());
+}
+
+/// With a short `approval_wait`, a call nobody decides in time is a JSON-RPC error saying a
+/// person must approve it (its approval id) and to ask again later; nothing ran. Approved
+/// afterwards, the same call asked again runs once — also when only a descriptive argument
+/// (the link's redirect) was reworded — while one with another quantity is another call,
+/// waiting for its own approval.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_undecided_call_says_ask_again_later_and_runs_once_approved() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = Worker::start_edited(
+        "stripe-mcp.toml",
+        &[("stripe-mcp", server.port)],
+        &pki,
+        None,
+        &|cfg| {
+            let spend = cfg
+                .get_mut("routes")
+                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut("spend"))
+                .and_then(|s| s.as_table_mut())
+                .expect("[routes.spend]");
+            spend.insert("approval_wait".into(), "1s".into());
+        },
+    );
+    let link = |quantity: u32, redirect: &str| json!({"price": "price_1", "quantity": quantity, "redirect_url": redirect});
+    let waits = |v: &Value| -> String {
+        assert_eq!(v["error"]["code"], json!(-32000), "{v}");
+        assert_eq!(v["error"]["data"]["slug"], json!("approval-pending"), "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message
+                .contains("a person must approve this call to create_payment_link (approval apr_"),
+            "{v}"
+        );
+        assert!(message.contains("Nothing was sent. Ask again later"), "{v}");
+        let start = message.find("apr_").expect("an approval id");
+        message[start..]
+            .split(')')
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+
+    let first = call(&w, "create_payment_link", link(1, "https://example.com/a")).await;
+    let approval = waits(&first);
+    assert_eq!(server.count("create_payment_link"), 0);
+    decide(&w, "approve", &approval, "checked").await;
+
+    // The re-run reworded the redirect (descriptive): the approved call, run once now.
+    let ran = ok(&call(&w, "create_payment_link", link(1, "https://example.com/b")).await).clone();
+    assert_eq!(ran["replayed"], json!(false), "{ran}");
+    assert_eq!(server.count("create_payment_link"), 1);
+    let again =
+        ok(&call(&w, "create_payment_link", link(1, "https://example.com/a")).await).clone();
+    assert_eq!(again["replayed"], json!(true), "{again}");
+
+    // Another quantity is another link: not covered, it waits for its own approval.
+    let other = call(&w, "create_payment_link", link(2, "https://example.com/a")).await;
+    assert_ne!(waits(&other), approval, "{other}");
+    assert_eq!(server.count("create_payment_link"), 1);
+
+    // A card number in an argument never reaches the person (or the store) in clear: the
+    // approval shows it masked, as a parked payment's body.
+    let mut carded = link(3, "https://example.com/a");
+    carded["note"] = json!("card 4000 0566 5566 5556");
+    let parked = call(&w, "create_payment_link", carded).await;
+    let id = waits(&parked);
+    let all = admin(&w, "GET", "/v1/approvals?state=all", Value::Null).await;
+    let shown = all["approvals"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["id"] == json!(id)).cloned())
+        .unwrap_or_else(|| panic!("{id} listed: {all}"));
+    let note = shown["tool"]["arguments"]["note"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(note, "card [card ••••5556]", "{shown}");
+    assert!(!all.to_string().contains("5566 5556"), "{all}");
+}
+
+/// `[routes.mcp] refusals = "result"`: for agent frameworks that show their model only tool
+/// results, a spend refusal is a result with `isError: true` whose text is the refusal's
+/// message — the client raises nothing — and nothing reaches the server.
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_as_tool_results_where_the_route_says_so() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = Worker::start_edited(
+        "stripe-mcp.toml",
+        &[("stripe-mcp", server.port)],
+        &pki,
+        None,
+        &|cfg| {
+            let route = cfg
+                .get_mut("routes")
+                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.as_table_mut())
+                .expect("the route");
+            if let Some(mcp) = route.get_mut("mcp").and_then(|m| m.as_table_mut()) {
+                mcp.insert("refusals".into(), "result".into());
+            }
+            if let Some(spend) = route.get_mut("spend").and_then(|s| s.as_table_mut()) {
+                spend.insert("approval_wait".into(), "1s".into());
+            }
+        },
+    );
+    let refused_as_result = |v: &Value, says: &[&str]| {
+        assert!(v.get("error").is_none(), "a result, not an error: {v}");
+        assert_eq!(v["isError"], json!(true), "{v}");
+        assert_eq!(v["replayed"], json!(false), "{v}");
+        let text = v["text"][0].as_str().unwrap_or_default();
+        for part in says {
+            assert!(text.contains(part), "{part}: {v}");
+        }
+    };
+    let over = call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_big", "amount": 25_000}),
+    )
+    .await;
+    refused_as_result(
+        &over,
+        &["per_request cap of 200.00", "Nothing was forwarded"],
+    );
+    let whole = call(&w, "create_refund", json!({"payment_intent": "pi_big"})).await;
+    refused_as_result(
+        &whole,
+        &[
+            "a person must approve this call to create_refund (approval apr_",
+            "Ask again later",
+        ],
+    );
+    assert_eq!(server.count("create_refund"), 0, "{:?}", server.effects());
+}
+
+/// `[routes.spend.tools.create_refund] count_per_run = 1`: a count cap of one tool counts that
+/// tool's executions alone. A second refund in the run is refused with a JSON-RPC error naming
+/// the tool's cap, its first refund's re-run still replays, and another gated tool is not
+/// counted against it (a payment link still waits for its approval).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_count_cap_of_one_tool_counts_that_tool_alone() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = Worker::start_edited(
+        "stripe-mcp.toml",
+        &[("stripe-mcp", server.port)],
+        &pki,
+        None,
+        &|cfg| {
+            let spend = cfg
+                .get_mut("routes")
+                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut("spend"))
+                .and_then(|s| s.as_table_mut())
+                .expect("[routes.spend]");
+            spend.insert("approval_wait".into(), "1s".into());
+            let mut refund = toml::Table::new();
+            refund.insert("count_per_run".into(), 1.into());
+            let mut tools = toml::Table::new();
+            tools.insert("create_refund".into(), refund.into());
+            spend.insert("tools".into(), tools.into());
+        },
+    );
+    let first = json!({"payment_intent": "pi_1", "amount": 1_000});
+    ok(&call(&w, "create_refund", first.clone()).await);
+    let second = call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_2", "amount": 1_000}),
+    )
+    .await;
+    assert_eq!(second["error"]["code"], json!(-32000), "{second}");
+    assert_eq!(
+        second["error"]["data"]["slug"],
+        json!("spend-cap-exceeded"),
+        "{second}"
+    );
+    let message = second["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("count_per_run cap of 1 executions of create_refund"),
+        "{second}"
+    );
+    assert_eq!(server.count("create_refund"), 1, "{:?}", server.effects());
+    let rerun = ok(&call(&w, "create_refund", first).await).clone();
+    assert_eq!(rerun["replayed"], json!(true), "{rerun}");
+    // Another tool: not counted against create_refund's cap; it waits for its approval.
+    let link = call(
+        &w,
+        "create_payment_link",
+        json!({"price": "price_1", "quantity": 1}),
+    )
+    .await;
+    // (On a loaded machine the store may answer late instead: any refusal but the cap's.)
+    assert!(link.get("error").is_some(), "{link}");
+    assert_ne!(
+        link["error"]["data"]["slug"],
+        json!("spend-cap-exceeded"),
+        "{link}"
+    );
+    assert_eq!(server.count("create_payment_link"), 0, "{link}");
+}
+
+/// A run's money cap counts every refund the run made: the reservation of a call that went
+/// out stays (it used to be given back when the call ended, so `per_run` never filled up).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runs_refunds_add_up_against_per_run() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = Worker::start_edited(
+        "stripe-mcp.toml",
+        &[("stripe-mcp", server.port)],
+        &pki,
+        None,
+        &|cfg| {
+            let spend = cfg
+                .get_mut("routes")
+                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut("spend"))
+                .and_then(|s| s.as_table_mut())
+                .expect("[routes.spend]");
+            spend.insert("per_run".into(), "15.00".into());
+        },
+    );
+    ok(&call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_1", "amount": 1_000}),
+    )
+    .await);
+    let second = call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_2", "amount": 1_000}),
+    )
+    .await;
+    assert_eq!(
+        second["error"]["data"]["slug"],
+        json!("spend-cap-exceeded"),
+        "{second}"
+    );
+    let message = second["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("per_run cap of 15.00"), "{second}");
+    assert_eq!(server.count("create_refund"), 1, "{:?}", server.effects());
+}
+
+/// What an MCP route's spend section cannot say is a start-up error naming the field.
 #[test]
 fn check_config_names_what_an_mcp_spend_section_cannot_say() {
     let work = tempfile::tempdir().expect("tempdir");
@@ -269,37 +723,48 @@ fn check_config_names_what_an_mcp_spend_section_cannot_say() {
         "config/examples/stripe-mcp.toml",
     ))
     .expect("the example");
-    for (edit, field, says) in [
-        (
-            r#"per_request = "200.00""#,
-            "spend.approve_above",
-            "approvals of MCP tool calls are not done yet",
-        ),
+    for (edit, replacement, field, says) in [
         (
             r#"operations = ["create_refund", "create_payment_link"]"#,
+            r#"operations = ["POST /v1/refunds", "create_payment_link"]"#,
             "spend.operations[0]",
             "name a tool",
         ),
         (
-            r#"caps_currency = "usd""#,
+            r#"unpriced_operations = ["finalize_invoice"]"#,
+            r#"unpriced_operations = ["finalize_invoice", "create_refund"]"#,
+            "spend.unpriced_operations[1]",
+            "in spend.operations too",
+        ),
+        (
+            "unpriced = \"approve\"\napproval_wait",
+            "unpriced = \"ask\"\napproval_wait",
             "spend.unpriced",
-            "approvals of MCP tool calls are not done yet",
+            "is not refuse or approve",
+        ),
+        (
+            "[routes.mcp]\n",
+            "[routes.mcp]\nrefusals = \"maybe\"\n",
+            "mcp.refusals",
+            "is not error or result",
+        ),
+        (
+            "[routes.mcp]\n",
+            "[routes.spend.tools.create_customer]\ncount_per_run = 1\n\n[routes.mcp]\n",
+            "spend.tools.create_customer",
+            "not gated",
+        ),
+        // Approvals of tool calls need someone to decide them.
+        (
+            "admin_listen = \"127.0.0.1:9090\"",
+            "",
+            "spend.approve_above",
+            "add server.admin_listen",
         ),
     ] {
-        let replacement = match field {
-            "spend.approve_above" => format!("{edit}\napprove_above = \"50.00\""),
-            "spend.unpriced" => format!("{edit}\nunpriced = \"approve\""),
-            _ => r#"operations = ["POST /v1/refunds", "create_payment_link"]"#.to_string(),
-        };
         assert!(shipped.contains(edit), "{edit}");
         let path = work.path().join("edited.toml");
-        // An operator who sets approvals also sets who approves: the refusal is about MCP.
-        let edited = shipped.replacen(edit, &replacement, 1).replacen(
-            "listen = \"127.0.0.1:8080\"",
-            "listen = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:9090\"",
-            1,
-        );
-        std::fs::write(&path, edited).expect("write");
+        std::fs::write(&path, shipped.replacen(edit, replacement, 1)).expect("write");
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
             .args(["check-config", "--config"])
             .arg(&path)

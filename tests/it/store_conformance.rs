@@ -657,6 +657,7 @@ async fn calendar_day_windows_start_at_midnight_in_their_zone(under: impl Into<U
     let s = subject.spend().await;
     let amount = vec!["{body.amount}".to_string()];
     let rates = Default::default();
+    let tool_counts = Default::default();
     let text = |window: &'static str| BudgetText {
         amount: &amount,
         currency: "usd",
@@ -681,6 +682,7 @@ async fn calendar_day_windows_start_at_midnight_in_their_zone(under: impl Into<U
         approval_expires: Duration::from_secs(60),
         exponents: &[],
         on_unpriced: Default::default(),
+        tool_counts: &tool_counts,
     };
     let usd = Currency::parse("usd").expect("usd");
     let cost = Cost::Priced(Price {
@@ -702,6 +704,7 @@ async fn calendar_day_windows_start_at_midnight_in_their_zone(under: impl Into<U
             cost: &cost,
             replaces: None,
             enforce: true,
+            tool: None,
         };
         b.reservation(&attempt, false, at)
     };

@@ -53,6 +53,9 @@ pub struct ApprovalView {
     pub conflict: bool,
     pub variants: Vec<VariantView>,
     pub first_approval: Option<String>,
+    /// A parked MCP tool call: the tool, and the account's fingerprint.
+    pub tool: Option<String>,
+    pub account: Option<String>,
 }
 
 impl ApprovalView {
@@ -99,6 +102,8 @@ impl ApprovalView {
                         .unwrap_or_default()
                 )
             }),
+            tool: a.tool.as_ref().map(|t| t.name.clone()),
+            account: a.tool.as_ref().map(|t| t.account.clone()),
         }
     }
 }

@@ -1,9 +1,12 @@
 //! A POST to a route with `protocol = "mcp"`, whatever its path: one JSON-RPC message, read
 //! and judged before anything goes upstream. A `tools/call` of a protected tool is the
-//! operation — `read → check mirrored headers → protected? → identify → scope → claim (or
-//! answer: replay, in flight, held, key reused) → forward → settle → respond`; every other
-//! message (initialize, tools/list, notifications, a client's answers to server requests)
-//! passes unclaimed. Refusals are JSON-RPC errors (`ProxyError::into_jsonrpc`).
+//! operation — `read → check mirrored headers → protected? → identify → (a capped tool: price)
+//! → scope → claim (or answer: replay, in flight, held, key reused) → spend gate (a call parked
+//! for a person lets its claim go, waits, and claims again once approved: `gated`) → forward →
+//! settle → respond`; every other message (initialize, tools/list, notifications, a client's
+//! answers to server requests) passes unclaimed. Refusals are JSON-RPC errors
+//! (`ProxyError::into_jsonrpc`); a spend refusal is said of the call (`ProxyError::ToolSpend`),
+//! and with `refusals = "result"` answered as a tool result with `isError: true`.
 //!
 //! A server may answer a call with one JSON body or an event stream. A stream passes to the
 //! client as it comes (progress, server requests) while the same bytes are read for the call's
@@ -20,7 +23,7 @@ use serde_json::Value;
 use super::outgoing::Outgoing;
 use crate::http::body::{full, read_limited, stream, Body, ReadError};
 use crate::http::headers::strip_hop_by_hop;
-use crate::idempotency::claims::{Acquired, ClaimRequest, Found};
+use crate::idempotency::claims::{Acquired, Claim, ClaimRequest, Found};
 use crate::idempotency::policy::{BodyRule, Condition, OnInFlight, Policy, RuleOutcome, Test};
 use crate::idempotency::record::Receipt;
 use crate::identity::account::AccountSpec;
@@ -32,11 +35,12 @@ use crate::mcp::{replay, resume, sse, McpRules};
 use crate::metrics::RequestOutcome;
 use crate::outbound::receipt::REPLAYED;
 use crate::proxy::error::ProxyError;
+use crate::proxy::pipeline::Unsent;
 use crate::proxy::App;
 use crate::proxy::{recorded, spending};
 use crate::request::Request as Read;
-use crate::routes::Route;
-use crate::spend::gate::Admission;
+use crate::routes::{Route, RouteSpend};
+use crate::spend::gate::{Admission, Ticket};
 
 mod deadline;
 mod exchange;
@@ -63,6 +67,8 @@ pub async fn run(
             tracing::info!(route = %route.name, %tenant, error = %e, rejected, "MCP message refused or failed");
             if seen.id.is_null() {
                 e.into_response(route.errors)
+            } else if rules.refusals_as_results && e.is_tool_spend() {
+                e.into_tool_result(&seen.id)
             } else {
                 e.into_jsonrpc(&seen.id)
             }
@@ -158,8 +164,9 @@ async fn serve(
                 &arguments,
                 recorded,
             )
-            .map_err(ProxyError::Spend)?;
-            Some((spend, plan))
+            .map_err(|error| tool_refusal(&call.tool, error))?;
+            let asked = spending::ToolAsked::new(&call.tool, &call.account, &arguments);
+            Some(Capped { spend, plan, asked })
         }
         None => None,
     };
@@ -173,84 +180,33 @@ async fn serve(
         route: &route.name,
         derivation: route.identity.derivations.primary.number(),
         other: None,
-        priced: plan.as_ref().map(|(_, p)| p.binding.as_str()),
+        priced: plan.as_ref().map(|c| c.plan.binding.as_str()),
         // MCP routes have no lookup.
         lookup_target: None,
         lookup_credentials: None,
         continuation,
     };
-    // A continuation may arrive before its first round's claim is parked for it (a stream's
-    // last event reaches the client before the claim settles): it waits for that settle.
-    let acquired = match policy.on_in_flight {
-        OnInFlight::Conflict if !continuation => app.claims.acquire(&ask, &policy).await,
-        OnInFlight::Conflict | OnInFlight::Wait => {
-            app.claims
-                .acquire_waiting(&ask, &policy, route.wait_timeout)
-                .await
-        }
+    let calling = Calling {
+        ask: &ask,
+        policy: &policy,
+        tool: &call.tool,
+        view: &view,
+        continuation,
+        capped: plan.is_some(),
     };
-    let acquired = match acquired {
-        Ok(acquired) => acquired,
-        Err(e) if policy.fail_open && plan.is_none() && e.is_unreachable() => {
-            *outcome = RequestOutcome::Unprotected;
-            app.metrics.unprotected(&route.name, "store_unavailable");
-            tracing::warn!(route = %route.name, %tenant, tool = %call.tool, error = %e, "store unavailable; forwarding a tool call unprotected (fail_open)");
+    let (claim, mut ticket) = match gated(app, route, &calling, plan.as_ref(), outcome).await? {
+        Gated::Execute(claim, ticket) => (*claim, ticket),
+        Gated::Unprotected => {
+            tracing::warn!(route = %route.name, %tenant, tool = %call.tool, "store unavailable; forwarding a tool call unprotected (fail_open)");
             return unprotected(route, &outgoing).await;
         }
-        Err(e) => return Err(ProxyError::StoreUnavailable(e)),
-    };
-    let claim = match acquired {
-        Acquired::Execute(claim) => claim,
-        Acquired::Found(Found::Replay { receipt, .. }) => {
-            *outcome = RequestOutcome::Replayed;
+        Gated::Replay(receipt) => {
             tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), "replayed a tool call's kept result");
             return Ok(replayed(&receipt, &message.id, &parts.headers));
         }
-        Acquired::Found(Found::Mismatch) => {
-            *outcome = RequestOutcome::Mismatch;
-            return Err(ProxyError::KeyReused);
-        }
-        Acquired::Found(Found::InFlight { retry_after }) => {
-            *outcome = RequestOutcome::Conflict;
-            return Err(ProxyError::InFlight { retry_after });
-        }
-        Acquired::Found(Found::Held { retry_after, .. }) => {
-            *outcome = RequestOutcome::Unknown;
-            return Err(ProxyError::OutcomeUnknown { retry_after });
-        }
-    };
-    // A capped tool passes the spend gate only once its claim says it executes: a replay, an
-    // in-flight or a held call never reaches the gate. A refusal withdraws the claim.
-    let ticket = match &plan {
-        Some((spend, plan)) => {
-            let at = spending::Attempting {
-                scope: &scope,
-                token: claim.token.as_str(),
-                replaces: claim.replaces(),
-                approved: false,
-            };
-            match spending::admit(&app.spend, route, spend, plan, &view, &at).await {
-                Ok(Admission::Admitted(ticket)) => Some(ticket),
-                Ok(Admission::Parked(_)) => {
-                    // Approval thresholds are refused on MCP routes at start-up.
-                    app.claims.give_up(claim, policy).await;
-                    return Err(ProxyError::BadRequest(
-                        "internal: a tool call was parked for approval, which MCP routes do not take".into(),
-                    ));
-                }
-                Err(refused) => {
-                    app.claims.give_up(claim, policy).await;
-                    *outcome = RequestOutcome::Rejected;
-                    return Err(ProxyError::Spend(refused));
-                }
-            }
-        }
-        None => None,
     };
     // Going out: from here on the reservation stays unless the outcome says nothing happened
-    // (a ticket not kept gives its reservation back when dropped, as for a request that went
-    // away before its forward).
-    let mut ticket = ticket;
+    // (a ticket dropped unkept gives its reservation back: every call would count nothing).
     if let Some(t) = ticket.as_mut() {
         t.keep();
     }
@@ -349,6 +305,178 @@ async fn priced_from_record(
             recorded::Looked::Store(e) => ProxyError::StoreUnavailable(e),
             recorded::Looked::Price(e) => ProxyError::Spend(spending::SpendError::Price(e)),
         })
+}
+
+/// A capped tool call before its claim: its budget, what it costs and is bound to, and what
+/// a person approving it reads.
+struct Capped<'a> {
+    spend: &'a RouteSpend,
+    plan: spending::Plan,
+    asked: spending::ToolAsked,
+}
+
+/// What claiming a protected tool call needs.
+struct Calling<'a> {
+    ask: &'a ClaimRequest<'a>,
+    policy: &'a Arc<Policy>,
+    tool: &'a str,
+    view: &'a Read<'a>,
+    /// It carries a person's answers to the call's last round (`input_required`).
+    continuation: bool,
+    /// The tool is capped: never forwarded unprotected.
+    capped: bool,
+}
+
+/// Where the claim and the spend gate leave a tool call.
+enum Gated {
+    /// It executes under this claim, with this reservation (on a capped tool).
+    Execute(Box<Claim>, Option<Ticket>),
+    /// An earlier call's kept result answers it.
+    Replay(Receipt),
+    /// The store is out of reach and the route fails open: forwarded without a claim.
+    Unprotected,
+}
+
+/// Claims the call, then — on a capped tool — passes the spend gate with the claim's token, as
+/// a REST payment does (`pipeline::gated`): a replay, a call in flight or held never reaches
+/// the gate; a refusal withdraws the claim. A call parked for a person lets its claim go while
+/// it waits up to the budget's `approval_wait`, and once approved claims again (a re-run may
+/// have executed it meanwhile: then it is a replay) and executes; a denial or no decision in
+/// time is a refusal in the call's words.
+async fn gated(
+    app: &App,
+    route: &Route,
+    calling: &Calling<'_>,
+    capped: Option<&Capped<'_>>,
+    outcome: &mut RequestOutcome,
+) -> Result<Gated, ProxyError> {
+    let mut approved = false;
+    loop {
+        let claim = claim(app, route, calling, outcome).await?;
+        let claim = match claim {
+            Gated::Execute(claim, _) => *claim,
+            replay => return Ok(replay),
+        };
+        let Some(capped) = capped else {
+            return Ok(Gated::Execute(Box::new(claim), None));
+        };
+        // Withdrawn if the client goes away while the gate decides: never left to lapse into
+        // a held outcome.
+        let unsent = Unsent {
+            claims: app.claims.clone(),
+            policy: calling.policy.clone(),
+            claim: Some(claim),
+        };
+        let Some(held) = unsent.claim() else {
+            return Err(ProxyError::BadRequest(
+                "internal: a claim went missing".into(),
+            ));
+        };
+        let at = spending::Attempting {
+            scope: calling.ask.scope,
+            token: held.token.as_str(),
+            replaces: held.replaces(),
+            approved,
+            tool: Some(&capped.asked),
+        };
+        let admitted = spending::admit(
+            &app.spend,
+            route,
+            capped.spend,
+            &capped.plan,
+            calling.view,
+            &at,
+        )
+        .await;
+        let refused = match admitted {
+            Ok(Admission::Admitted(ticket)) => {
+                let Some(claim) = unsent.forward() else {
+                    return Err(ProxyError::BadRequest(
+                        "internal: a claim went missing".into(),
+                    ));
+                };
+                return Ok(Gated::Execute(Box::new(claim), Some(ticket)));
+            }
+            Ok(Admission::Parked(approval)) => {
+                unsent.withdraw().await;
+                tracing::info!(route = %route.name, tool = calling.tool, approval = %approval.id, "a tool call waits for a person's approval");
+                match app.spend.wait(&capped.spend.budget, &approval).await {
+                    Ok(()) => {
+                        approved = true;
+                        continue;
+                    }
+                    Err(refusal) => spending::SpendError::Refused(refusal),
+                }
+            }
+            Err(error) => {
+                unsent.withdraw().await;
+                error
+            }
+        };
+        *outcome = RequestOutcome::Rejected;
+        return Err(tool_refusal(calling.tool, refused));
+    }
+}
+
+/// Takes the call's claim (`Gated::Execute` without a reservation yet), or answers it: the
+/// kept result, or a refusal (in flight, held, a key reused with other arguments).
+async fn claim(
+    app: &App,
+    route: &Route,
+    calling: &Calling<'_>,
+    outcome: &mut RequestOutcome,
+) -> Result<Gated, ProxyError> {
+    let policy = calling.policy;
+    // A continuation may arrive before its first round's claim is parked for it (a stream's
+    // last event reaches the client before the claim settles): it waits for that settle.
+    let acquired = match policy.on_in_flight {
+        OnInFlight::Conflict if !calling.continuation => {
+            app.claims.acquire(calling.ask, policy).await
+        }
+        OnInFlight::Conflict | OnInFlight::Wait => {
+            app.claims
+                .acquire_waiting(calling.ask, policy, route.wait_timeout)
+                .await
+        }
+    };
+    let acquired = match acquired {
+        Ok(acquired) => acquired,
+        // Never a capped tool's call: the spend gate cannot count it without the store.
+        Err(e) if policy.fail_open && !calling.capped && e.is_unreachable() => {
+            *outcome = RequestOutcome::Unprotected;
+            app.metrics.unprotected(&route.name, "store_unavailable");
+            tracing::debug!(route = %route.name, error = %e, "claim store out of reach");
+            return Ok(Gated::Unprotected);
+        }
+        Err(e) => return Err(ProxyError::StoreUnavailable(e)),
+    };
+    match acquired {
+        Acquired::Execute(claim) => Ok(Gated::Execute(Box::new(claim), None)),
+        Acquired::Found(Found::Replay { receipt, .. }) => {
+            *outcome = RequestOutcome::Replayed;
+            Ok(Gated::Replay(receipt))
+        }
+        Acquired::Found(Found::Mismatch) => {
+            *outcome = RequestOutcome::Mismatch;
+            Err(ProxyError::KeyReused)
+        }
+        Acquired::Found(Found::InFlight { retry_after }) => {
+            *outcome = RequestOutcome::Conflict;
+            Err(ProxyError::InFlight { retry_after })
+        }
+        Acquired::Found(Found::Held { retry_after, .. }) => {
+            *outcome = RequestOutcome::Unknown;
+            Err(ProxyError::OutcomeUnknown { retry_after })
+        }
+    }
+}
+
+/// A spend refusal, said of the call to `tool`.
+fn tool_refusal(tool: &str, error: spending::SpendError) -> ProxyError {
+    ProxyError::ToolSpend {
+        tool: tool.to_string(),
+        error,
+    }
 }
 
 fn refusal(e: MessageError) -> ProxyError {
