@@ -190,9 +190,9 @@ async fn toolkit_sequence_runs_once(framing: Framing) {
         json!({"product": product, "unit_amount": 1500, "currency": "USD"}),
     )
     .await);
-    // A payment link and a finalization move money and carry no amount: a person approves
-    // each (through the admin API) while the call waits; the re-runs replay.
-    let link = once_approved(
+    // A payment link carries no amount: it is priced from the price just created through the
+    // proxy (15.00, under every cap and below approve_above), so it runs without a person.
+    let link = once(
         &server,
         &w,
         "create_payment_link",
@@ -806,23 +806,23 @@ async fn price_through_proxy(w: &Worker, key: &str, product: &str, cents: u64) -
 }
 
 /// The example prices create_payment_link from the price it names, as create_price recorded
-/// it through the proxy: 150.00 usd × 2 passes the per-request cap of 200.00 and is refused
-/// with a JSON-RPC error naming the amount (the stand-in never sees it); × 1 goes through
-/// once, its re-run a replay.
+/// it through the proxy: 60.00 usd × 4 passes the per-request cap of 200.00 and is refused
+/// with a JSON-RPC error naming the amount (the stand-in never sees it); × 1 (under
+/// approve_above) goes through once, its re-run a replay.
 async fn payment_link_priced_from_a_recorded_price(framing: Framing) {
     let pki = TestPki::new("stripe-mcp");
     let server = stripe_server(&pki, framing).await;
     let w = worker(&pki, &server);
-    let price = price_through_proxy(&w, KEY, "prod_pro", 15_000).await;
+    let price = price_through_proxy(&w, KEY, "prod_pro", 6_000).await;
 
     for _ in 0..2 {
         let over = call(
             &w,
             "create_payment_link",
-            json!({"price": price, "quantity": 2}),
+            json!({"price": price, "quantity": 4}),
         )
         .await;
-        refused(&over, "spend-cap-exceeded", "300.00 USD asked");
+        refused(&over, "spend-cap-exceeded", "240.00 USD asked");
     }
     assert_eq!(
         server.count("create_payment_link"),
@@ -863,15 +863,30 @@ async fn a_payment_link_is_priced_from_a_price_created_over_an_event_stream() {
 }
 
 /// A price the proxy did not see created — an id it never recorded, or one another account
-/// created through it — leaves a payment link unpriced: refused on the capped route, with a
-/// message telling the model what to do; nothing reaches the stand-in. The other account's own
-/// link for its price is priced and goes through.
+/// created through it — leaves a payment link unpriced: on a route that refuses unpriced calls
+/// (`unpriced = "refuse"`; the shipped example sends them to a person, tested above) refused,
+/// with a message telling the model what to do; nothing reaches the stand-in. The other
+/// account's own link for its price is priced and goes through.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_payment_link_for_a_price_the_proxy_did_not_record_for_this_account_is_unpriced() {
     const OTHER: &str = "rk_test_other_account";
     let pki = TestPki::new("stripe-mcp");
     let server = stripe_server(&pki, Framing::Json).await;
-    let w = worker(&pki, &server);
+    let w = Worker::start_edited(
+        "stripe-mcp.toml",
+        &[("stripe-mcp", server.port)],
+        &pki,
+        None,
+        &|cfg| {
+            let spend = cfg
+                .get_mut("routes")
+                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut("spend"))
+                .and_then(|s| s.as_table_mut())
+                .expect("[routes.spend]");
+            spend.insert("unpriced".into(), "refuse".into());
+        },
+    );
 
     // Made outside the proxy (the dashboard, the REST API): the proxy has no record of it.
     let outside = call(
@@ -954,16 +969,16 @@ async fn a_recorded_price_survives_a_restart(backend: Backend) {
         None,
         &|_| {},
     );
-    let price = price_through_proxy(&w, KEY, "prod_restart", 9_000).await;
+    let price = price_through_proxy(&w, KEY, "prod_restart", 4_000).await;
     w.proxy.restart();
 
     let over = call(
         &w,
         "create_payment_link",
-        json!({"price": price, "quantity": 3}),
+        json!({"price": price, "quantity": 6}),
     )
     .await;
-    refused(&over, "spend-cap-exceeded", "270.00 USD asked");
+    refused(&over, "spend-cap-exceeded", "240.00 USD asked");
     assert_eq!(server.count("create_payment_link"), 0);
     let under = json!({"price": price, "quantity": 2});
     ok(&call(&w, "create_payment_link", under.clone()).await);
@@ -1042,6 +1057,7 @@ fn check_config_names_what_is_wrong_in_records_and_price_from() {
             .args(["check-config", "--config"])
             .arg(&path)
             .current_dir(work.path())
+            .env("IDEMPROXY_ADMIN_TOKEN", "example-admin-token")
             .output()
             .expect("check-config");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -1055,6 +1071,7 @@ fn check_config_names_what_is_wrong_in_records_and_price_from() {
         .args(["check-config", "--config"])
         .arg(&path)
         .current_dir(work.path())
+        .env("IDEMPROXY_ADMIN_TOKEN", "example-admin-token")
         .output()
         .expect("check-config");
     assert!(
@@ -1073,16 +1090,17 @@ async fn committed_tool_calls_count_in_the_runs_budget() {
     let pki = TestPki::new("stripe-mcp");
     let server = stripe_server(&pki, Framing::Json).await;
     let w = worker(&pki, &server);
-    for i in 0..5 {
+    // Ten refunds under approve_above: 950.45 of the run's 1000.00.
+    for i in 0..10 {
         ok(&call(
             &w,
             "create_refund",
-            json!({"payment_intent": "pi_run", "amount": 19_000 + i}),
+            json!({"payment_intent": "pi_run", "amount": 9_500 + i}),
         )
         .await);
     }
-    assert_eq!(server.count("create_refund"), 5);
-    let price = price_through_proxy(&w, KEY, "prod_run", 15_000).await;
+    assert_eq!(server.count("create_refund"), 10);
+    let price = price_through_proxy(&w, KEY, "prod_run", 6_000).await;
     let over = call(
         &w,
         "create_payment_link",
