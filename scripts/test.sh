@@ -46,16 +46,18 @@ fi
 # system Python), whose bin/ comes first on PATH for every test: a test's `python3` is the
 # venv's. The worker matrix (tests/it/sdk_matrix.rs) and the shipped examples' SDKs need the SDKs
 # as shipped; mcp < 2 is what CrewAI requires. The MCP suite (tests/it/mcp.rs) also drives the
-# OpenAI Agents SDK's MCP adapter (openai-agents).
+# OpenAI Agents SDK's MCP adapter (openai-agents); tests/it/mcp_stripe.rs runs Stripe's own Python agent
+# toolkit (stripe-agent-toolkit 0.7.0), which calls mcp.stripe.com through the MCP client.
 venv="$PWD/target/test-venv"
 if [ ! -x "$venv/bin/python3" ]; then
   echo "creating the Python virtual environment $venv"
   python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python3" -c 'import requests, httpx, yaml, boto3, stripe, twilio, sendgrid, alpaca, aiohttp, mcp.client.stdio, postmarker, resend, mailgun, agents.mcp' >/dev/null 2>&1; then
-  echo "installing into $venv: python requests, httpx, yaml, boto3, stripe, twilio, sendgrid, alpaca-py, aiohttp, mcp, postmarker, resend, mailgun, openai-agents"
+if ! "$venv/bin/python3" -c 'import requests, httpx, yaml, boto3, stripe, twilio, sendgrid, alpaca, aiohttp, mcp.client.stdio, postmarker, resend, mailgun, agents.mcp, stripe_agent_toolkit' >/dev/null 2>&1; then
+  echo "installing into $venv: python requests, httpx, yaml, boto3, stripe, twilio, sendgrid, alpaca-py, aiohttp, mcp, postmarker, resend, mailgun, openai-agents, stripe-agent-toolkit"
   "$venv/bin/python3" -m pip install -q --disable-pip-version-check \
-    requests httpx pyyaml boto3 stripe twilio sendgrid alpaca-py aiohttp 'mcp>=1.30,<2' postmarker resend mailgun openai-agents
+    requests httpx pyyaml boto3 stripe twilio sendgrid alpaca-py aiohttp 'mcp>=1.30,<2' postmarker resend mailgun openai-agents \
+    'stripe-agent-toolkit==0.7.0'
 fi
 # The MCP suite (tests/it/mcp.rs) also runs the official MCP SDK 2.x, which speaks the
 # 2026-07-28 revision: in a second environment of its own, since CrewAI needs mcp < 2 above.

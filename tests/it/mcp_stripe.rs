@@ -1118,3 +1118,89 @@ async fn committed_tool_calls_count_in_the_runs_budget() {
     .await);
     assert_eq!(server.count("create_payment_link"), 1);
 }
+
+/// One tool call through Stripe's own Python agent toolkit (`stripe-agent-toolkit` 0.7.0,
+/// `tests/python/stripe_toolkit_call.py`): a new process, the toolkit's factory at its
+/// defaults, the restricted key as its secret key.
+async fn toolkit_call(w: &Worker, tool: &str, args: Value) -> Value {
+    let script = python_script("stripe_toolkit_call.py");
+    let args = args.to_string();
+    w.run("python3", &[&script, tool, &args], &[("STRIPE_KEY", KEY)])
+        .await
+}
+
+/// The object a toolkit call returned (the tool result's text, Stripe's JSON).
+fn toolkit_object(v: &Value) -> Value {
+    let text = v["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the toolkit raised: {v}"));
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {v}"))
+}
+
+/// Stripe's agent toolkit itself as the client, through `HTTPS_PROXY` with the setup
+/// `idemproxy env` prints and the shipped `stripe-mcp.toml`: every re-run is a new process (a
+/// new MCP session, ids from 1 again), and each operation happens once — a customer, a product
+/// whose description the model reworded, a price, a payment link priced from that price — and
+/// a refund over the route's cap is an error the toolkit raises, the proxy's words among its
+/// causes, Stripe never reached.
+#[tokio::test(flavor = "multi_thread")]
+async fn stripe_agent_toolkit_reruns_are_one_effect_and_its_refund_over_the_cap_is_refused() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = worker(&pki, &server);
+    let twice = |tool: &'static str, first: Value, rerun: Value| {
+        let (w, server) = (&w, &server);
+        async move {
+            let a = toolkit_call(w, tool, first).await;
+            let b = toolkit_call(w, tool, rerun).await;
+            assert_eq!(server.count(tool), 1, "{tool}: {a} / {b}");
+            assert_eq!(
+                a["text"], b["text"],
+                "{tool}: the re-run got the first result"
+            );
+            toolkit_object(&a)
+        }
+    };
+
+    twice(
+        "create_customer",
+        json!({"name": "Jane Doe", "email": "jane@example.com"}),
+        json!({"email": "jane@example.com", "name": "Jane Doe"}),
+    )
+    .await;
+    let product = twice(
+        "create_product",
+        json!({"name": "Pro plan", "description": "Monthly access to the pro plan"}),
+        json!({"name": "Pro plan", "description": "The pro plan, billed every month"}),
+    )
+    .await["id"]
+        .clone();
+    let price = twice(
+        "create_price",
+        json!({"product": product, "unit_amount": 2500, "currency": "usd"}),
+        json!({"product": product, "unit_amount": 2500, "currency": "usd"}),
+    )
+    .await["id"]
+        .clone();
+    // 25.00 × 2, priced from the price the proxy saw created: under every cap, no person asked.
+    let link = twice(
+        "create_payment_link",
+        json!({"price": price, "quantity": 2}),
+        json!({"price": price, "quantity": 2}),
+    )
+    .await;
+    assert!(link["url"].as_str().is_some(), "{link}");
+
+    let over = toolkit_call(
+        &w,
+        "create_refund",
+        json!({"payment_intent": "pi_1", "amount": 25_000}),
+    )
+    .await;
+    // The toolkit raises "Failed to execute tool 'create_refund': unhandled errors in a
+    // TaskGroup"; the proxy's words are in the exception's causes (what a traceback shows).
+    let causes = over["error"]["causes"].to_string();
+    assert!(causes.contains("per_request cap of 200.00"), "{over}");
+    assert!(causes.contains("Nothing was forwarded"), "{over}");
+    assert_eq!(server.count("create_refund"), 0);
+}

@@ -249,11 +249,35 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
+    /// Bounded: `redis-cli --cluster create` waits for the nodes to meet for as long as it
+    /// takes, and on a loaded machine a join can stall (seen: 14 minutes); each try gets
+    /// `JOIN_WITHIN`, then its nodes are stopped and a fresh set is made, at most three times.
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        const JOIN_WITHIN: Duration = Duration::from_secs(45);
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Self::try_start(masters, replicas, JOIN_WITHIN) {
+                Ok(cluster) => return cluster,
+                Err(why) => last = why,
+            }
+        }
+        panic!("no Redis Cluster after three tries: {last}");
+    }
+
+    fn try_start(
+        masters: usize,
+        replicas: usize,
+        within: Duration,
+    ) -> Result<RedisCluster, String> {
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
+                // The cluster bus on a port of its own, free now: by default it is the client
+                // port + 10000, which another test's server may hold.
+                let bus = crate::common::free_port().to_string();
                 RedisServer::start_args(
                     [
+                        "--cluster-port",
+                        bus.as_str(),
                         "--cluster-enabled",
                         "yes",
                         "--cluster-config-file",
@@ -277,18 +301,30 @@ impl RedisCluster {
         for n in &nodes {
             create.arg(format!("127.0.0.1:{}", n.port));
         }
-        let out = create
+        let mut child = create
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .output()
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
             .expect("redis-cli must be installed");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        let deadline = Instant::now() + within;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => break,
+                Ok(Some(status)) => return Err(format!("redis-cli --cluster create: {status}")),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
+                Ok(None) | Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("the nodes did not join within {within:?}"));
+                }
+            }
+        }
         let cluster = RedisCluster { nodes };
         cluster.until_healthy(Duration::from_secs(20));
-        cluster
+        Ok(cluster)
     }
 
     /// `redis+cluster://` naming every node.
