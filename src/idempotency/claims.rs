@@ -690,6 +690,20 @@ impl Claims {
         }
     }
 
+    /// Claims `req` as the policy's `on_in_flight` says: a claim in flight answered at once
+    /// (`conflict`), or waited for up to `wait` (`wait`).
+    pub async fn acquire_as_policy_says(
+        &self,
+        req: &ClaimRequest<'_>,
+        policy: &Policy,
+        wait: Duration,
+    ) -> Result<Acquired, StoreError> {
+        match policy.on_in_flight {
+            OnInFlight::Conflict => self.acquire(req, policy).await,
+            OnInFlight::Wait => self.acquire_waiting(req, policy, wait).await,
+        }
+    }
+
     /// As `acquire`, but a duplicate in flight is waited for, up to `bound`: woken when the
     /// first request settles (here or on another proxy sharing the store), it answers as a
     /// retry at that moment would (replay, 409 outcome-unknown, or execute after a release).

@@ -310,6 +310,39 @@ pub(crate) mod b64 {
     }
 }
 
+impl Record {
+    /// A COMMITTED record that no request claimed: what the proxy keeps about an object a
+    /// route made (a counted object's marker, a recorded price), under a scope no client key
+    /// can name. `note` says what it is; `receipt` carries what a later request reads.
+    pub fn marker(route: &str, now_ms: u64, note: String, receipt: Option<Receipt>) -> Record {
+        Record {
+            state: State::Committed,
+            token: Token::random(),
+            body: RecordBody {
+                fingerprint: String::new(),
+                route: route.to_string(),
+                created_ms: now_ms,
+                lease_until_ms: 0,
+                unknown_since_ms: 0,
+                note: Some(note),
+                receipt,
+                sealed_receipt: None,
+                declined: false,
+                attempt: 0,
+                reconciled: false,
+                settled_ms: now_ms,
+                resolved: None,
+                priced: None,
+                lookup_target: None,
+                lookup_credentials: None,
+                passed_down_sha256: None,
+                awaiting_until_ms: 0,
+                derivation: 2,
+            },
+        }
+    }
+}
+
 /// A record for tests: fingerprint `fp`, route `r`, and a small receipt when COMMITTED.
 #[cfg(test)]
 impl Record {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::App;
 use crate::idempotency::claims::Executed;
 use crate::idempotency::outcome::Outcome;
-use crate::idempotency::record::{Record, RecordBody, State, Token};
+use crate::idempotency::record::{Record, State};
 use crate::idempotency::store::{Expiry, Store, StoreError};
 use crate::outbound::upstream::UpstreamError;
 use crate::proxy::error::ProxyError;
@@ -125,31 +125,12 @@ async fn record(
     now_ms: u64,
     keep: Duration,
 ) -> Result<(), StoreError> {
-    let marker = Record {
-        state: State::Committed,
-        token: Token::random(),
-        body: RecordBody {
-            fingerprint: String::new(),
-            route: route.to_string(),
-            created_ms: now_ms,
-            lease_until_ms: 0,
-            unknown_since_ms: 0,
-            note: Some(format!("a {kind} whose creation spend control counted")),
-            receipt: None,
-            sealed_receipt: None,
-            declined: false,
-            attempt: 0,
-            reconciled: false,
-            settled_ms: now_ms,
-            resolved: None,
-            priced: None,
-            lookup_target: None,
-            lookup_credentials: None,
-            passed_down_sha256: None,
-            awaiting_until_ms: 0,
-            derivation: 2,
-        },
-    };
+    let marker = Record::marker(
+        route,
+        now_ms,
+        format!("a {kind} whose creation spend control counted"),
+        None,
+    );
     store
         .insert_if_absent(scope, &marker, Expiry::After(keep))
         .await

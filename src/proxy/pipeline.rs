@@ -38,7 +38,6 @@ use crate::idempotency::claims::{
     Acquired, Claim, ClaimRequest, Executed, Found, OtherDerivation, Reconciled, Recorded,
 };
 use crate::idempotency::outcome::Outcome;
-use crate::idempotency::policy::OnInFlight;
 use crate::idempotency::policy::Policy;
 use crate::identity::scope::Scoped;
 use crate::identity::{Identification, Identified, Identity};
@@ -646,14 +645,9 @@ async fn acquire(
     op: &Claiming,
 ) -> Result<Acquired, crate::idempotency::store::StoreError> {
     let req = claim_request(route, op);
-    match op.policy.on_in_flight {
-        OnInFlight::Conflict => app.claims.acquire(&req, &op.policy).await,
-        OnInFlight::Wait => {
-            app.claims
-                .acquire_waiting(&req, &op.policy, route.wait_timeout)
-                .await
-        }
-    }
+    app.claims
+        .acquire_as_policy_says(&req, &op.policy, route.wait_timeout)
+        .await
 }
 
 /// The answer to a request that found the operation claimed already.

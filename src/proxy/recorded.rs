@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::idempotency::claims::Executed;
 use crate::idempotency::outcome::Outcome;
-use crate::idempotency::record::{Receipt, Record, RecordBody, State, Token};
+use crate::idempotency::record::{Receipt, Record, State};
 use crate::idempotency::store::{Clock, Expiry, Store, StoreError};
 use crate::identity::scope::Place;
 use crate::mcp::recorded::{PriceFrom, Recorded, Records};
@@ -135,38 +135,19 @@ pub async fn keep(
         unit: made.unit.clone(),
     };
     let body = serde_json::to_vec(&kept).unwrap_or_default();
-    let record = Record {
-        state: State::Committed,
-        token: Token::random(),
-        body: RecordBody {
-            fingerprint: String::new(),
-            route: route.to_string(),
-            created_ms: now_ms,
-            lease_until_ms: 0,
-            unknown_since_ms: 0,
-            note: Some(format!(
-                "the amount of a {} ({} {} in {} units) a tool call through this route created",
-                made.kind, made.amount, made.currency, made.unit
-            )),
-            receipt: Some(Receipt {
-                status: 200,
-                headers: vec![("content-type".into(), "application/json".into())],
-                body: Bytes::from(body),
-            }),
-            sealed_receipt: None,
-            declined: false,
-            attempt: 0,
-            reconciled: false,
-            settled_ms: now_ms,
-            resolved: None,
-            priced: None,
-            lookup_target: None,
-            lookup_credentials: None,
-            passed_down_sha256: None,
-            awaiting_until_ms: 0,
-            derivation: 2,
-        },
-    };
+    let record = Record::marker(
+        route,
+        now_ms,
+        format!(
+            "the amount of a {} ({} {} in {} units) a tool call through this route created",
+            made.kind, made.amount, made.currency, made.unit
+        ),
+        Some(Receipt {
+            status: 200,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: Bytes::from(body),
+        }),
+    );
     store
         .insert_if_absent(scope, &record, Expiry::After(keep))
         .await

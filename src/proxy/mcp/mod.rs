@@ -21,10 +21,10 @@ use hyper::body::Incoming;
 use serde_json::Value;
 
 use super::outgoing::Outgoing;
-use crate::http::body::{full, read_limited, stream, Body, ReadError};
+use crate::http::body::{full, read_limited, stream, Body};
 use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{Acquired, Claim, ClaimRequest, Found};
-use crate::idempotency::policy::{BodyRule, Condition, OnInFlight, Policy, RuleOutcome, Test};
+use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, Test};
 use crate::idempotency::record::Receipt;
 use crate::identity::account::AccountSpec;
 use crate::identity::scope::Place;
@@ -102,14 +102,7 @@ async fn serve(
     })?;
     let admitted = app.admission.admit(None, &app.metrics)?;
     let (parts, body) = req.into_parts();
-    let body = read_limited(body, app.max_body_bytes)
-        .await
-        .map_err(|e| match e {
-            ReadError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
-            ReadError::Failed(e) => {
-                ProxyError::BadRequest(format!("the request body could not be read: {e}"))
-            }
-        })?;
+    let body = read_limited(body, app.max_body_bytes).await?;
     let message = Message::read(&parts.headers, &body).map_err(|e| {
         *id = jsonrpc::refusal_id(&body, &e);
         refusal(e)
@@ -429,15 +422,14 @@ async fn claim(
     let policy = calling.policy;
     // A continuation may arrive before its first round's claim is parked for it (a stream's
     // last event reaches the client before the claim settles): it waits for that settle.
-    let acquired = match policy.on_in_flight {
-        OnInFlight::Conflict if !calling.continuation => {
-            app.claims.acquire(calling.ask, policy).await
-        }
-        OnInFlight::Conflict | OnInFlight::Wait => {
-            app.claims
-                .acquire_waiting(calling.ask, policy, route.wait_timeout)
-                .await
-        }
+    let acquired = if calling.continuation {
+        app.claims
+            .acquire_waiting(calling.ask, policy, route.wait_timeout)
+            .await
+    } else {
+        app.claims
+            .acquire_as_policy_says(calling.ask, policy, route.wait_timeout)
+            .await
     };
     let acquired = match acquired {
         Ok(acquired) => acquired,
