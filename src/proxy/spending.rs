@@ -261,7 +261,7 @@ pub async fn settle(
     ticket: Option<Ticket>,
     outcome: &Outcome,
 ) {
-    let Some(ticket) = ticket else {
+    let Some(mut ticket) = ticket else {
         return;
     };
     match outcome {
@@ -269,6 +269,9 @@ pub async fn settle(
         // continuation is priced and admitted again.
         Outcome::Released | Outcome::Declined | Outcome::Awaiting(_) => ticket.release().await,
         Outcome::Committed | Outcome::Unknown(_) | Outcome::Duplicate(_) => {
+            // It happened, or may have: the reservation stays, whether or not the caller kept
+            // the ticket when the attempt went out (a ticket dropped unkept gives it back).
+            ticket.keep();
             if let (true, Some(asked)) = (ticket.added, ticket.asked) {
                 let (currency, major) = asked.major();
                 metrics.spent(route, tenant, currency, major);
