@@ -28,7 +28,8 @@ const ADMIN_TOKEN: &str = "first-five-admin-token";
 /// A config with an admin listener and a 10 s shutdown grace.
 fn config(store_url: &str, extra: &str) -> String {
     format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"10s\"\n\n[store]\nurl = \"{store_url}\"\nop_timeout = \"500ms\"\n\n{extra}\n"
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"10s\"\n\n[store]\nurl = \"{store_url}\"\n{op}\n\n{extra}\n",
+        op = crate::common::proxy::op_timeout_line(extra)
     )
 }
 

@@ -34,7 +34,8 @@ use tokio::net::TcpStream;
 /// Like `crate::common::proxy::config`, with an admin listener (metrics) and extra `[server]` lines.
 fn config(store_url: &str, server_extra: &str, extra: &str) -> String {
     format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n{server_extra}\n\n[store]\nurl = \"{store_url}\"\nop_timeout = \"500ms\"\n\n{extra}\n"
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n{server_extra}\n\n[store]\nurl = \"{store_url}\"\n{op}\n\n{extra}\n",
+        op = crate::common::proxy::op_timeout_line(extra)
     )
 }
 

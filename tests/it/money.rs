@@ -12,7 +12,7 @@ use idemproxy::providers::catalogue::{self, Row, RowPrice};
 
 use crate::common::client::{send, Reply};
 use crate::common::provider::FakeProvider;
-use crate::common::proxy::{config_on, route, Proxy, StoreFixture};
+use crate::common::proxy::{config_on, route, with_op_timeout, Proxy, StoreFixture};
 use crate::common::Backend;
 use crate::stripe_sdk::{run_tool, shipped_config, OTHER_SECRET, SECRET};
 
@@ -27,10 +27,10 @@ fn start(store: &StoreFixture, routes: &str) -> Proxy {
         store,
         &format!("{routes}\n[admin]\ntoken_env = \"IDEMPROXY_ADMIN_TOKEN\"\n"),
     )
-    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n")
+    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
     // Dozens of approvals opened in a row on a machine the whole suite shares: the store is
     // given time, this suite is not about its deadline.
-    .replace("op_timeout = \"500ms\"", "op_timeout = \"5s\"");
+    let text = with_op_timeout(&text, "5s");
     Proxy::start_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)])
 }
 

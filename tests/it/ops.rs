@@ -20,7 +20,8 @@ const ADMIN_TOKEN: &str = "adm-7f3a9c2e-token";
 /// Like `crate::common::proxy::config`, plus an admin listener and extra `[server]` lines.
 fn config(store_url: &str, server_extra: &str, extra: &str) -> String {
     format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n{server_extra}\n\n[store]\nurl = \"{store_url}\"\nop_timeout = \"500ms\"\n\n{extra}\n"
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n{server_extra}\n\n[store]\nurl = \"{store_url}\"\n{op}\n\n{extra}\n",
+        op = crate::common::proxy::op_timeout_line(extra)
     )
 }
 

@@ -180,15 +180,56 @@ impl StoreFixture {
 /// A config on `store` (its URL and TLS files) with the given `[[routes]]` blocks.
 pub fn config_on(store: &StoreFixture, extra: &str) -> String {
     format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\n[store]\n{}op_timeout = \"500ms\"\n\n{extra}\n",
-        store.store_lines()
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\n[store]\n{}{}\n\n{extra}\n",
+        store.store_lines(),
+        op_timeout_line(extra)
     )
+}
+
+/// The store deadline a test config gets: as long as its shortest lease allows (a lease must
+/// outlast 1.5 × `op_timeout`), up to 2 s, never under 500 ms. A fixed 500 ms turned an
+/// fsync stall on a busy 2-core machine into a 503 "store did not answer", a failure of
+/// the harness's deadline rather than of the behaviour under test; suites about the
+/// deadline itself (faults, chaos, topologies) write their own.
+pub fn op_timeout_line(extra: &str) -> String {
+    const MOST: Duration = Duration::from_secs(2);
+    const LEAST: Duration = Duration::from_millis(500);
+    let shortest_lease = extra
+        .split('\n')
+        .filter_map(|line| line.trim().strip_prefix("lease = \""))
+        .filter_map(|rest| rest.split('"').next())
+        .filter_map(|value| humantime::parse_duration(value).ok())
+        .min();
+    let deadline = match shortest_lease {
+        // Whole 100 ms steps strictly below lease / 1.5.
+        Some(lease) => Duration::from_millis((lease.as_millis() as u64 * 10 / 16) / 100 * 100),
+        None => MOST,
+    };
+    format!(
+        "op_timeout = \"{}ms\"",
+        deadline.clamp(LEAST, MOST).as_millis()
+    )
+}
+
+/// `text` with its `[store]` deadline replaced by `value` (e.g. `"5s"`).
+pub fn with_op_timeout(text: &str, value: &str) -> String {
+    text.lines()
+        .map(|line| {
+            if line.starts_with("op_timeout = ") {
+                format!("op_timeout = \"{value}\"")
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A config with one store and the given `[[routes]]` blocks (and any extra top-level TOML).
 pub fn config(store_url: &str, extra: &str) -> String {
     format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\n[store]\nurl = \"{store_url}\"\nop_timeout = \"500ms\"\n\n{extra}\n"
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\n[store]\nurl = \"{store_url}\"\n{}\n\n{extra}\n",
+        op_timeout_line(extra)
     )
 }
 
