@@ -18,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${BENCH_SECS:-4}
 CONNS=${BENCH_CONNS:-4}
+WARMUP=${BENCH_WARMUP:-2}   # seconds; longer where handshakes and a loaded machine slow the start
 ROWS=${BENCH_ROWS:-redis-A redis-B redis-capped-A redis-capped-B sqlite-A sqlite-B}
 for tool in valgrind callgrind_control redis-server python3 nginx openssl; do
   command -v "$tool" >/dev/null || [ -x "/usr/sbin/$tool" ] || { echo "missing: $tool" >&2; exit 1; }
@@ -210,7 +211,7 @@ run_row() { # $1 label, $2 build, $3 row
   start_measured "$bin" "$row" "$out"
   local h0 h1 h2
   h0=$(handshakes)
-  taskset -c 0 "$LOADGEN" --addr "$addr" --keys "$keys" "${load[@]}" --connections "$CONNS" --duration 2s --warmup 0s >/dev/null
+  taskset -c 0 "$LOADGEN" --addr "$addr" --keys "$keys" "${load[@]}" --connections "$CONNS" --duration "${WARMUP}s" --warmup 0s >/dev/null
   callgrind_control -z "$pid" >/dev/null
   local line sent
   h1=$(handshakes)
@@ -237,11 +238,11 @@ for row in $ROWS; do
     run_row "$label" "$bin" "$row"
   done
 done
-python3 - "$RESULTS" "$CONNS" "$SECS" <<'PY'
+python3 - "$RESULTS" "$CONNS" "$SECS" "$WARMUP" <<'PY'
 import sys
-path, conns, secs = sys.argv[1:]
+path, conns, secs, warmup = sys.argv[1:]
 rows = [l.rstrip("\n").split("\t") for l in open(path)]
-print(f"\ncallgrind, {conns} connections, {secs} s per row after a 2 s warm-up, proxy on one CPU: user-space instructions per answered request (all threads)\n")
+print(f"\ncallgrind, {conns} connections, {secs} s per row after a {warmup} s warm-up, proxy on one CPU: user-space instructions per answered request (all threads)\n")
 print("| build | row | instructions/req | requests | upstream TLS handshakes full/resumed: warm-up, measured |")
 print("|---|---|---:|---:|---|")
 for label, row, ir, sent, hs in rows:
