@@ -116,3 +116,18 @@ print(f"\nrequests answered: {sent}; proxy CPU {int(cpu)/int(hz)/max(sent,1)*1e6
 print(f"on disk at the end, running: database {db:,} B + WAL {wal:,} B (+ shm {shm:,} B) = {(db+wal)/max(sent,1):,.0f} B per request (database alone {db/max(sent,1):,.0f})")
 print(f"after a clean stop: database {db_after:,} B + WAL {wal_after:,} B = {(db_after+wal_after)/max(sent,1):,.0f} B per request")
 PY
+# Where the database's bytes are: each table and index (SQLite's dbstat), per request.
+python3 - "$DB" "$RESULTS" <<'PY'
+import json, sqlite3, sys
+db, results = sys.argv[1:]
+sent = sum(json.loads(l)["result"]["sent"] for l in open(results))
+c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+try:
+    rows = c.execute("SELECT name, SUM(pgsize), SUM(payload), SUM(unused), COUNT(*) FROM dbstat GROUP BY name ORDER BY 2 DESC").fetchall()
+except sqlite3.Error as e:
+    print(f"\n(no dbstat: {e})"); sys.exit(0)
+print("\n| table or index | pages | bytes per request | payload per request | unused per request |")
+print("|---|---:|---:|---:|---:|")
+for name, size, payload, unused, pages in rows:
+    print(f"| {name} | {pages:,} | {size/max(sent,1):,.0f} | {payload/max(sent,1):,.0f} | {unused/max(sent,1):,.0f} |")
+PY
