@@ -3,7 +3,7 @@
 //! Optionally tunnels through `CONNECT` and speaks TLS, so the same tool measures direct
 //! calls, reverse proxies, HTTPS interception and blind tunnels alike.
 //!
-//! Prints one JSON line: requests, rps, p50/p90/p99/p99.9 latency (µs), errors, non-2xx.
+//! Prints one JSON line: requests, rps, p50/p90/p99/p99.9/max latency (µs), errors, non-2xx.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -289,12 +289,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let secs = args.duration.as_secs_f64();
     println!(
-        "{{\"sent\":{sent},\"requests\":{requests},\"rps\":{:.1},\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"errors\":{errors},\"non2xx\":{non2xx}}}",
+        "{{\"sent\":{sent},\"requests\":{requests},\"rps\":{:.1},\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},\"errors\":{errors},\"non2xx\":{non2xx}}}",
         requests as f64 / secs,
         hist.value_at_quantile(0.50),
         hist.value_at_quantile(0.90),
         hist.value_at_quantile(0.99),
         hist.value_at_quantile(0.999),
+        hist.max(),
     );
     Ok(())
 }

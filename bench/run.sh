@@ -6,6 +6,7 @@
 #   bench/run.sh                      # defaults: 32 connections, 3 reps x 10 s per scenario
 #   BENCH_SECS=5 BENCH_REPS=1 bench/run.sh
 #   BENCH_ONLY='postgres|redis-tls' bench/run.sh   # the store rows beside the baselines
+#   BENCH_ONLY='gateway|redis: A new' bench/run.sh # the nginx + Lua + Redis gateway (bench/gateway.lua)
 #   BENCH_ONLY='redis: A' BENCH_BIN=/tmp/idemproxy-old bench/run.sh
 #                                     # the baselines plus the rows matching a regex, with
 #                                     # another build
@@ -209,6 +210,9 @@ upstream = "https://secure.bench.test"
 connect_to = "127.0.0.1:$P_TLS"
 upstream_ca = "$WORK/bench-ca.pem"
 provider = "stripe"
+# As on the bench route: the stripe profile's own key source (the whole request) would make
+# every scenario A request after the first a replay of it.
+key_source = "client"
 TOML
 }
 # An MCP route (Streamable HTTP) in front of the MCP stand-in: every tools/call is claimed as
@@ -314,6 +318,22 @@ echo "nginx reverse proxy" >&2
 CPU_PROXY=$NGINX_PROXY_PID; CPU_STORE=""
 measure "nginx reverse proxy (no idempotency)" "-" --addr "127.0.0.1:$P_NGINX" --keys none
 
+# The OpenResty-style baseline: nginx + Lua + the same Redis as an idempotency gateway
+# (bench/gateway.lua: SET NX the key, proxy_pass, SET the response; a retry is replayed from
+# Redis). Needs Debian's libnginx-mod-http-lua; skipped without it.
+if grep -Eq -- "$ONLY" <<<"gateway" && [ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ]; then
+  P_GATEWAY=$(free_port)
+  bench/gateway.sh conf "$WORK/gateway" "$P_GATEWAY" "127.0.0.1:$P_HTTP" "127.0.0.1:$P_REDIS" >/dev/null
+  taskset -c $PROXY_CPU "$NGINX" -p "$WORK/gateway" -c "$WORK/gateway/nginx.conf" & GATEWAY_PID=$!; PIDS+=($!)
+  wait_port "$P_GATEWAY"
+  echo "nginx + Lua + Redis gateway" >&2
+  CPU_PROXY=$GATEWAY_PID; CPU_STORE=$REDIS_PID; CMD_PORT=$P_REDIS
+  measure "gateway (nginx + Lua + Redis, OpenResty-style) redis: A new key per request" "-" --addr "127.0.0.1:$P_GATEWAY" --keys unique
+  measure "gateway (nginx + Lua + Redis, OpenResty-style) redis: B replay (one key)" "-" --addr "127.0.0.1:$P_GATEWAY" --keys fixed
+  CMD_PORT=""
+  kill "$GATEWAY_PID" 2>/dev/null || true; wait "$GATEWAY_PID" 2>/dev/null || true
+fi
+
 store_rows() { # $1 row prefix, $2 build; $store, $url, $more set by the loop below
   local who=$1 db="${url}"
   # A file of its own for each proxy on the embedded store.
@@ -332,6 +352,7 @@ store_rows() { # $1 row prefix, $2 build; $store, $url, $more set by the loop be
   measure "$who $store: A, capped route" peak --addr "$PROXY_ADDR" --path /capped/v1/charges --keys unique
   ROW_CONNS=1 measure "$who $store: A, 1 connection" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
   measure "$who $store: B replay (one key)" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys fixed
+  ROW_CONNS=1 measure "$who $store: B, 1 connection" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys fixed
   # A replay on a capped route: answered from the claim, no budget touched.
   measure "$who $store: B, capped route" peak --addr "$PROXY_ADDR" --path /capped/v1/charges --keys fixed
   stop_proxy
