@@ -220,8 +220,12 @@ fn any_text(v: &serde_json::Value, test: &dyn Fn(&str) -> bool) -> bool {
 
 impl BodyRule {
     pub fn matches(&self, status: u16, body: &serde_json::Value) -> bool {
+        self.applies_to(status) && self.conditions.iter().all(|c| c.holds(body))
+    }
+
+    /// Whether the rule reads answers with this status at all.
+    pub fn applies_to(&self, status: u16) -> bool {
         self.statuses.as_ref().is_none_or(|s| s.contains(status))
-            && self.conditions.iter().all(|c| c.holds(body))
     }
 }
 
