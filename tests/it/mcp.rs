@@ -4,6 +4,7 @@
 //! proxy runs the shipped `config/examples/mcp.toml` (only `connect_to` and `upstream_ca`
 //! changed), and every call is a new process of the official Python client
 //! (`tests/python/mcp_call.py`: defaults, no key) with only the setup `idemproxy env` prints.
+//! The cases written as functions of `Sdk` run for the other clients in `mcp_clients`.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -83,11 +84,21 @@ impl McpServer {
         Self::start_with(Sdk::V1, pki, framing, auth).await
     }
 
-    pub(crate) async fn start_with(sdk: Sdk, pki: &TestPki, framing: Framing, auth: bool) -> McpServer {
+    pub(crate) async fn start_with(
+        sdk: Sdk,
+        pki: &TestPki,
+        framing: Framing,
+        auth: bool,
+    ) -> McpServer {
         Self::start_flags(sdk, pki, framing, if auth { &["--auth"] } else { &[] }).await
     }
 
-    pub(crate) async fn start_flags(sdk: Sdk, pki: &TestPki, framing: Framing, flags: &[&str]) -> McpServer {
+    pub(crate) async fn start_flags(
+        sdk: Sdk,
+        pki: &TestPki,
+        framing: Framing,
+        flags: &[&str],
+    ) -> McpServer {
         Self::start_script(
             &sdk.python(),
             "mcp_remote_server.py",
@@ -212,7 +223,13 @@ async fn call(w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value
     call_with(Sdk::V1, w, tool, args, token).await
 }
 
-pub(crate) async fn call_with(sdk: Sdk, w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value {
+pub(crate) async fn call_with(
+    sdk: Sdk,
+    w: &Worker,
+    tool: &str,
+    args: Value,
+    token: Option<&str>,
+) -> Value {
     let creds: Vec<(&str, &str)> = token.map(|t| ("MCP_TOKEN", t)).into_iter().collect();
     call_at(sdk, w, URL, tool, args, &creds).await
 }

@@ -78,7 +78,11 @@ async fn worker_killed_the_rerun_gets_the_result(sdk: Sdk, framing: Framing) {
     let client = spawn_call(sdk, &w, "late_refund", &args);
     crate::common::eventually("the refund ran", Duration::from_secs(30), effect_made(1)).await;
     killed(client).await;
-    assert_eq!(server.answered("late_refund"), 0, "killed before the answer");
+    assert_eq!(
+        server.answered("late_refund"),
+        0,
+        "killed before the answer"
+    );
     server.let_answer("ch_k1");
     crate::common::eventually("the server answered", Duration::from_secs(10), || {
         (server.answered("late_refund") == 1).then_some(())
@@ -278,7 +282,12 @@ fn twice_call(id: u32, asked: Option<&Value>, state: Option<&str>) -> String {
             .unwrap_or_else(|| panic!("no inputRequests: {asked}"));
         let answers: serde_json::Map<String, Value> = questions
             .keys()
-            .map(|k| (k.clone(), json!({"action": "accept", "content": {"ok": true}})))
+            .map(|k| {
+                (
+                    k.clone(),
+                    json!({"action": "accept", "content": {"ok": true}}),
+                )
+            })
             .collect();
         params["inputResponses"] = Value::Object(answers);
     }
@@ -361,7 +370,6 @@ async fn a_continuation_with_another_request_state_is_the_same_call() {
     assert_eq!(server.count("confirm_twice"), 1);
 }
 
-
 /// The Agents adapter passes no elicitation callback to the MCP client, whose default answers
 /// the server's elicitation with an error ("Elicitation not supported"): the tool fails
 /// without its effect. Its `isError` result is kept like any other, unless the route's
@@ -387,12 +395,18 @@ async fn openai_agents_adapter_cannot_answer_an_elicitation_and_nothing_runs() {
     let refused = call_with(Sdk::Agents, &w, "confirm_refund", args.clone(), None).await;
     assert_eq!(refused["isError"], json!(true), "{refused}");
     assert!(
-        refused["text"].to_string().contains("Elicitation not supported"),
+        refused["text"]
+            .to_string()
+            .contains("Elicitation not supported"),
         "{refused}"
     );
     assert_eq!(server.count("confirm_refund"), 0);
     let answered = ok(&call_with(Sdk::V1, &w, "confirm_refund", args.clone(), None).await).clone();
-    assert_eq!(answered["asked"].as_array().map(Vec::len), Some(1), "{answered}");
+    assert_eq!(
+        answered["asked"].as_array().map(Vec::len),
+        Some(1),
+        "{answered}"
+    );
     assert_eq!(answered["replayed"], json!(false), "{answered}");
     let rerun = call_with(Sdk::V1, &w, "confirm_refund", args, None).await;
     assert_eq!(ok(&rerun)["replayed"], json!(true), "{rerun}");

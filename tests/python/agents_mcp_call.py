@@ -1,7 +1,8 @@
 """One tool call through the OpenAI Agents SDK's MCP adapter (`agents.mcp.MCPServerStreamableHttp`,
 defaults), the way an agent run makes it: the server's tools listed, then the tool called. A new
 process per call, no idempotency key, no model needed. Prints one JSON line like mcp_call.py.
-Usage: agents_mcp_call.py URL TOOL ARGS_JSON (MCP_TOKEN: the bearer token)."""
+Usage: agents_mcp_call.py URL TOOL ARGS_JSON (MCP_TOKEN: the bearer token). A JSON-RPC error
+among what the adapter raised is reported with its code and data, like mcp_call.py does."""
 import asyncio
 import json
 import os
