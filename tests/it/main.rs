@@ -18,6 +18,7 @@ mod https;
 mod identity;
 mod image;
 mod mcp;
+mod mcp_clients;
 mod mcp_stripe;
 mod money;
 mod ops;

@@ -4,6 +4,7 @@
 //! proxy runs the shipped `config/examples/mcp.toml` (only `connect_to` and `upstream_ca`
 //! changed), and every call is a new process of the official Python client
 //! (`tests/python/mcp_call.py`: defaults, no key) with only the setup `idemproxy env` prints.
+//! The cases written as functions of `Sdk` run for the other clients in `mcp_clients`.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -15,8 +16,8 @@ use crate::common::pki::TestPki;
 use crate::common::provider::{FakeProvider, ProviderOptions};
 use crate::common::worker::{python_script, Worker};
 
-const URL: &str = "https://mcp.tools.example/mcp";
-const HOST: &str = "mcp.tools.example";
+pub(crate) const URL: &str = "https://mcp.tools.example/mcp";
+pub(crate) const HOST: &str = "mcp.tools.example";
 
 /// The stand-in MCP server, killed when dropped.
 pub(crate) struct McpServer {
@@ -34,8 +35,8 @@ pub(crate) enum Framing {
 
 /// Which official Python SDK serves and calls: 1.x speaks the 2025-11-25 revision (initialize,
 /// sessions); 2.x also the 2026-07-28 one (`server/discover`, no sessions, mirrored headers).
-#[derive(Clone, Copy)]
-enum Sdk {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sdk {
     V1,
     V2,
     /// The TypeScript SDK's client (`tests/node/mcp_call.mjs`) against the 1.x server.
@@ -45,7 +46,7 @@ enum Sdk {
 }
 
 impl Sdk {
-    fn python(self) -> String {
+    pub(crate) fn python(self) -> String {
         match self {
             Sdk::V1 | Sdk::Node | Sdk::Agents => "python3".into(),
             // A virtual environment of its own (scripts/test.sh makes it): the suite's main one
@@ -63,7 +64,7 @@ impl Sdk {
     }
 
     /// The program and the script that make one call.
-    fn client(self) -> (String, String) {
+    pub(crate) fn client(self) -> (String, String) {
         match self {
             Sdk::V1 => (self.python(), python_script("mcp_call.py")),
             Sdk::V2 => (self.python(), python_script("mcp2_call.py")),
@@ -83,11 +84,21 @@ impl McpServer {
         Self::start_with(Sdk::V1, pki, framing, auth).await
     }
 
-    async fn start_with(sdk: Sdk, pki: &TestPki, framing: Framing, auth: bool) -> McpServer {
+    pub(crate) async fn start_with(
+        sdk: Sdk,
+        pki: &TestPki,
+        framing: Framing,
+        auth: bool,
+    ) -> McpServer {
         Self::start_flags(sdk, pki, framing, if auth { &["--auth"] } else { &[] }).await
     }
 
-    async fn start_flags(sdk: Sdk, pki: &TestPki, framing: Framing, flags: &[&str]) -> McpServer {
+    pub(crate) async fn start_flags(
+        sdk: Sdk,
+        pki: &TestPki,
+        framing: Framing,
+        flags: &[&str],
+    ) -> McpServer {
         Self::start_script(
             &sdk.python(),
             "mcp_remote_server.py",
@@ -163,6 +174,24 @@ impl McpServer {
     pub(crate) fn count(&self, tool: &str) -> usize {
         self.effects().iter().filter(|e| e["tool"] == tool).count()
     }
+
+    /// How many `tool` calls the server has sent its whole answer to (`--record-answers`).
+    pub(crate) fn answered(&self, tool: &str) -> usize {
+        let mut path = self.effects.clone().into_os_string();
+        path.push(".answered");
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| serde_json::from_str::<Value>(l).is_ok_and(|e| e["tool"] == tool))
+            .count()
+    }
+
+    /// Lets `late_refund` of `charge` answer.
+    pub(crate) fn let_answer(&self, charge: &str) {
+        let mut path = self.effects.clone().into_os_string();
+        path.push(format!(".go.{charge}"));
+        std::fs::write(path, b"go").expect("write the go file");
+    }
 }
 
 impl Drop for McpServer {
@@ -173,7 +202,7 @@ impl Drop for McpServer {
 }
 
 /// The shipped example, its MCP route dialled to `server`, its REST route to `rest`.
-fn worker(pki: &TestPki, server: &McpServer, rest: &FakeProvider) -> Worker {
+pub(crate) fn worker(pki: &TestPki, server: &McpServer, rest: &FakeProvider) -> Worker {
     Worker::start(
         "mcp.toml",
         &[("tools-mcp", server.port), ("payments", rest.port())],
@@ -181,7 +210,7 @@ fn worker(pki: &TestPki, server: &McpServer, rest: &FakeProvider) -> Worker {
     )
 }
 
-async fn rest_provider(pki: &TestPki) -> FakeProvider {
+pub(crate) async fn rest_provider(pki: &TestPki) -> FakeProvider {
     FakeProvider::start_https(
         ProviderOptions::default(),
         pki.server_config(&["api.payments.example"]),
@@ -194,11 +223,30 @@ async fn call(w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value
     call_with(Sdk::V1, w, tool, args, token).await
 }
 
-async fn call_with(sdk: Sdk, w: &Worker, tool: &str, args: Value, token: Option<&str>) -> Value {
+pub(crate) async fn call_with(
+    sdk: Sdk,
+    w: &Worker,
+    tool: &str,
+    args: Value,
+    token: Option<&str>,
+) -> Value {
+    let creds: Vec<(&str, &str)> = token.map(|t| ("MCP_TOKEN", t)).into_iter().collect();
+    call_at(sdk, w, URL, tool, args, &creds).await
+}
+
+/// One tool call of `sdk`'s client at `url`, with `env` (MCP_TOKEN, MCP_ELICIT_DELAY…) besides
+/// the worker's setup.
+pub(crate) async fn call_at(
+    sdk: Sdk,
+    w: &Worker,
+    url: &str,
+    tool: &str,
+    args: Value,
+    env: &[(&str, &str)],
+) -> Value {
     let (program, script) = sdk.client();
     let args = args.to_string();
-    let creds: Vec<(&str, &str)> = token.map(|t| ("MCP_TOKEN", t)).into_iter().collect();
-    w.run(&program, &[&script, URL, tool, &args], &creds).await
+    w.run(&program, &[&script, url, tool, &args], env).await
 }
 
 /// The tool's result object: its text content, parsed (the SDKs put a dict result there as JSON).
@@ -375,17 +423,23 @@ async fn progress_passes_live_and_a_replay_is_the_final_result_only() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_that_cuts_the_connection_after_executing_never_executes_twice() {
+    server_cut_never_executes_twice(Sdk::V1).await;
+}
+
+/// `crash_after` records its effect and the server process dies before answering; the same
+/// server comes back and the client (a new process) re-runs the call: held, never run again.
+pub(crate) async fn server_cut_never_executes_twice(sdk: Sdk) {
     let pki = TestPki::new("mcp");
-    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let server = McpServer::start_with(sdk, &pki, Framing::Json, false).await;
     let rest = rest_provider(&pki).await;
     let w = worker(&pki, &server, &rest);
-    let first = call(&w, "crash_after", json!({"charge": "ch_3"}), None).await;
+    let first = call_with(sdk, &w, "crash_after", json!({"charge": "ch_3"}), None).await;
     assert!(first.get("error").is_some(), "{first}");
     assert_eq!(server.count("crash_after"), 1);
     // The same server comes back (a restart); the re-run is held, not executed again.
     let port = server.port;
     let effects = server.effects.clone();
-    let mut again = Command::new("python3");
+    let mut again = Command::new(sdk.python());
     let dir = tempfile::tempdir().expect("tempdir");
     let stem = dir.path().join("server");
     pki.write_leaf(&[HOST], &stem);
@@ -399,6 +453,7 @@ async fn a_server_that_cuts_the_connection_after_executing_never_executes_twice(
         .arg("--effects")
         .arg(&effects)
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .expect("restart the server");
     crate::common::eventually_async(
@@ -412,7 +467,7 @@ async fn a_server_that_cuts_the_connection_after_executing_never_executes_twice(
         },
     )
     .await;
-    let rerun = call(&w, "crash_after", json!({"charge": "ch_3"}), None).await;
+    let rerun = call_with(sdk, &w, "crash_after", json!({"charge": "ch_3"}), None).await;
     let _ = revived.kill();
     let _ = revived.wait();
     assert_eq!(
@@ -428,7 +483,7 @@ async fn a_server_that_cuts_the_connection_after_executing_never_executes_twice(
 }
 
 /// An unsigned JWT, as an OAuth server would mint it (the proxy reads, never verifies).
-fn jwt(claims: Value) -> String {
+pub(crate) fn jwt(claims: Value) -> String {
     use base64::Engine as _;
     let enc = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
     format!(
@@ -440,8 +495,15 @@ fn jwt(claims: Value) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refused_token_then_a_fresh_one_executes_and_a_refreshed_token_is_the_same_account() {
+    tokens_refused_refreshed(Sdk::V1).await;
+}
+
+/// A 401 for an expired token is not kept (the retry with a fresh one executes); a token
+/// refreshed between a call and its re-run is the same account; another subject is another.
+pub(crate) async fn tokens_refused_refreshed(sdk: Sdk) {
+    let call = |w, tool, args, token| call_with(sdk, w, tool, args, token);
     let pki = TestPki::new("mcp");
-    let server = McpServer::start(&pki, Framing::Json, true).await;
+    let server = McpServer::start_with(sdk, &pki, Framing::Json, true).await;
     let rest = rest_provider(&pki).await;
     let w = worker(&pki, &server, &rest);
     let args = json!({"to": "ops@example.com"});
@@ -475,7 +537,7 @@ async fn a_refused_token_then_a_fresh_one_executes_and_a_refreshed_token_is_the_
 }
 
 /// A raw POST through the worker's proxy: (status, headers and body as text).
-fn raw(w: &Worker, path: &str, headers: &[&str], body: &str) -> String {
+pub(crate) fn raw(w: &Worker, path: &str, headers: &[&str], body: &str) -> String {
     raw_within(w, path, headers, body, "20")
 }
 
@@ -509,7 +571,7 @@ fn raw_within(w: &Worker, path: &str, headers: &[&str], body: &str, max_time: &s
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn json_of(reply: &str) -> Value {
+pub(crate) fn json_of(reply: &str) -> Value {
     // After the proxy's answer to CONNECT, the server's (or the proxy's) head, then the body.
     let body = reply.rsplit("\r\n\r\n").next().unwrap_or_default();
     let body = body
@@ -655,7 +717,7 @@ async fn the_2026_revision_stream_rerun_is_one_effect_and_read_only_tools_run_ev
 /// by a POST the proxy passes unclaimed; in 2026 an `input_required` result (nothing executed,
 /// released), then the same call with `inputResponses`. Either way: one effect, and the re-run
 /// gets the result without asking the person again.
-async fn elicitation_is_answered_once(sdk: Sdk) {
+pub(crate) async fn elicitation_is_answered_once(sdk: Sdk) {
     let pki = TestPki::new("mcp");
     let server = McpServer::start_with(sdk, &pki, Framing::Sse, false).await;
     let rest = rest_provider(&pki).await;
@@ -814,8 +876,15 @@ async fn openai_agents_adapter_stream_rerun_is_one_effect_and_read_only_tools_ru
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_closed_early_settles_from_the_resumed_get_one_effect_nothing_held() {
+    polled_call_is_settled_by_the_resumed_get(Sdk::V1).await;
+}
+
+/// SSE polling (2025-11-25): the server closes the call's stream after a progress event; the
+/// client resumes it with a GET and Last-Event-ID, where the result arrives.
+pub(crate) async fn polled_call_is_settled_by_the_resumed_get(sdk: Sdk) {
+    let call = |w, tool, args, token| call_with(sdk, w, tool, args, token);
     let pki = TestPki::new("mcp");
-    let server = McpServer::start_flags(Sdk::V1, &pki, Framing::Sse, &["--resumable"]).await;
+    let server = McpServer::start_flags(sdk, &pki, Framing::Sse, &["--resumable"]).await;
     let rest = rest_provider(&pki).await;
     let w = worker(&pki, &server, &rest);
     // The server closes the call's stream after a progress event; the client resumes it with a
@@ -830,7 +899,7 @@ async fn a_stream_closed_early_settles_from_the_resumed_get_one_effect_nothing_h
 }
 
 /// The example with `edit` applied to its MCP route.
-fn edited_worker(
+pub(crate) fn edited_worker(
     pki: &TestPki,
     server: &McpServer,
     rest: &FakeProvider,
@@ -856,7 +925,7 @@ fn edited_worker(
     )
 }
 
-fn set_mcp(route: &mut toml::Table, key: &str, value: toml::Value) {
+pub(crate) fn set_mcp(route: &mut toml::Table, key: &str, value: toml::Value) {
     if let Some(mcp) = route.get_mut("mcp").and_then(|m| m.as_table_mut()) {
         mcp.insert(key.into(), value);
     }

@@ -2,7 +2,9 @@
 MCPServer in 2.x, which also serves the 2026-07-28 revision), whose
 write tools count their effects in a file (one JSON line per effect). Started by
 tests/it/mcp.rs: --json answers calls with one JSON body, otherwise with an event stream;
---auth refuses the bearer token `expired` with 401, as an OAuth resource server does."""
+--auth refuses the bearer token `expired` with 401, as an OAuth resource server does; --alias PATH
+serves the transport on PATH too (as servers that take `/mcp/` or `/messages`); --record-answers
+appends a line to EFFECTS.answered each time the server has sent a tools/call's whole answer."""
 import argparse
 import asyncio
 import json
@@ -31,6 +33,8 @@ parser.add_argument("--effects", required=True)
 parser.add_argument("--json", action="store_true")
 parser.add_argument("--auth", action="store_true")
 parser.add_argument("--resumable", action="store_true")
+parser.add_argument("--alias", action="append", default=[])
+parser.add_argument("--record-answers", action="store_true")
 opts = parser.parse_args()
 
 class MemoryEvents:
@@ -154,6 +158,19 @@ if MODERN:
             return {"refunded": False, "charge": charge}
         return refund_confirmed(charge)
 
+    def ask_again(charge: str, first: Annotated[Confirm, Resolve(ask)]) -> Elicit[Confirm]:
+        return Elicit(f"Really refund {charge}?", Confirm)
+
+    @server.tool()
+    def confirm_twice(charge: str, answer: Annotated[Confirm, Resolve(ask_again)]) -> dict:
+        """Asks twice, the second question only once the first is answered: two rounds of
+        input_required, each with its own requestState (the first answer rides in the second),
+        then the refund."""
+        if not answer.ok:
+            return {"refunded": False, "charge": charge}
+        n = effect("confirm_twice", {"charge": charge})
+        return {"refunded": True, "refund": f"re_{n}", "charge": charge}
+
 else:
 
     @server.tool()
@@ -173,6 +190,19 @@ async def polled_refund(charge: str, ctx: Context) -> dict:
     await ctx.close_sse_stream()
     await asyncio.sleep(0.5)
     n = effect("polled_refund", {"charge": charge})
+    return {"refund": f"re_{n}", "charge": charge}
+
+
+@server.tool()
+async def late_refund(charge: str) -> dict:
+    """Refunds a charge, then answers only once the file EFFECTS.go.CHARGE exists (the test
+    makes it): a worker can be killed between the effect and the answer."""
+    n = effect("late_refund", {"charge": charge})
+    go = f"{opts.effects}.go.{charge}"
+    for _ in range(600):
+        if os.path.exists(go):
+            break
+        await asyncio.sleep(0.05)
     return {"refund": f"re_{n}", "charge": charge}
 
 
@@ -224,8 +254,51 @@ def with_auth(inner):
     return guarded
 
 
+def with_aliases(inner):
+    """Serves the transport on the --alias paths too."""
+    async def aliased(scope, receive, send):
+        if scope["type"] == "http" and scope.get("path") in opts.alias:
+            scope = dict(scope, path="/mcp", raw_path=b"/mcp")
+        await inner(scope, receive, send)
+    return aliased
+
+
+def recording_answers(inner):
+    """Notes each tools/call whose whole answer the server has sent (its last body chunk)."""
+    async def recording(scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return await inner(scope, receive, send)
+        body = bytearray()
+
+        async def reading():
+            message = await receive()
+            body.extend(message.get("body", b""))
+            return message
+
+        async def sending(message):
+            await send(message)
+            done = message["type"] == "http.response.body" and not message.get("more_body")
+            if done and b'"tools/call"' in body:
+                try:
+                    tool = json.loads(body)["params"]["name"]
+                except (ValueError, KeyError, TypeError):
+                    tool = None
+                with open(opts.effects + ".answered", "a") as f:
+                    f.write(json.dumps({"tool": tool}) + "\n")
+
+        await inner(scope, reading, sending)
+    return recording
+
+
+if opts.auth:
+    app = with_auth(app)
+if opts.alias:
+    app = with_aliases(app)
+if opts.record_answers:
+    app = recording_answers(app)
+
 uvicorn.run(
-    with_auth(app) if opts.auth else app,
+    app,
     host="127.0.0.1",
     port=opts.port,
     ssl_certfile=opts.cert,
