@@ -49,8 +49,7 @@ fn canonical_body(content_type: Option<&str>, body: &[u8], descriptive: &[String
         .and_then(|c| c.split(';').next())
         .unwrap_or("")
         .trim();
-    if essence.eq_ignore_ascii_case("application/json") || ends_with_ignore_case(essence, "+json")
-    {
+    if essence.eq_ignore_ascii_case("application/json") || ends_with_ignore_case(essence, "+json") {
         if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) {
             for d in descriptive {
                 remove(&mut v, &d.split('.').collect::<Vec<_>>());

@@ -940,13 +940,22 @@ async fn redis_spend_written_by_the_previous_version_counts_alike() {
         async move { s.reserve(&r).await.expect("the store answers") }
     };
     let t = 1_000_000u64;
-    assert_eq!(verdict(&mut conn, old_reserve(reservation("a", 60, 100, t))).await, "added");
+    assert_eq!(
+        verdict(&mut conn, old_reserve(reservation("a", 60, 100, t))).await,
+        "added"
+    );
     assert_eq!(
         new(reservation("b", 60, 100, t + 100)).await,
-        Reserved::OverCap { index: 0, spent: 60 },
+        Reserved::OverCap {
+            index: 0,
+            spent: 60
+        },
         "this version counts what the previous one reserved"
     );
-    assert_eq!(new(reservation("b", 30, 100, t + 200)).await, Reserved::Added);
+    assert_eq!(
+        new(reservation("b", 30, 100, t + 200)).await,
+        Reserved::Added
+    );
     assert_eq!(
         verdict(&mut conn, old_reserve(reservation("c", 20, 100, t + 300))).await,
         "over",
@@ -964,7 +973,10 @@ async fn redis_spend_written_by_the_previous_version_counts_alike() {
         "an attempt the previous version reserved is not reserved twice"
     );
     // `a` leaves the window (1 s): 20 left.
-    assert_eq!(new(reservation("d", 30, 100, t + 1_100)).await, Reserved::Added);
+    assert_eq!(
+        new(reservation("d", 30, 100, t + 1_100)).await,
+        Reserved::Added
+    );
     let mut e = reservation("e", 50, 100, t + 1_200);
     e.replaces = Some("d".into());
     assert_eq!(
@@ -974,7 +986,10 @@ async fn redis_spend_written_by_the_previous_version_counts_alike() {
     );
     assert_eq!(
         new(reservation("f", 31, 100, t + 1_300)).await,
-        Reserved::OverCap { index: 0, spent: 70 }
+        Reserved::OverCap {
+            index: 0,
+            spent: 70
+        }
     );
     let mut g = reservation("g", 20, 100, t + 1_350);
     g.replaces = Some("e".into());
@@ -983,7 +998,10 @@ async fn redis_spend_written_by_the_previous_version_counts_alike() {
         Reserved::Added,
         "this version replaces the previous one's attempt: 20 + 20 without e's 50"
     );
-    let _: i64 = old_release("c").query_async(&mut conn).await.expect("old release");
+    let _: i64 = old_release("c")
+        .query_async(&mut conn)
+        .await
+        .expect("old release");
     assert_eq!(
         new(reservation("h", 80, 100, t + 1_380)).await,
         Reserved::Added,
@@ -995,7 +1013,10 @@ async fn redis_spend_written_by_the_previous_version_counts_alike() {
     );
     // Everything leaves the window; this version ages it: the counter holds only the newest
     // attempt, in every key, and each key expires.
-    assert_eq!(new(reservation("j", 5, 100, t + 5_000)).await, Reserved::Added);
+    assert_eq!(
+        new(reservation("j", 5, 100, t + 5_000)).await,
+        Reserved::Added
+    );
     let counter = format!("{prefix}{{conf/t}}/run/{}", std::process::id());
     let fields: Vec<String> = ::redis::cmd("HKEYS")
         .arg(format!("{counter}:amt"))
@@ -1016,7 +1037,10 @@ async fn redis_spend_written_by_the_previous_version_counts_alike() {
         .query_async(&mut conn)
         .await
         .expect("zcard");
-    assert_eq!(kept, 0, "the previous version's index of kept attempts is emptied");
+    assert_eq!(
+        kept, 0,
+        "the previous version's index of kept attempts is emptied"
+    );
     let tot: i64 = ::redis::cmd("GET")
         .arg(format!("{counter}:tot"))
         .query_async(&mut conn)
@@ -1026,7 +1050,10 @@ async fn redis_spend_written_by_the_previous_version_counts_alike() {
     // Giving the only attempt back empties the counter (Redis drops an empty set and hash);
     // the next reservation makes them again, and they expire too.
     s.release("j").await.expect("release j");
-    assert_eq!(new(reservation("k", 7, 100, t + 5_100)).await, Reserved::Added);
+    assert_eq!(
+        new(reservation("k", 7, 100, t + 5_100)).await,
+        Reserved::Added
+    );
     for part in ["win", "tot", "amt"] {
         let ttl: i64 = ::redis::cmd("PTTL")
             .arg(format!("{counter}:{part}"))
