@@ -880,3 +880,194 @@ async fn sqlite_files_from_the_earlier_layout_keep_their_records() {
     assert_eq!(s.get("idem:t:done").await.expect("get"), Some(done));
     assert_eq!(s.list(State::Committed, 10).await.expect("list").len(), 1);
 }
+
+/// A proxy of the previous version (its spend scripts, `common/redis_spend_before.lua`, kept
+/// a fourth key per counter and set every expiry on every reservation) and one of this version
+/// share one Redis during an upgrade: each reads what the other reserved, released and
+/// replaced, and once everything has left the window nothing of it is left behind, and every
+/// key still expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_spend_written_by_the_previous_version_counts_alike() {
+    const BEFORE: &str = include_str!("common/redis_spend_before.lua");
+    let (helpers, rest) = BEFORE.split_once("-- @@ reserve").expect("reserve part");
+    let (reserve_before, release_before) = rest.split_once("-- @@ release").expect("release");
+    let f = StoreFixture::new(Backend::Redis);
+    let config = f.store_config();
+    let prefix = format!("{}:{{spend}}:", config.namespace);
+    let s = subject_spend(&f).await;
+    let client = ::redis::Client::open(f.url()).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    // The previous version's reserve, with the arguments it was given.
+    let old_reserve = |r: Reservation| {
+        let mut cmd = ::redis::cmd("EVAL");
+        cmd.arg(format!("{helpers}{reserve_before}"))
+            .arg(1)
+            .arg(format!("{prefix}res:{}", r.token))
+            .arg(&prefix)
+            .arg(&r.token)
+            .arg(r.now_ms)
+            .arg(r.keep_ms)
+            .arg(if r.enforce { "1" } else { "0" })
+            .arg(r.replaces.clone().unwrap_or_default())
+            .arg(r.counters.len());
+        for c in &r.counters {
+            cmd.arg(&c.key)
+                .arg(c.cap.map(|c| c.to_string()).unwrap_or_default())
+                .arg(c.since_ms)
+                .arg(c.add);
+        }
+        cmd.arg(0).arg(0);
+        cmd
+    };
+    let old_release = |token: &str| {
+        let mut cmd = ::redis::cmd("EVAL");
+        cmd.arg(format!("{helpers}{release_before}"))
+            .arg(1)
+            .arg(format!("{prefix}res:{token}"))
+            .arg(&prefix)
+            .arg(token);
+        cmd
+    };
+    async fn verdict(conn: &mut ::redis::aio::MultiplexedConnection, cmd: ::redis::Cmd) -> String {
+        let (v, _, _): (String, i64, i64) = cmd.query_async(conn).await.expect("old script");
+        v
+    }
+    let new = |r: Reservation| {
+        let s = s.clone();
+        async move { s.reserve(&r).await.expect("the store answers") }
+    };
+    let t = 1_000_000u64;
+    assert_eq!(
+        verdict(&mut conn, old_reserve(reservation("a", 60, 100, t))).await,
+        "added"
+    );
+    assert_eq!(
+        new(reservation("b", 60, 100, t + 100)).await,
+        Reserved::OverCap {
+            index: 0,
+            spent: 60
+        },
+        "this version counts what the previous one reserved"
+    );
+    assert_eq!(
+        new(reservation("b", 30, 100, t + 200)).await,
+        Reserved::Added
+    );
+    assert_eq!(
+        verdict(&mut conn, old_reserve(reservation("c", 20, 100, t + 300))).await,
+        "over",
+        "the previous version counts what this one reserved: 60 + 30"
+    );
+    s.release("b").await.expect("release b");
+    assert_eq!(
+        verdict(&mut conn, old_reserve(reservation("c", 20, 100, t + 400))).await,
+        "added",
+        "b's 30 given back: 60 + 20"
+    );
+    assert_eq!(
+        new(reservation("a", 1, 100, t + 450)).await,
+        Reserved::Existing,
+        "an attempt the previous version reserved is not reserved twice"
+    );
+    // `a` leaves the window (1 s): 20 left.
+    assert_eq!(
+        new(reservation("d", 30, 100, t + 1_100)).await,
+        Reserved::Added
+    );
+    let mut e = reservation("e", 50, 100, t + 1_200);
+    e.replaces = Some("d".into());
+    assert_eq!(
+        verdict(&mut conn, old_reserve(e)).await,
+        "added",
+        "the previous version replaces this one's attempt: 20 + 50 without d's 30"
+    );
+    assert_eq!(
+        new(reservation("f", 31, 100, t + 1_300)).await,
+        Reserved::OverCap {
+            index: 0,
+            spent: 70
+        }
+    );
+    let mut g = reservation("g", 20, 100, t + 1_350);
+    g.replaces = Some("e".into());
+    assert_eq!(
+        new(g).await,
+        Reserved::Added,
+        "this version replaces the previous one's attempt: 20 + 20 without e's 50"
+    );
+    let _: i64 = old_release("c")
+        .query_async(&mut conn)
+        .await
+        .expect("old release");
+    assert_eq!(
+        new(reservation("h", 80, 100, t + 1_380)).await,
+        Reserved::Added,
+        "the previous version gave c's 20 back: 20 (g) + 80"
+    );
+    assert_eq!(
+        verdict(&mut conn, old_reserve(reservation("i", 1, 100, t + 1_390))).await,
+        "over"
+    );
+    // Everything leaves the window; this version ages it: the counter holds only the newest
+    // attempt, in every key, and each key expires.
+    assert_eq!(
+        new(reservation("j", 5, 100, t + 5_000)).await,
+        Reserved::Added
+    );
+    let counter = format!("{prefix}{{conf/t}}/run/{}", std::process::id());
+    let fields: Vec<String> = ::redis::cmd("HKEYS")
+        .arg(format!("{counter}:amt"))
+        .query_async(&mut conn)
+        .await
+        .expect("hkeys");
+    assert_eq!(fields, vec!["j".to_string()], "no amount left behind");
+    let win: Vec<String> = ::redis::cmd("ZRANGE")
+        .arg(format!("{counter}:win"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .expect("zrange");
+    assert_eq!(win, vec!["j".to_string()]);
+    let kept: i64 = ::redis::cmd("ZCARD")
+        .arg(format!("{counter}:kept"))
+        .query_async(&mut conn)
+        .await
+        .expect("zcard");
+    assert_eq!(
+        kept, 0,
+        "the previous version's index of kept attempts is emptied"
+    );
+    let tot: i64 = ::redis::cmd("GET")
+        .arg(format!("{counter}:tot"))
+        .query_async(&mut conn)
+        .await
+        .expect("get");
+    assert_eq!(tot, 5);
+    // Giving the only attempt back empties the counter (Redis drops an empty set and hash);
+    // the next reservation makes them again, and they expire too.
+    s.release("j").await.expect("release j");
+    assert_eq!(
+        new(reservation("k", 7, 100, t + 5_100)).await,
+        Reserved::Added
+    );
+    for part in ["win", "tot", "amt"] {
+        let ttl: i64 = ::redis::cmd("PTTL")
+            .arg(format!("{counter}:{part}"))
+            .query_async(&mut conn)
+            .await
+            .expect("pttl");
+        assert!(ttl > 0, "{part} expires (pttl {ttl})");
+    }
+}
+
+/// The spend port as a proxy opens it on this fixture.
+async fn subject_spend(f: &StoreFixture) -> Arc<dyn SpendStore> {
+    store::open(&f.store_config(), None, Default::default())
+        .await
+        .expect("open store")
+        .spend
+}

@@ -15,12 +15,25 @@ use crate::idempotency::store::{now_ms, StoreError};
 use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting};
 use crate::store::approvals::{self, Cells};
 
-// A counter is four keys under `PREFIX .. name`: `:win` (sorted set: the attempts reserved
-// within its window, by time), `:tot` (the sum of their amounts, kept as they come and go),
-// `:amt` (hash: attempt → amount, for as long as reservations are kept) and `:kept` (sorted
-// set: every kept attempt, by time). An attempt's reservation is one more key, `res` + token
-// (hash: counter name → amount), so it can be given back by its token alone. Checking a
-// budget is one read of `tot`, after moving the attempts the window left behind out of it.
+// A counter is three keys under `PREFIX .. name`: `:win` (sorted set: the attempts reserved
+// within its window, by time), `:tot` (the sum of their amounts, kept as they come and go) and
+// `:amt` (hash: attempt → amount, while the attempt is in the window). An attempt's
+// reservation is one more key, `res` + token (hash: counter name → amount), so it can be given
+// back by its token alone. Checking a budget is one read of `tot`, after moving the attempts
+// the window left behind out of it.
+//
+// The layout before this one also kept `:kept` (sorted set: every attempt for the longest
+// window, by time) and deleted an attempt's `:amt` field only once it left `:kept`; nothing
+// ever read `:amt` for an attempt outside `:win`. A proxy of that version may share the store
+// during an upgrade: it still writes `:kept`, so aging here also drops from `:kept` (and its
+// `:amt` fields) what left the window, and releasing removes an attempt from it. Both versions
+// read `:win`, `:tot` and `:amt` alike.
+//
+// Expiry: a counter's keys must outlive its newest reservation by `keep`. Rather than setting
+// three expiries on every reservation, they are set (to `keep` and an eighth) when `:tot` has
+// less than `keep` left, or when the counter was empty: `:win` and `:amt` vanish when emptied
+// and come back without an expiry, and only an empty counter (a `:tot` of 0) can have lost
+// them. The three always get the same expiry together.
 
 /// Helpers over a counter named `c` under `prefix`: age it, read an attempt's amount in its
 /// window, give an attempt's reservation back.
@@ -28,19 +41,24 @@ const HELPERS: &str = r#"
 local function keys_of(prefix, c)
   return prefix .. c .. ':win', prefix .. c .. ':tot', prefix .. c .. ':amt', prefix .. c .. ':kept'
 end
-local function age(prefix, c, since, now, keep)
+local function hdel_all(key, fields)
+  for i = 1, #fields, 1000 do
+    redis.call('HDEL', key, unpack(fields, i, math.min(i + 999, #fields)))
+  end
+end
+local function age(prefix, c, since)
   local win, tot, amt, kept = keys_of(prefix, c)
   local gone = redis.call('ZRANGEBYSCORE', win, '-inf', since)
-  if #gone > 0 then
-    local sum = 0
-    for _, m in ipairs(gone) do sum = sum + tonumber(redis.call('HGET', amt, m) or '0') end
-    redis.call('DECRBY', tot, sum)
-    redis.call('ZREMRANGEBYSCORE', win, '-inf', since)
-  end
-  local old = redis.call('ZRANGEBYSCORE', kept, '-inf', now - keep)
+  if #gone == 0 then return end
+  local sum = 0
+  for _, m in ipairs(gone) do sum = sum + tonumber(redis.call('HGET', amt, m) or '0') end
+  redis.call('DECRBY', tot, sum)
+  redis.call('ZREMRANGEBYSCORE', win, '-inf', since)
+  hdel_all(amt, gone)
+  local old = redis.call('ZRANGEBYSCORE', kept, '-inf', since)
   if #old > 0 then
-    for _, m in ipairs(old) do redis.call('HDEL', amt, m) end
-    redis.call('ZREMRANGEBYSCORE', kept, '-inf', now - keep)
+    hdel_all(amt, old)
+    redis.call('ZREMRANGEBYSCORE', kept, '-inf', since)
   end
 end
 local function within(prefix, c, token)
@@ -74,16 +92,18 @@ local prefix, token, now, keep = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(A
 local enforce, replaces, n = ARGV[5] == '1', ARGV[6], tonumber(ARGV[7])
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'existing', 0, 0} end
 local fat = 4 * n + 9 + 2 * tonumber(ARGV[4 * n + 8])
-for k = 1, tonumber(ARGV[fat]) do
-  if redis.call('HEXISTS', prefix .. 'freezes', ARGV[fat + k]) == 1 then
-    return {'frozen', k - 1, 0}
+local f = tonumber(ARGV[fat])
+if f > 0 then
+  local set = redis.call('HMGET', prefix .. 'freezes', unpack(ARGV, fat + 1, fat + f))
+  for k = 1, f do
+    if set[k] then return {'frozen', k - 1, 0} end
   end
 end
 local names, caps, adds, sums = {}, {}, {}, {}
 for i = 1, n do
   local a = 4 * i + 4
   names[i], caps[i], adds[i] = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 3])
-  age(prefix, names[i], tonumber(ARGV[a + 2]), now, keep)
+  age(prefix, names[i], tonumber(ARGV[a + 2]))
   local _, tot = keys_of(prefix, names[i])
   sums[i] = tonumber(redis.call('GET', tot) or '0')
   if replaces ~= '' then sums[i] = sums[i] - within(prefix, names[i], replaces) end
@@ -107,15 +127,23 @@ if verdict == 'added' then
 end
 if verdict ~= 'added' and enforce then return {verdict, vi, vs} end
 if replaces ~= '' then release(prefix, replaces) end
+local on = {}
 for i = 1, n do
-  local win, tot, amt, kept = keys_of(prefix, names[i])
+  local win, tot, amt = keys_of(prefix, names[i])
+  local ttl = redis.call('PTTL', tot)
+  -- Giving the replaced attempt back may have emptied the counter.
+  local was = sums[i]
+  if replaces ~= '' then was = tonumber(redis.call('GET', tot) or '0') end
   redis.call('INCRBY', tot, adds[i])
   redis.call('ZADD', win, now, token)
   redis.call('HSET', amt, token, adds[i])
-  redis.call('ZADD', kept, now, token)
-  redis.call('HSET', KEYS[1], names[i], adds[i])
-  for _, k in ipairs({win, tot, amt, kept}) do redis.call('PEXPIRE', k, keep) end
+  if ttl < keep or was == 0 then
+    local lasts = keep + math.floor(keep / 8)
+    for _, k in ipairs({win, tot, amt}) do redis.call('PEXPIRE', k, lasts) end
+  end
+  on[2 * i - 1], on[2 * i] = names[i], adds[i]
 end
+if n > 0 then redis.call('HSET', KEYS[1], unpack(on)) end
 redis.call('PEXPIRE', KEYS[1], keep)
 return {verdict, vi, vs}
 "#;
