@@ -324,7 +324,9 @@ mod tests {
             let fields = written(false, || line.log_fields());
             let whole = written(true, || line.log_whole());
             assert!(fields.contains("protected request route="), "{fields}");
-            assert!(fields.starts_with("2026-12-02T12:00:00.000000Z  INFO idemproxy::proxy::trace: "));
+            assert!(
+                fields.starts_with("2026-12-02T12:00:00.000000Z  INFO idemproxy::proxy::trace: ")
+            );
             assert_eq!(whole, fields);
         }
     }

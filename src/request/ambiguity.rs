@@ -62,7 +62,9 @@ fn holds_th_or_escape(body: &[u8]) -> bool {
     let pair = pairs.fold(false, |seen, (&a, &b)| {
         seen | (((a | 0x20) == b't') & ((b | 0x20) == b'h'))
     });
-    let escape = body.iter().fold(false, |seen, &b| seen | (b == b'%') | (b == b'\\'));
+    let escape = body
+        .iter()
+        .fold(false, |seen, &b| seen | (b == b'%') | (b == b'\\'));
     pair | escape
 }
 
@@ -188,7 +190,13 @@ mod tests {
                 b"method"
                     .iter()
                     .enumerate()
-                    .map(|(i, c)| if mask & (1 << i) != 0 { c.to_ascii_uppercase() } else { *c })
+                    .map(|(i, c)| {
+                        if mask & (1 << i) != 0 {
+                            c.to_ascii_uppercase()
+                        } else {
+                            *c
+                        }
+                    })
                     .collect()
             })
             .collect();
@@ -198,7 +206,17 @@ mod tests {
                 .into_iter()
                 .map(|m| [&b"a=1&_"[..], &m, b"=x"].concat()),
         );
-        for b in [&b"%"[..], b"a%", b"\\u", b"x\\u005f", b"th", b"TH", b"tH", b"Th", b"xth"] {
+        for b in [
+            &b"%"[..],
+            b"a%",
+            b"\\u",
+            b"x\\u005f",
+            b"th",
+            b"TH",
+            b"tH",
+            b"Th",
+            b"xth",
+        ] {
             bodies.push(b.to_vec());
         }
         for body in &bodies {
@@ -212,7 +230,11 @@ mod tests {
         let form = b"amount=2000&currency=usd&source=tok_visa&description=benchmark+charge&metadata[order_id]=6735";
         assert!(!holds_th_or_escape(form));
         for body in [&b"t"[..], b"h", b"ht", b"t h", b"", b"meto"] {
-            assert!(!holds_th_or_escape(body), "{}", String::from_utf8_lossy(body));
+            assert!(
+                !holds_th_or_escape(body),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 
