@@ -60,9 +60,24 @@ pub struct ClaimRequest<'a> {
 /// compared with.
 #[derive(Debug, Clone, Copy)]
 pub struct OtherDerivation<'a> {
-    pub scope: &'a str,
+    /// Computed the first time a claim needs it (see [`LazyScope`]).
+    pub scope: &'a dyn LazyScope,
     pub fingerprint: &'a str,
     pub derivation: u8,
+}
+
+/// The other derivation's scope, computed when first asked for: a request answered under its
+/// own scope (a replay, a conflict) never asks, and is spared a hash; one that claims anew
+/// always does (insert, then read the other scope), and so does a miss in the receipt cache.
+pub trait LazyScope: Sync + std::fmt::Debug {
+    fn scope(&self) -> &str;
+}
+
+/// A scope known already.
+impl LazyScope for &str {
+    fn scope(&self) -> &str {
+        self
+    }
 }
 
 impl<'a> ClaimRequest<'a> {
@@ -70,8 +85,10 @@ impl<'a> ClaimRequest<'a> {
     /// the derivation the record was made under (one scope may hold either derivation's record
     /// when the two derive the same scope, the fingerprints apart).
     fn ask(&self, found: &Record) -> Ask<'_> {
+        // A record of the request's own derivation is compared as it is, without the other
+        // scope.
         let fingerprint = match self.other {
-            Some(o) if o.scope == self.scope && found.body.derivation == o.derivation => {
+            Some(o) if found.body.derivation == o.derivation && o.scope.scope() == self.scope => {
                 o.fingerprint
             }
             _ => self.fingerprint,
@@ -89,13 +106,13 @@ impl<'a> ClaimRequest<'a> {
         fingerprint == self.fingerprint
             || self
                 .other
-                .is_some_and(|o| o.scope == self.scope && o.fingerprint == fingerprint)
+                .is_some_and(|o| o.fingerprint == fingerprint && o.scope.scope() == self.scope)
     }
 
     /// The request as the other derivation makes it, if there is one.
     fn as_other(&self) -> Option<ClaimRequest<'a>> {
         self.other.map(|o| ClaimRequest {
-            scope: o.scope,
+            scope: o.scope.scope(),
             fingerprint: o.fingerprint,
             derivation: o.derivation,
             other: None,
@@ -429,7 +446,8 @@ impl Claims {
         // token, so it never touches anyone else's claim.
         let mut guard = AcquireGuard {
             claims: self,
-            scopes: [Some(req.scope), req.other.map(|o| o.scope)],
+            scope: req.scope,
+            other: req.other.map(|o| o.scope),
             token: token.clone(),
             armed: true,
         };
@@ -1299,7 +1317,10 @@ fn unknown_expiry(policy: &Policy) -> Expiry {
 /// either derivation's scope (one token serves both).
 struct AcquireGuard<'a> {
     claims: &'a Claims,
-    scopes: [Option<&'a str>; 2],
+    scope: &'a str,
+    /// The other derivation's scope, where a take-over may have claimed: computed only if
+    /// the request goes away in between.
+    other: Option<&'a dyn LazyScope>,
     token: Token,
     armed: bool,
 }
@@ -1309,7 +1330,8 @@ impl Drop for AcquireGuard<'_> {
         if !self.armed || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        for scope in self.scopes.into_iter().flatten() {
+        let other = self.other.map(|o| o.scope()).filter(|o| *o != self.scope);
+        for scope in std::iter::once(self.scope).chain(other) {
             let store = self.claims.store.clone();
             let (scope, fence) = (
                 scope.to_string(),

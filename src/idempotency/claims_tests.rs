@@ -441,7 +441,7 @@ async fn an_unclear_lookup_leaves_the_operation_held() {
 fn with_other<'a>(req: ClaimRequest<'a>, scope: &'a str, fingerprint: &'a str) -> ClaimRequest<'a> {
     ClaimRequest {
         other: Some(super::claims::OtherDerivation {
-            scope,
+            scope: Box::leak(Box::new(scope)),
             fingerprint,
             derivation: 1,
         }),
@@ -614,4 +614,115 @@ async fn a_call_asking_for_input_waits_for_its_continuation_under_its_claim() {
     c.execute(claim, p.clone(), asking()).await.expect("ran");
     tokio::time::advance(Duration::from_secs(61)).await;
     assert!(matches!(acquire(&c, &req, &p).await, Acquired::Execute(_)));
+}
+
+/// The other derivation's scope, counting how often a claim asked for it.
+#[derive(Debug)]
+struct Counted {
+    scope: &'static str,
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl super::claims::LazyScope for Counted {
+    fn scope(&self) -> &str {
+        self.asked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.scope
+    }
+}
+
+impl Counted {
+    fn new(scope: &'static str) -> Counted {
+        Counted {
+            scope,
+            asked: Default::default(),
+        }
+    }
+
+    fn asked(&self) -> usize {
+        self.asked.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+fn with_lazy<'a>(
+    req: ClaimRequest<'a>,
+    other: &'a Counted,
+    fingerprint: &'a str,
+) -> ClaimRequest<'a> {
+    ClaimRequest {
+        other: Some(super::claims::OtherDerivation {
+            scope: other,
+            fingerprint,
+            derivation: 1,
+        }),
+        ..req
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replay_under_its_own_scope_never_computes_the_other_scope() {
+    for cached in [false, true] {
+        let store = memory();
+        let mut c = Claims::new(store.clone()).with_clock(Clock::tokio());
+        if cached {
+            c = c.with_receipt_cache(1 << 20);
+        }
+        let c = Arc::new(c);
+        let p = policy(false);
+        // A new key: inserted, then the other scope is read (so it is computed).
+        let other = Counted::new("v1-scope");
+        let first = with_lazy(request("v2-scope", "fp2", true), &other, "fp1");
+        let Acquired::Execute(claim) = acquire(&c, &first, &p).await else {
+            panic!("the first attempt executes");
+        };
+        assert!(other.asked() > 0, "a new claim looks under the other scope");
+        commit(&c, claim, &p).await;
+        // Its retries answered under its own scope, from the store and from the receipt
+        // cache: the other scope is never asked for. (A miss in the receipt cache, the first
+        // retry with a cache, looks for the other scope's receipt there too, then goes to the
+        // store: a round trip that costs far more than the hash.)
+        for i in 0..3 {
+            let other = Counted::new("v1-scope");
+            let retry = with_lazy(request("v2-scope", "fp2", true), &other, "fp1");
+            assert!(matches!(
+                acquire(&c, &retry, &p).await,
+                Acquired::Found(Found::Replay { differs: false, .. })
+            ));
+            if cached && i == 0 {
+                continue;
+            }
+            assert_eq!(other.asked(), 0, "cached: {cached}, retry {i}");
+            // A conflict under the same key is told without it too.
+            let changed = with_lazy(
+                request("v2-scope", "fp-changed", true),
+                &other,
+                "fp1-changed",
+            );
+            assert!(matches!(
+                acquire(&c, &changed, &p).await,
+                Acquired::Found(Found::Mismatch)
+            ));
+        }
+        // A retry whose first attempt was made under the other derivation's scope only: it
+        // is still found there, and replayed.
+        let old = ClaimRequest {
+            derivation: 1,
+            ..request("v1-old", "fp1", true)
+        };
+        let Acquired::Execute(claim) = acquire(&c, &old, &p).await else {
+            panic!("the old attempt executes");
+        };
+        commit(&c, claim, &p).await;
+        let other = Counted::new("v1-old");
+        let retry = with_lazy(request("v2-new", "fp2", true), &other, "fp1");
+        assert!(matches!(
+            acquire(&c, &retry, &p).await,
+            Acquired::Found(Found::Replay { differs: false, .. })
+        ));
+        assert!(other.asked() > 0);
+        assert!(
+            store.get("v2-new").await.expect("get").is_none(),
+            "cached: {cached}"
+        );
+    }
 }

@@ -218,6 +218,12 @@ impl AccountPart {
                 }
             }
             AccountPart::BearerOrBasicUser => {
+                // Most clients send the canonical spelling: its bytes are what both
+                // derivations hash, read without a copy.
+                if let Some(canonical) = canonical_bearer(req.headers) {
+                    h.add("authorization", canonical);
+                    return Ok(());
+                }
                 let key = key_as_bearer_or_basic_user(req.headers);
                 match (derivation, key) {
                     // Exactly the bytes derivation 1 hashed for `Bearer KEY`: a key sent as
@@ -280,6 +286,19 @@ impl AccountPart {
         }
         Ok(())
     }
+}
+
+/// The lone `Authorization` header when it is spelled `Bearer KEY` exactly as derivation 2
+/// writes a key it read (the scheme so cased, one space, nothing around the key): what
+/// derivation 1 hashed for it, and what derivation 2 would format, byte for byte.
+fn canonical_bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let mut all = headers.get_all(http::header::AUTHORIZATION).iter();
+    let value = all.next()?;
+    if all.next().is_some() {
+        return None;
+    }
+    let key = value.to_str().ok()?.strip_prefix("Bearer ")?;
+    (!key.is_empty() && key.trim() == key).then_some(value.as_bytes())
 }
 
 /// Every header that looks like a credential: the legacy names first, in their order, so
@@ -652,6 +671,18 @@ mod tests {
                 "/v1/charges",
                 &b""[..],
                 true,
+            ),
+            (
+                header("authorization", "Bearer sk_test x"),
+                "/v1/charges",
+                b"",
+                true,
+            ),
+            (
+                header("authorization", "Bearer \tsk_test_x"),
+                "/v1/charges",
+                b"",
+                false,
             ),
             (
                 header("authorization", "bearer sk_test_x"),

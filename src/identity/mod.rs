@@ -361,8 +361,11 @@ impl RouteIdentity {
             KeySource::Request => Some(Identity::Request),
             KeySource::Client => match &keys.client {
                 Some(k) => {
-                    // A provider field the client set must be a key the proxy can hold.
-                    key::validate(k.as_bytes(), &self.key_source_name(keys.header.is_some()))?;
+                    // A provider field the client set must be a key the proxy can hold (the
+                    // header's key was checked as it was read).
+                    if !keys.from_header {
+                        key::validate(k.as_bytes(), &self.key_source_name(false))?;
+                    }
                     Some(Identity::Client(k.clone()))
                 }
                 None => rules.derive(route, req, primary)?,
@@ -390,27 +393,30 @@ impl RouteIdentity {
         if !respelled && !self.account.normalises() {
             return Ok(None);
         }
-        let identity = match &derived.identity {
-            Identity::Derived { key, .. } => Identity::Derived {
-                endpoint: rules.endpoint(req, other),
-                key: key.clone(),
-            },
-            identity => identity.clone(),
-        };
         // Most requests read alike under both (a Stripe key sent as `Bearer`): no second
         // reading where derivation 2 rewrote nothing, no second hash where the bytes agree.
         let their_account = if derived.derivation == Derivation::V2
             && other == Derivation::V1
             && account.as_derivation_1_reads()
         {
-            derived.account.clone()
+            None
         } else {
             let theirs = self.account_input(req, other)?;
-            if theirs == *account {
-                derived.account.clone()
-            } else {
-                theirs.hash()
-            }
+            (theirs != *account).then(|| theirs.hash())
+        };
+        // Only a template's endpoint is spelled by the derivation; the same account, path and
+        // key are the same operation.
+        let templated = matches!(derived.identity, Identity::Derived { .. });
+        if their_account.is_none() && !respelled && !templated {
+            return Ok(None);
+        }
+        let their_account = their_account.unwrap_or_else(|| derived.account.clone());
+        let identity = match &derived.identity {
+            Identity::Derived { key, .. } => Identity::Derived {
+                endpoint: rules.endpoint(req, other),
+                key: key.clone(),
+            },
+            identity => identity.clone(),
         };
         let theirs = Derived {
             derivation: other,
@@ -433,10 +439,12 @@ impl RouteIdentity {
         req: &Request<'_>,
         derivation: Derivation,
     ) -> Result<AccountInput, IdentityError> {
-        let mut ignore = vec![&self.key_header];
-        if let Some(KeyField::Header(h)) = &self.provider_key {
-            ignore.push(h);
-        }
+        // The key header twice where the provider takes no key header of its own.
+        let provider_header = match &self.provider_key {
+            Some(KeyField::Header(h)) => h,
+            _ => &self.key_header,
+        };
+        let ignore = [&self.key_header, provider_header];
         Ok(self.account.input(req, &ignore, derivation)?)
     }
 
@@ -447,14 +455,14 @@ impl RouteIdentity {
         let provider_set = match self
             .provider_key
             .as_ref()
-            .filter(|f| **f != KeyField::Header(self.key_header.clone()))
+            .filter(|f| !matches!(f, KeyField::Header(h) if *h == self.key_header))
         {
             Some(field) => field.client_set(req)?,
             None => None,
         };
         Ok(ClientKeys {
-            client: header.clone().or_else(|| provider_set.clone()),
-            header,
+            from_header: header.is_some(),
+            client: header.or_else(|| provider_set.clone()),
             provider_set,
         })
     }
@@ -543,7 +551,8 @@ impl RouteIdentity {
 }
 
 struct ClientKeys {
-    header: Option<String>,
+    /// The client's key came in the key header.
+    from_header: bool,
     provider_set: Option<String>,
     /// The header's, else the provider field's.
     client: Option<String>,

@@ -244,7 +244,7 @@ mod tests {
         let passing = sets_key(&limits);
         let other = derived(Derivation::V1, Identity::Request, "fp1");
         let o = op(Identity::Request, None, Some(other));
-        let Some(other_scope) = o.other_scope.clone() else {
+        let Some(other_scope) = o.other_scope().map(str::to_string) else {
             panic!("the other derivation has a scope of its own");
         };
         // ("request fp…" holds a space, outside the visible ASCII the default limits take: it

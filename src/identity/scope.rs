@@ -4,6 +4,8 @@
 //! its place from `Route::place`): the HTTP pipeline, the MCP path and the operators' key API
 //! (which finds a claim from the credentials an operator gives) must agree to the byte.
 
+use std::sync::OnceLock;
+
 use sha2::{Digest, Sha256};
 
 use super::{Derived, Identified};
@@ -20,17 +22,8 @@ pub struct Place<'a> {
 impl Place<'_> {
     /// `namespace:tenant:sha256(route, upstream host, account, key)`.
     pub fn scope(&self, account: &str, key: &str) -> String {
-        let mut h = Sha256::new();
-        for part in [self.route, self.upstream_host, account, key] {
-            h.update((part.len() as u64).to_be_bytes());
-            h.update(part.as_bytes());
-        }
-        format!(
-            "{}:{}:{}",
-            self.namespace,
-            self.tenant,
-            crate::hex::lower(&h.finalize())
-        )
+        let prefix = [self.namespace, ":", self.tenant, ":"];
+        scope_at(&prefix, self.hasher(), account, key)
     }
 
     /// The scope an operation claims as derivation `d` identified it.
@@ -38,16 +31,52 @@ impl Place<'_> {
         self.scope(&d.account, &d.scope_key())
     }
 
-    /// An identified operation with the scopes it claims under here.
+    /// An identified operation with the scopes it claims under here. The other derivation's
+    /// is hashed only when a claim first looks there (`Scoped::other_scope`).
     pub fn scoped(&self, identified: Box<Identified>) -> Scoped {
         let scope = self.scope_of(&identified.derived);
-        let other_scope = identified.other.as_ref().map(|d| self.scope_of(d));
+        let other = identified.other.is_some().then(|| OtherScope {
+            prefix: self.prefix(),
+            hasher: self.hasher(),
+            scope: OnceLock::new(),
+        });
         Scoped {
             identified,
             scope,
-            other_scope,
+            other,
         }
     }
+
+    fn prefix(&self) -> String {
+        format!("{}:{}:", self.namespace, self.tenant)
+    }
+
+    /// The hash with the parts every derivation shares.
+    fn hasher(&self) -> Sha256 {
+        let mut h = Sha256::new();
+        for part in [self.route, self.upstream_host] {
+            add(&mut h, part);
+        }
+        h
+    }
+}
+
+fn add(h: &mut Sha256, part: &str) {
+    h.update((part.len() as u64).to_be_bytes());
+    h.update(part.as_bytes());
+}
+
+/// `prefix` then the hex hash of `h` with the account and key added.
+fn scope_at(prefix: &[&str], mut h: Sha256, account: &str, key: &str) -> String {
+    for part in [account, key] {
+        add(&mut h, part);
+    }
+    let mut scope = String::with_capacity(prefix.iter().map(|p| p.len()).sum::<usize>() + 64);
+    for p in prefix {
+        scope.push_str(p);
+    }
+    scope.push_str(&crate::hex::lower(&h.finalize()));
+    scope
 }
 
 /// An identified operation and the scopes it claims under: its own derivation's, and during an
@@ -56,17 +85,58 @@ impl Place<'_> {
 pub struct Scoped {
     pub identified: Box<Identified>,
     pub scope: String,
-    pub other_scope: Option<String>,
+    other: Option<OtherScope>,
+}
+
+/// The other derivation's scope, hashed the first time it is asked for: a replay found under
+/// the operation's own scope never asks, and is spared the hash; a new claim always does (the
+/// claim inserted, then the other scope read: two proxy versions never both execute).
+#[derive(Debug)]
+struct OtherScope {
+    prefix: String,
+    /// The place's parts in already.
+    hasher: Sha256,
+    scope: OnceLock<String>,
 }
 
 impl Scoped {
+    /// The other derivation's scope, when it identifies the operation otherwise; hashed now
+    /// if no claim asked for it before.
+    pub fn other_scope(&self) -> Option<&str> {
+        let (other, derived) = (self.other.as_ref()?, self.identified.other.as_ref()?);
+        let scope = other.scope.get_or_init(|| {
+            scope_at(
+                &[&other.prefix],
+                other.hasher.clone(),
+                &derived.account,
+                &derived.scope_key(),
+            )
+        });
+        Some(scope)
+    }
+
+    /// Whether the other derivation's scope was hashed (for tests: a replay under the
+    /// operation's own scope never hashes it).
+    pub fn other_scope_hashed(&self) -> bool {
+        self.other.as_ref().is_some_and(|o| o.scope.get().is_some())
+    }
+
     /// The derivation a claim on `scope` was made under: the operation's own, or the other
     /// one when the claim was found under its scope.
     pub fn derived_for(&self, scope: &str) -> &Derived {
-        match (&self.identified.other, &self.other_scope) {
-            (Some(other), Some(s)) if s == scope => other,
+        match &self.identified.other {
+            Some(other) if scope != self.scope && self.other_scope() == Some(scope) => other,
             _ => &self.identified.derived,
         }
+    }
+}
+
+/// What the claims read as the other derivation's scope.
+impl crate::idempotency::claims::LazyScope for Scoped {
+    fn scope(&self) -> &str {
+        // Asked for only where the other derivation identifies the operation otherwise; the
+        // operation's own scope is no other scope to look under.
+        self.other_scope().unwrap_or(&self.scope)
     }
 }
 
@@ -102,15 +172,19 @@ mod tests {
         };
         let alone = place.scoped(identified(None));
         assert_eq!(alone.scope, place.scope("acct-b", "k1"));
-        assert_eq!(alone.other_scope, None);
+        assert_eq!(alone.other_scope(), None);
         assert_eq!(alone.derived_for(&alone.scope).derivation, Derivation::V2);
         // A key sent as Basic was another account before derivation 2.
         let both = place.scoped(identified(Some(derived(Derivation::V1, "acct-a"))));
         assert_eq!(both.scope, alone.scope);
-        let Some(other) = &both.other_scope else {
+        // Its own scope's derivation is told without hashing the other scope.
+        assert_eq!(both.derived_for(&both.scope).derivation, Derivation::V2);
+        assert!(!both.other_scope_hashed());
+        let Some(other) = both.other_scope() else {
             panic!("the other derivation's scope");
         };
-        assert_eq!(*other, place.scope("acct-a", "k1"));
+        assert!(both.other_scope_hashed());
+        assert_eq!(other, place.scope("acct-a", "k1"));
         assert_eq!(both.derived_for(other).derivation, Derivation::V1);
         assert_eq!(both.derived_for(&both.scope).derivation, Derivation::V2);
     }

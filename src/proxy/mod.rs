@@ -11,6 +11,7 @@ pub mod dispatch;
 pub mod drain;
 pub mod error;
 pub mod limits;
+pub mod log_line;
 pub mod mcp;
 pub mod outgoing;
 pub mod passthrough;

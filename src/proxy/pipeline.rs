@@ -616,14 +616,17 @@ async fn claim(
 /// scope during an upgrade's window.
 fn claim_request<'a>(route: &'a Route, op: &'a Claiming) -> ClaimRequest<'a> {
     let derived = &op.scoped.identified.derived;
-    let other = match (&op.scoped.identified.other, &op.scoped.other_scope) {
-        (Some(other), Some(scope)) => Some(OtherDerivation {
-            scope,
+    let other = op
+        .scoped
+        .identified
+        .other
+        .as_ref()
+        .map(|other| OtherDerivation {
+            // Its scope is hashed only if a claim looks there.
+            scope: &op.scoped,
             fingerprint: &other.fingerprint,
             derivation: other.derivation.number(),
-        }),
-        _ => None,
-    };
+        });
     ClaimRequest {
         scope: &op.scoped.scope,
         fingerprint: &derived.fingerprint,

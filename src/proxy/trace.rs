@@ -56,21 +56,21 @@ impl Trace {
             };
             app.metrics.unprotected(&route.name, reason);
         }
-        tracing::info!(
-            route = %route.name,
-            %tenant,
-            scope = %self.scope.as_deref().unwrap_or("-"),
-            key_source = self.key_source.unwrap_or("-"),
-            operation = self.operation.as_deref().unwrap_or("-"),
-            outcome = %outcome.as_str(),
-            unprotected = self.unprotected.as_deref(),
-            spend = self.spend.as_deref(),
+        super::log_line::Line {
+            route: &route.name,
+            tenant,
+            scope: self.scope.as_deref().unwrap_or("-"),
+            key_source: self.key_source.unwrap_or("-"),
+            operation: self.operation.as_deref().unwrap_or("-"),
+            outcome: outcome.as_str(),
+            unprotected: self.unprotected.as_deref(),
+            spend: self.spend.as_deref(),
             status,
-            upstream_status = self.upstream_status,
-            forward_ms = self.forward.map(|d| d.as_millis() as u64),
-            total_ms = started.elapsed().as_millis() as u64,
-            "protected request"
-        );
+            upstream_status: self.upstream_status,
+            forward_ms: self.forward.map(|d| d.as_millis() as u64),
+            total_ms: started.elapsed().as_millis() as u64,
+        }
+        .log();
     }
 }
 

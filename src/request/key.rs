@@ -1,5 +1,7 @@
 //! The idempotency key a client sends.
 
+use std::borrow::Cow;
+
 use http::{HeaderMap, HeaderName};
 
 pub const MAX_KEY_LEN: usize = 255;
@@ -67,10 +69,10 @@ pub fn validate(raw: &[u8], header: &str) -> Result<String, KeyError> {
 /// `"abc"` → `abc` (RFC 8941 §3.3.3: only `\"` and `\\` are escapes). A value that starts
 /// with `"` must be a whole, canonical string: `None` otherwise, so two spellings can never
 /// collapse into one key.
-fn unquote_sf_string(v: &[u8]) -> Option<Vec<u8>> {
+fn unquote_sf_string(v: &[u8]) -> Option<Cow<'_, [u8]>> {
     let v = v.trim_ascii();
     let Some(rest) = v.strip_prefix(b"\"") else {
-        return Some(v.to_vec());
+        return Some(Cow::Borrowed(v));
     };
     let mut out = Vec::with_capacity(rest.len());
     let mut bytes = rest.iter();
@@ -80,7 +82,7 @@ fn unquote_sf_string(v: &[u8]) -> Option<Vec<u8>> {
                 Some(&e @ (b'"' | b'\\')) => out.push(e),
                 _ => return None,
             },
-            b'"' => return bytes.next().is_none().then_some(out),
+            b'"' => return bytes.next().is_none().then_some(Cow::Owned(out)),
             b => out.push(b),
         }
     }
