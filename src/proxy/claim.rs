@@ -53,6 +53,13 @@ impl Claiming {
         }
     }
 
+    /// A replay of a capped operation identified by its whole request says so
+    /// (`answer::said_if_merged`).
+    pub(super) fn said_if_merged(&self, resp: Response<Body>, capped: bool) -> Response<Body> {
+        let identity = &self.scoped.identified.derived.identity;
+        answer::said_if_merged(resp, capped, identity, self.policy.retention)
+    }
+
     /// The claim on the operation's scope, as the store gives it, with the other derivation's
     /// scope during an upgrade's window.
     pub(super) fn request<'a>(&'a self, route: &'a Route) -> ClaimRequest<'a> {

@@ -28,7 +28,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{Request, Response};
 
-use super::answer::{self, said_if_merged};
+use super::answer;
 use super::claim::{self, Claimed, Claiming};
 use super::counted;
 use super::forward::{self, Unsent};
@@ -115,7 +115,7 @@ where
         // unpriced.
         if let Some(cached) = app.claims.cached_answer(&op.request(route)) {
             let resp = answer::found(app, route, cached, trace)?;
-            return Ok(merged(resp, true, &op));
+            return Ok(op.said_if_merged(resp, true));
         }
     }
     let plan = match capped {
@@ -146,7 +146,7 @@ where
     let (mut claim, mut ticket) =
         match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
             Gated::Forward(claim, ticket) => (*claim, ticket),
-            Gated::Answered(resp) => return Ok(merged(resp, capped.is_some(), &op)),
+            Gated::Answered(resp) => return Ok(op.said_if_merged(resp, capped.is_some())),
         };
     // Only a request about to execute can be a re-run under a new key: a replay or a
     // conflict came under a key already seen.
@@ -206,13 +206,6 @@ fn keyless(
 ) -> Result<Box<Identified>, ProxyError> {
     spending::derivable_without_key(route, rules, view, why).map_err(ProxyError::Spend)?;
     Ok(Box::new(route.identity.identify_whole(&route.name, view)?))
-}
-
-/// A replay of a capped operation identified by its whole request says so
-/// (`answer::said_if_merged`).
-fn merged(resp: Response<Body>, capped: bool, op: &Claiming) -> Response<Body> {
-    let identity = &op.scoped.identified.derived.identity;
-    said_if_merged(resp, capped, identity, op.policy.retention)
 }
 
 /// A spend refusal, said in the trace.
