@@ -11,6 +11,9 @@ use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::Identified;
+use crate::metrics::Metrics;
+
 /// `(route, tenant, account, operation)` hashed → the client key hashed, in two generations:
 /// lookups see both, inserts go to the newer, and the older is dropped when the newer is half
 /// full or half the window old. So an entry lives between half the window (or half the
@@ -105,6 +108,30 @@ impl MintedKeys {
                 warned.insert(route.to_string(), (Instant::now(), 0));
                 Some(1)
             }
+        }
+    }
+
+    /// Counts and logs a client that sent a new key for an operation (`id`) seen a moment
+    /// ago on `route` for `tenant`.
+    pub fn notice(&self, metrics: &Metrics, route: &str, tenant: &str, id: &Identified) {
+        let Some(client_key) = &id.client_key else {
+            return;
+        };
+        let (account, operation) = (&id.derived.account, &id.same_operation);
+        if !self.another_key(route, tenant, account, operation, client_key) {
+            return;
+        }
+        metrics.minted_key(route);
+        // The metric counts every one; the advice is logged once a minute per route, or a
+        // client that mints keys under load would put a warning beside every request.
+        if let Some(unlogged) = self.warn_now(route) {
+            tracing::warn!(
+                %route,
+                %tenant,
+                key_source = id.derived.identity.source().as_str(),
+                since_last_warning = unlogged,
+                "the client sent a new idempotency key for an operation it sent a moment ago: it generates a key per call (SDKs do), so its key cannot catch a re-run; derive the key on this route (key_source = \"template\" or \"request\"); idemproxy_client_minted_keys_total counts each"
+            );
         }
     }
 

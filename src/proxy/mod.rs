@@ -2,6 +2,8 @@
 //! the idempotency pipeline and passthrough. What goes out to a provider is `outbound`'s.
 
 pub mod admission;
+mod answer;
+mod claim;
 pub mod state;
 
 pub mod connect;
@@ -10,6 +12,7 @@ pub mod counted;
 pub mod dispatch;
 pub mod drain;
 pub mod error;
+mod forward;
 pub mod limits;
 pub mod log_line;
 pub mod mcp;
@@ -18,6 +21,7 @@ pub mod passthrough;
 pub mod pipeline;
 #[cfg(test)]
 mod pipeline_tests;
+mod read;
 pub mod reconcile;
 pub mod recorded;
 pub mod routed;

@@ -5,6 +5,7 @@
 use http::{HeaderMap, Method, StatusCode};
 
 use crate::idempotency::outcome::Outcome;
+use crate::identity::{Identified, Identity};
 use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::binding::{self, Bound};
@@ -167,14 +168,22 @@ pub struct Plan {
 }
 
 /// Prices a capped request and binds it to its canonical form; reads no store (`counted`:
-/// whether the object a step names was counted at its creation, read by the caller).
+/// whether the object a step names was counted at its creation, read by the caller). A
+/// request the route identifies by its whole body is held to the rule for a request without
+/// a key (`derivable_without_key`).
 pub fn plan(
+    route: &Route,
     spend: &RouteSpend,
     view: &Request<'_>,
     tunnel: Option<&TunnelRun>,
-    account: &str,
+    identified: &Identified,
     counted: bool,
 ) -> Result<Plan, SpendError> {
+    if matches!(identified.derived.identity, Identity::Request) {
+        let why = "the route identifies this request by its whole body";
+        derivable_without_key(route, spend, view, why)?;
+    }
+    let account = identified.derived.account.as_str();
     let pricing = spend
         .operation(view.method, view.path)
         .map(|o| &o.pricing)

@@ -20,6 +20,7 @@ use http::{header, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use serde_json::Value;
 
+use super::forward::{self, Unsent};
 use super::outgoing::Outgoing;
 use crate::http::body::{full, read_limited, stream, Body};
 use crate::http::headers::strip_hop_by_hop;
@@ -35,7 +36,6 @@ use crate::mcp::{replay, resume, sse, McpRules};
 use crate::metrics::RequestOutcome;
 use crate::outbound::receipt::REPLAYED;
 use crate::proxy::error::ProxyError;
-use crate::proxy::pipeline::Unsent;
 use crate::proxy::App;
 use crate::proxy::{recorded, spending};
 use crate::request::Request as Read;
@@ -191,7 +191,8 @@ async fn serve(
         Gated::Execute(claim, ticket) => (*claim, ticket),
         Gated::Unprotected => {
             tracing::warn!(route = %route.name, %tenant, tool = %call.tool, "store unavailable; forwarding a tool call unprotected (fail_open)");
-            return unprotected(route, &outgoing).await;
+            // Never a capped tool's call: the spend gate cannot count it without the store.
+            return forward::unprotected(route, &outgoing, None, "store unavailable").await;
         }
         Gated::Replay(receipt) => {
             tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), "replayed a tool call's kept result");
@@ -490,18 +491,6 @@ async fn pass(route: &Route, outgoing: &Outgoing<'_>) -> Result<Response<Body>, 
         }
         Err(error) => Err(ProxyError::Upstream { error, claim: None }),
     }
-}
-
-/// A tool call forwarded without a claim (`fail_open`, the store out of reach): the server's
-/// answer as it comes, marked unprotected. Never a capped tool's call: the spend gate cannot
-/// count it without the store.
-async fn unprotected(route: &Route, outgoing: &Outgoing<'_>) -> Result<Response<Body>, ProxyError> {
-    let mut resp = pass(route, outgoing).await?;
-    resp.headers_mut().insert(
-        crate::proxy::pipeline::WARNING,
-        HeaderValue::from_static("unprotected: store unavailable"),
-    );
-    Ok(resp)
 }
 
 /// A kept result answering a re-run.
