@@ -32,10 +32,6 @@ pub(super) struct Unsent {
 }
 
 impl Unsent {
-    pub(super) fn claim(&self) -> Option<&Claim> {
-        self.claim.as_ref()
-    }
-
     pub(super) fn forward(mut self) -> Option<Claim> {
         self.claim.take()
     }

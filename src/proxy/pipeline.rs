@@ -11,7 +11,7 @@
 //!    (`counted::before`, `spending::plan`)
 //! 7. prepare the request going down (`outgoing`)
 //! 8. claim, or answer from what is there, or reconcile a held one (`claim`, `reconcile`)
-//! 9. spend gate, with the claim's token (`spending::admit`); the claim is `forward::Unsent`
+//! 9. spend gate, with the claim's token (`spending::reserve`); the claim is `forward::Unsent`
 //!    until it goes
 //! 10. notice a client minting keys (`identity::minted_keys`), pass the key down
 //!     (`identity::passed_down`), forward and settle (`forward`, `Claims::execute`,
@@ -31,7 +31,7 @@ use http::{Request, Response};
 use super::answer;
 use super::claim::{self, Claimed, Claiming};
 use super::counted;
-use super::forward::{self, Unsent};
+use super::forward;
 use super::outgoing::Outgoing;
 use super::read::{self, ReadRequest};
 use super::reconcile;
@@ -45,7 +45,7 @@ use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::request::Request as Read;
 use crate::routes::{Route, RouteSpend};
-use crate::spend::gate::{Admission, Ticket};
+use crate::spend::gate::Ticket;
 
 pub use super::read::Target;
 
@@ -244,48 +244,29 @@ async fn gated(
         let Some((rules, plan)) = &plan else {
             return Ok(Gated::Forward(Box::new(claim), None));
         };
-        let unsent = Unsent {
-            claims: app.claims.clone(),
-            policy: op.policy.clone(),
-            claim: Some(claim),
-        };
-        let Some(held) = unsent.claim() else {
-            return Err(ProxyError::BadRequest(
-                "internal: a claim went missing".into(),
-            ));
-        };
-        let at = spending::Attempting {
-            scope: &op.scoped.scope,
-            token: held.token.as_str(),
-            replaces: held.replaces(),
+        let reserved = spending::reserve(
+            app,
+            &op.policy,
+            route,
+            rules,
+            plan,
+            req,
+            &op.scoped.scope,
+            claim,
             approved,
-            tool: None,
-        };
-        let admitted = spending::admit(&app.spend, route, rules, plan, req, &at).await;
-        let refused = match admitted {
-            Ok(Admission::Admitted(ticket)) => {
+            None,
+        )
+        .await?;
+        let refused = match reserved {
+            spending::Reserved::Forward(claim, ticket) => {
                 trace.spend = Some(ticket.describe());
-                let Some(claim) = unsent.forward() else {
-                    return Err(ProxyError::BadRequest(
-                        "internal: a claim went missing".into(),
-                    ));
-                };
-                return Ok(Gated::Forward(Box::new(claim), Some(ticket)));
+                return Ok(Gated::Forward(claim, Some(ticket)));
             }
-            Ok(Admission::Parked(approval)) => {
-                unsent.withdraw().await;
-                match app.spend.wait(&rules.budget, &approval).await {
-                    Ok(()) => {
-                        approved = true;
-                        continue;
-                    }
-                    Err(refusal) => spending::SpendError::Refused(refusal),
-                }
+            spending::Reserved::Approved => {
+                approved = true;
+                continue;
             }
-            Err(error) => {
-                unsent.withdraw().await;
-                error
-            }
+            spending::Reserved::Refused(refused) => refused,
         };
         return Err(spend_refused(trace, refused));
     }

@@ -4,8 +4,15 @@
 
 use http::{HeaderMap, Method, StatusCode};
 
+use std::sync::Arc;
+
+use super::forward::Unsent;
+use crate::idempotency::claims::Claim;
 use crate::idempotency::outcome::Outcome;
+use crate::idempotency::policy::Policy;
 use crate::identity::{Identified, Identity};
+use crate::proxy::error::ProxyError;
+use crate::proxy::App;
 use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::binding::{self, Bound};
@@ -443,4 +450,72 @@ impl crate::spend::gate::SpendEvents for crate::metrics::Metrics {
     fn frozen(&self, route: &str) {
         self.spend_refused(route, "frozen");
     }
+}
+
+/// What the spend gate made of a capped request's claim.
+pub(super) enum Reserved {
+    /// Reserved under the ticket: forward the claim.
+    Forward(Box<Claim>, Ticket),
+    /// Parked, and a person approved it. The claim was withdrawn while they decided (a
+    /// wait must not hold it into a lapse): claim again, as approved.
+    Approved,
+    /// Refused; the claim was withdrawn.
+    Refused(SpendError),
+}
+
+/// Puts a freshly taken claim through the spend gate: the one step between claiming and
+/// forwarding that both the REST pipeline and MCP tool calls take. The claim is `Unsent`
+/// throughout, so a client that goes away while the gate decides withdraws it.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn reserve(
+    app: &App,
+    policy: &Arc<Policy>,
+    route: &Route,
+    spend: &RouteSpend,
+    plan: &Plan,
+    view: &Request<'_>,
+    scope: &str,
+    claim: Claim,
+    approved: bool,
+    tool: Option<&ToolAsked>,
+) -> Result<Reserved, ProxyError> {
+    // Read before the claim moves into its guard (two short strings per capped request).
+    let token = claim.token.as_str().to_owned();
+    let replaces = claim.replaces().map(str::to_owned);
+    let unsent = Unsent {
+        claims: app.claims.clone(),
+        policy: policy.clone(),
+        claim: Some(claim),
+    };
+    let at = Attempting {
+        scope,
+        token: &token,
+        replaces: replaces.as_deref(),
+        approved,
+        tool,
+    };
+    Ok(
+        match admit(&app.spend, route, spend, plan, view, &at).await {
+            Ok(Admission::Admitted(ticket)) => match unsent.forward() {
+                Some(claim) => Reserved::Forward(Box::new(claim), ticket),
+                None => {
+                    return Err(ProxyError::BadRequest(
+                        "internal: a claim went missing".into(),
+                    ))
+                }
+            },
+            Ok(Admission::Parked(approval)) => {
+                unsent.withdraw().await;
+                tracing::info!(route = %route.name, tool = tool.map(|t| t.call.name.as_str()), approval = %approval.id, "waits for a person's approval");
+                match app.spend.wait(&spend.budget, &approval).await {
+                    Ok(()) => Reserved::Approved,
+                    Err(refusal) => Reserved::Refused(SpendError::Refused(refusal)),
+                }
+            }
+            Err(error) => {
+                unsent.withdraw().await;
+                Reserved::Refused(error)
+            }
+        },
+    )
 }

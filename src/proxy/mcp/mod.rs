@@ -20,7 +20,7 @@ use http::{header, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use super::forward::{self, Unsent};
+use super::forward;
 use super::outgoing::Outgoing;
 use crate::http::body::{full, read_limited, stream, Body};
 use crate::http::headers::strip_hop_by_hop;
@@ -40,7 +40,7 @@ use crate::proxy::App;
 use crate::proxy::{recorded, spending};
 use crate::request::Request as Read;
 use crate::routes::{Route, RouteSpend};
-use crate::spend::gate::{Admission, Ticket};
+use crate::spend::gate::Ticket;
 
 mod deadline;
 mod exchange;
@@ -354,58 +354,28 @@ async fn gated(
         let Some(capped) = capped else {
             return Ok(Gated::Execute(Box::new(claim), None));
         };
-        // Withdrawn if the client goes away while the gate decides: never left to lapse into
-        // a held outcome.
-        let unsent = Unsent {
-            claims: app.claims.clone(),
-            policy: calling.policy.clone(),
-            claim: Some(claim),
-        };
-        let Some(held) = unsent.claim() else {
-            return Err(ProxyError::BadRequest(
-                "internal: a claim went missing".into(),
-            ));
-        };
-        let at = spending::Attempting {
-            scope: calling.ask.scope,
-            token: held.token.as_str(),
-            replaces: held.replaces(),
-            approved,
-            tool: Some(&capped.asked),
-        };
-        let admitted = spending::admit(
-            &app.spend,
+        let reserved = spending::reserve(
+            app,
+            calling.policy,
             route,
             capped.spend,
             &capped.plan,
             calling.view,
-            &at,
+            calling.ask.scope,
+            claim,
+            approved,
+            Some(&capped.asked),
         )
-        .await;
-        let refused = match admitted {
-            Ok(Admission::Admitted(ticket)) => {
-                let Some(claim) = unsent.forward() else {
-                    return Err(ProxyError::BadRequest(
-                        "internal: a claim went missing".into(),
-                    ));
-                };
-                return Ok(Gated::Execute(Box::new(claim), Some(ticket)));
+        .await?;
+        let refused = match reserved {
+            spending::Reserved::Forward(claim, ticket) => {
+                return Ok(Gated::Execute(claim, Some(ticket)))
             }
-            Ok(Admission::Parked(approval)) => {
-                unsent.withdraw().await;
-                tracing::info!(route = %route.name, tool = calling.tool, approval = %approval.id, "a tool call waits for a person's approval");
-                match app.spend.wait(&capped.spend.budget, &approval).await {
-                    Ok(()) => {
-                        approved = true;
-                        continue;
-                    }
-                    Err(refusal) => spending::SpendError::Refused(refusal),
-                }
+            spending::Reserved::Approved => {
+                approved = true;
+                continue;
             }
-            Err(error) => {
-                unsent.withdraw().await;
-                error
-            }
+            spending::Reserved::Refused(refused) => refused,
         };
         *outcome = RequestOutcome::Rejected;
         return Err(tool_refusal(calling.tool, refused));
