@@ -317,6 +317,9 @@ fi
 echo "nginx reverse proxy" >&2
 CPU_PROXY=$NGINX_PROXY_PID; CPU_STORE=""
 measure "nginx reverse proxy (no idempotency)" "-" --addr "127.0.0.1:$P_NGINX" --keys none
+# nginx's own CPU per request at one connection: what one caller's unshared wake-ups cost a
+# proxy that does no idempotency work, beside idemproxy's 1-connection rows.
+ROW_CONNS=1 measure "nginx reverse proxy, 1 connection" "-" --addr "127.0.0.1:$P_NGINX" --keys none
 
 # The OpenResty-style baseline: nginx + Lua + the same Redis as an idempotency gateway
 # (bench/gateway.lua: SET NX the key, proxy_pass, SET the response; a retry is replayed from
@@ -348,6 +351,9 @@ store_rows() { # $1 row prefix, $2 build; $store, $url, $more set by the loop be
     measure "$who, no key (forwarding only)" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys none
   fi
   measure "$who $store: A new key per request" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
+  # The same request sent as to an HTTP forward proxy (`HTTP_PROXY`): the absolute-form target
+  # names the provider's host and the route is chosen by it.
+  measure "$who $store: A by HTTP forward proxy" peak --addr "$PROXY_ADDR" --path http://api.bench.test/v1/charges --keys unique
   # The same with spend caps on the route (a reservation after each claim).
   measure "$who $store: A, capped route" peak --addr "$PROXY_ADDR" --path /capped/v1/charges --keys unique
   ROW_CONNS=1 measure "$who $store: A, 1 connection" peak --addr "$PROXY_ADDR" --path /bench/v1/charges --keys unique
