@@ -5,6 +5,7 @@
 #
 #   bench/run.sh                      # defaults: 32 connections, 3 reps x 10 s per scenario
 #   BENCH_SECS=5 BENCH_REPS=1 bench/run.sh
+#   BENCH_SYSCALLS=1 BENCH_ONLY="1 connection" bench/run.sh   # + system calls and context switches per request (perf)
 #   BENCH_ONLY='postgres|redis-tls' bench/run.sh   # the store rows beside the baselines
 #   BENCH_ONLY='gateway|redis: A new' bench/run.sh # the nginx + Lua + Redis gateway (bench/gateway.lua)
 #   BENCH_ONLY='redis: A' BENCH_BIN=/tmp/idemproxy-old bench/run.sh
@@ -282,12 +283,26 @@ measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: lo
   for rep in $(seq "${ROW_REPS:-$REPS}"); do
     local line p0 s0 t0 p1 s1 t1 c0='{}' c1='{}' rss=-
     [ -n "$CMD_PORT" ] && c0=$(redis_calls "$CMD_PORT" "$CMD_TLS")
+    # BENCH_SYSCALLS=1: the proxy's system calls and context switches over the row, counted by
+    # the kernel (perf's tracepoint counters: no ptrace, so the proxy runs at its usual speed).
+    local perf_out="" perf_pid="" sys='null' ctx='null'
+    if [ -n "${BENCH_SYSCALLS:-}" ] && [ -n "$CPU_PROXY" ]; then
+      perf_out="$WORK/perf-$rep.csv"
+      perf stat -x, -e raw_syscalls:sys_enter,context-switches -o "$perf_out" \
+        -p "$(echo $CPU_PROXY $(pgrep -P "$CPU_PROXY") | tr ' ' ,)" & perf_pid=$!
+      sleep 0.2
+    fi
     p0=$(cpu_ticks $CPU_PROXY); s0=$(cpu_ticks $CPU_STORE); t0=$(date +%s.%N)
     line=$(taskset -c $LOAD_CPU "$LOADGEN" --connections "${ROW_CONNS:-$CONNS}" --duration "${SECS}s" --warmup "${WARMUP}s" "$@")
     p1=$(cpu_ticks $CPU_PROXY); s1=$(cpu_ticks $CPU_STORE); t1=$(date +%s.%N)
+    if [ -n "$perf_pid" ]; then
+      kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true
+      sys=$(awk -F, '/raw_syscalls:sys_enter/ {print $1+0}' "$perf_out"); sys=${sys:-null}
+      ctx=$(awk -F, '/context-switches/ {print $1+0}' "$perf_out"); ctx=${ctx:-null}
+    fi
     [ -n "$CMD_PORT" ] && c1=$(redis_calls "$CMD_PORT" "$CMD_TLS")
     [ "$rss_of" = peak ] && rss=$(peak_rss_mib "$CPU_PROXY")
-    echo "{\"name\":\"$name\",\"rep\":${REP:-$rep},\"rss\":\"$rss\",\"calls\":[$c0,$c1],\"cpu\":{\"proxy\":$((p1 - p0)),\"store\":$((s1 - s0)),\"hz\":$HZ,\"secs\":$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')},\"result\":$line}" >> "$RESULTS"
+    echo "{\"name\":\"$name\",\"rep\":${REP:-$rep},\"rss\":\"$rss\",\"calls\":[$c0,$c1],\"syscalls\":$sys,\"ctxsw\":$ctx,\"cpu\":{\"proxy\":$((p1 - p0)),\"store\":$((s1 - s0)),\"hz\":$HZ,\"secs\":$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')},\"result\":$line}" >> "$RESULTS"
     echo "  $name rep ${REP:-$rep}: $line" >&2
   done
 }
@@ -499,11 +514,17 @@ for n in names:
                   cmds=", ".join(f"{k} {statistics.median(v):.2f}" for k, v in sorted(cmds.items())),
                   errors=sum(r["result"]["errors"] for r in rs), non2xx=sum(r["result"]["non2xx"] for r in rs),
                   rss=rs[-1]["rss"])
+    # System calls and context switches per request sent (BENCH_SYSCALLS=1 only).
+    per_sent = lambda k: [r[k] / r["result"]["sent"] for r in rs if r.get(k) is not None and r["result"].get("sent")]
+    sc, cs = per_sent("syscalls"), per_sent("ctxsw")
+    med[n]["sys"] = statistics.median(sc) if sc else None
+    med[n]["ctx"] = statistics.median(cs) if cs else None
 direct = med["direct to provider"]; nginx = med["nginx reverse proxy (no idempotency)"]
 direct1 = med.get("direct to provider, 1 connection")
 print(f"\n{conns} connections, {reps} x {secs}s per row (medians; req/s range over the repetitions), load generator + provider pinned to CPU {load_cpu}, proxy + store to CPU {proxy_cpu}.\n")
 print("| scenario | req/s | req/s range | × direct | × nginx | × tunnel | p50 ms | p99 ms | p99.9 ms | proxy CPU µs/req | store CPU µs/req | Redis commands/req | errors | non-2xx | peak RSS MiB |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+counted = any(med[n]["sys"] is not None for n in names)
 fmt_us = lambda v: f"{v:.1f}" if v is not None else ""
 for n in names:
     r = med[n]
@@ -520,6 +541,15 @@ for n in names:
     print(f"| {n} | {r['rps']:.0f} | {r['lo']:.0f}–{r['hi']:.0f} | {r['rps']/base['rps']:.2f} | {xn} | {xt} | "
           f"{r['p50']/1000:.3f} | {r['p99']/1000:.3f} | {r['p999']/1000:.3f} | "
           f"{fmt_us(r['cpu_proxy'])} | {fmt_us(r['cpu_store'])} | {r['cmds']} | {r['errors']} | {r['non2xx']} | {r['rss']} |")
+if counted:
+    print("\n| scenario | system calls/req | context switches/req |")
+    print("|---|---:|---:|")
+    for n in names:
+        r = med[n]
+        if r["sys"] is not None:
+            print(f"| {n} | {r['sys']:.1f} | {r['ctx']:.2f} |" if r["ctx"] is not None else f"| {n} | {r['sys']:.1f} | |")
+    print("\nCounted by the kernel for the proxy's threads (nginx: its workers) over the row, per request sent"
+          " (warm-up included): `perf stat -e raw_syscalls:sys_enter,context-switches`.")
 print("\nRows ending in \"1 connection\" run one connection instead (the latency one caller sees, nothing queued"
       " ahead of it); their ratio is against the direct row with one connection.")
 print("\nCPU µs/req: CPU time the proxy under test (its threads; nginx: its workers) and its store server (Redis with"
