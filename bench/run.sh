@@ -6,6 +6,7 @@
 #   bench/run.sh                      # defaults: 32 connections, 3 reps x 10 s per scenario
 #   BENCH_SECS=5 BENCH_REPS=1 bench/run.sh
 #   BENCH_SYSCALLS=1 BENCH_ONLY="1 connection" bench/run.sh   # + system calls and context switches per request (perf)
+#   BENCH_SYSCALLS=detail BENCH_TRACE_DIR=/tmp/tr bench/run.sh  # + each thread's calls by name per row (perf trace -s)
 #   BENCH_ONLY='postgres|redis-tls' bench/run.sh   # the store rows beside the baselines
 #   BENCH_ONLY='gateway|redis: A new' bench/run.sh # the nginx + Lua + Redis gateway (bench/gateway.lua)
 #   BENCH_ONLY='redis: A' BENCH_BIN=/tmp/idemproxy-old bench/run.sh
@@ -285,11 +286,17 @@ measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: lo
     [ -n "$CMD_PORT" ] && c0=$(redis_calls "$CMD_PORT" "$CMD_TLS")
     # BENCH_SYSCALLS=1: the proxy's system calls and context switches over the row, counted by
     # the kernel (perf's tracepoint counters: no ptrace, so the proxy runs at its usual speed).
-    local perf_out="" perf_pid="" sys='null' ctx='null'
+    local perf_out="" perf_pid="" trace_pid="" sys='null' ctx='null'
     if [ -n "${BENCH_SYSCALLS:-}" ] && [ -n "$CPU_PROXY" ]; then
       perf_out="$WORK/perf-$rep.csv"
       perf stat -x, -e raw_syscalls:sys_enter,context-switches -o "$perf_out" \
         -p "$(echo $CPU_PROXY $(pgrep -P "$CPU_PROXY") | tr ' ' ,)" & perf_pid=$!
+      # BENCH_SYSCALLS=detail BENCH_TRACE_DIR=dir: also each thread's calls by name (`perf trace -s`).
+      if [ "${BENCH_SYSCALLS}" = detail ] && [ -n "${BENCH_TRACE_DIR:-}" ]; then
+        mkdir -p "$BENCH_TRACE_DIR"
+        perf trace -s -o "$BENCH_TRACE_DIR/$(tr -c 'A-Za-z0-9\n' '_' <<<"$name" | head -c 120)-$rep.txt" \
+          -p "$(echo $CPU_PROXY $(pgrep -P "$CPU_PROXY") | tr ' ' ,)" >/dev/null 2>&1 & trace_pid=$!
+      fi
       sleep 0.2
     fi
     p0=$(cpu_ticks $CPU_PROXY); s0=$(cpu_ticks $CPU_STORE); t0=$(date +%s.%N)
@@ -297,6 +304,7 @@ measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: lo
     p1=$(cpu_ticks $CPU_PROXY); s1=$(cpu_ticks $CPU_STORE); t1=$(date +%s.%N)
     if [ -n "$perf_pid" ]; then
       kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true
+      [ -n "$trace_pid" ] && { kill -INT "$trace_pid" 2>/dev/null || true; wait "$trace_pid" 2>/dev/null || true; }
       sys=$(awk -F, '/raw_syscalls:sys_enter/ {print $1+0}' "$perf_out"); sys=${sys:-null}
       ctx=$(awk -F, '/context-switches/ {print $1+0}' "$perf_out"); ctx=${ctx:-null}
     fi
