@@ -286,7 +286,7 @@ measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: lo
     [ -n "$CMD_PORT" ] && c0=$(redis_calls "$CMD_PORT" "$CMD_TLS")
     # BENCH_SYSCALLS=1: the proxy's system calls and context switches over the row, counted by
     # the kernel (perf's tracepoint counters: no ptrace, so the proxy runs at its usual speed).
-    local perf_out="" perf_pid="" trace_pid="" sys='null' ctx='null'
+    local perf_out="" perf_pid="" trace_pid="" thread_pid="" sys='null' ctx='null'
     if [ -n "${BENCH_SYSCALLS:-}" ] && [ -n "$CPU_PROXY" ]; then
       perf_out="$WORK/perf-$rep.csv"
       perf stat -x, -e raw_syscalls:sys_enter,context-switches -o "$perf_out" \
@@ -296,6 +296,10 @@ measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: lo
         mkdir -p "$BENCH_TRACE_DIR"
         perf trace -s -o "$BENCH_TRACE_DIR/$(tr -c 'A-Za-z0-9\n' '_' <<<"$name" | head -c 120)-$rep.txt" \
           -p "$(echo $CPU_PROXY $(pgrep -P "$CPU_PROXY") | tr ' ' ,)" >/dev/null 2>&1 & trace_pid=$!
+        # And each thread's CPU time and context switches.
+        perf stat --per-thread -e task-clock,context-switches \
+          -o "$BENCH_TRACE_DIR/$(tr -c 'A-Za-z0-9\n' '_' <<<"$name" | head -c 120)-$rep.threads.txt" \
+          -p "$(echo $CPU_PROXY $(pgrep -P "$CPU_PROXY") | tr ' ' ,)" & thread_pid=$!
       fi
       sleep 0.2
     fi
@@ -304,7 +308,8 @@ measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: lo
     p1=$(cpu_ticks $CPU_PROXY); s1=$(cpu_ticks $CPU_STORE); t1=$(date +%s.%N)
     if [ -n "$perf_pid" ]; then
       kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true
-      [ -n "$trace_pid" ] && { kill -INT "$trace_pid" 2>/dev/null || true; wait "$trace_pid" 2>/dev/null || true; }
+      local t
+      for t in $trace_pid $thread_pid; do kill -INT "$t" 2>/dev/null || true; wait "$t" 2>/dev/null || true; done
       sys=$(awk -F, '/raw_syscalls:sys_enter/ {print $1+0}' "$perf_out"); sys=${sys:-null}
       ctx=$(awk -F, '/context-switches/ {print $1+0}' "$perf_out"); ctx=${ctx:-null}
     fi

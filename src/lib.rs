@@ -36,6 +36,7 @@ pub mod hex;
 pub mod http;
 pub mod idempotency;
 pub mod identity;
+pub mod log_writer;
 pub mod mcp;
 pub mod metrics;
 pub mod outbound;

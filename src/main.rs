@@ -96,7 +96,13 @@ enum CaCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let _log_guard = init_logging();
+    let _log_guard = match init_logging() {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("idemproxy: cannot start the log writer thread: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let result = match cli.command {
         Command::Serve { config } => run_serve(config, None),
         Command::Demo { config } => run_demo(config),
@@ -155,19 +161,14 @@ fn main() -> ExitCode {
 }
 
 /// Logs go to stderr from a background thread, so a request never waits on a log write.
-/// Lines are never dropped (back-pressure instead); the guard flushes them at exit. The
-/// thread writes whatever lines have queued up in one write (a per-line write cost a syscall
-/// per request on a busy proxy), and colours only a terminal.
-fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
+/// Lines are never dropped (back-pressure instead); the guard writes what is left at exit.
+/// The thread writes whatever lines have queued up in one write and sleeps when there are
+/// none (`log_writer`); colours only on a terminal.
+fn init_logging() -> std::io::Result<idemproxy::log_writer::LogGuard> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IDEMPROXY_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let json = std::env::var("IDEMPROXY_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::BufWriter::with_capacity(
-            64 * 1024,
-            std::io::stderr(),
-        ));
+    let (writer, guard) = idemproxy::log_writer::spawn(std::io::stderr())?;
     let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -185,7 +186,7 @@ fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
             .init();
         idemproxy::proxy::log_line::write_lines_whole();
     }
-    guard
+    Ok(guard)
 }
 
 fn check_config(path: PathBuf) -> anyhow::Result<()> {

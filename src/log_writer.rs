@@ -1,0 +1,259 @@
+//! Where log lines go: a queue that a background thread drains into stderr (or any writer),
+//! so a request never waits on a log write, and a thread that sleeps until there is something
+//! to write.
+//!
+//! `tracing_appender`'s non-blocking writer did the same through a channel whose receiver
+//! spins and yields before it sleeps: with the proxy pinned to one CPU that thread took a
+//! fifth to a third of the process's CPU time and tens of thousands of context switches a
+//! second (`bench/run.sh` with `BENCH_SYSCALLS=detail`). Here callers append to one buffer
+//! under a lock and wake the thread only when it is asleep on an empty buffer; the thread
+//! takes the whole buffer and writes it at once, however many lines queued meanwhile.
+//!
+//! Lines are never dropped: a caller that finds more than [`MAX_QUEUED`] bytes waiting blocks
+//! until the thread has taken them (back-pressure, as the writer before). The guard writes
+//! what is left when it is dropped.
+
+use std::io::Write;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use tracing_subscriber::fmt::MakeWriter;
+
+/// Bytes waiting beyond which a caller waits for the writer thread.
+pub const MAX_QUEUED: usize = 4 << 20;
+
+#[derive(Default)]
+struct Queue {
+    bytes: Vec<u8>,
+    /// The writer thread is asleep waiting for bytes: the next append wakes it.
+    idle: bool,
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Signalled when bytes arrive in an empty queue, or at close.
+    filled: Condvar,
+    /// Signalled when the thread has taken the queue's bytes.
+    taken: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // A panic while holding the lock leaves at worst a partly appended line: keep logging.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn append(&self, bytes: &[u8]) {
+        let mut q = self.lock();
+        while q.bytes.len() >= MAX_QUEUED && !q.closed {
+            q = self.taken.wait(q).unwrap_or_else(PoisonError::into_inner);
+        }
+        q.bytes.extend_from_slice(bytes);
+        let wake = std::mem::take(&mut q.idle);
+        drop(q);
+        if wake {
+            self.filled.notify_one();
+        }
+    }
+}
+
+/// The writer half: what `tracing_subscriber` formats each event into.
+#[derive(Clone)]
+pub struct LogWriter {
+    shared: Arc<Shared>,
+}
+
+/// Owns the writer thread: dropping it writes what is queued and stops the thread.
+pub struct LogGuard {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Starts the thread that writes queued lines to `out`.
+pub fn spawn<W: Write + Send + 'static>(out: W) -> std::io::Result<(LogWriter, LogGuard)> {
+    let shared = Arc::new(Shared::default());
+    let drained = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name("log-writer".into())
+        .spawn(move || drain(&drained, out))?;
+    Ok((
+        LogWriter {
+            shared: shared.clone(),
+        },
+        LogGuard {
+            shared,
+            thread: Some(thread),
+        },
+    ))
+}
+
+fn drain<W: Write>(shared: &Shared, mut out: W) {
+    let mut batch = Vec::new();
+    loop {
+        let mut q = shared.lock();
+        while q.bytes.is_empty() && !q.closed {
+            q.idle = true;
+            q = shared
+                .filled
+                .wait(q)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        q.idle = false;
+        if q.bytes.is_empty() {
+            return; // closed, and nothing left
+        }
+        std::mem::swap(&mut q.bytes, &mut batch);
+        drop(q);
+        shared.taken.notify_all();
+        // A log that cannot be written has nowhere to report it; the lines are dropped.
+        let _ = out.write_all(&batch).and_then(|()| out.flush());
+        batch.clear();
+    }
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.filled.notify_one();
+        self.shared.taken.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.shared.append(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for LogWriter {
+    type Writer = LogWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A writer that keeps what it got and counts its writes.
+    #[derive(Clone, Default)]
+    struct Sink {
+        got: Arc<Mutex<Vec<u8>>>,
+        writes: Arc<AtomicUsize>,
+    }
+
+    impl Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+            self.got
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn every_line_arrives_whole_and_in_order_from_many_threads() {
+        let sink = Sink::default();
+        let (writer, guard) = spawn(sink.clone()).expect("thread");
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let mut w = writer.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2000 {
+                        w.write_all(format!("t{t} line {i}\n").as_bytes())
+                            .expect("append");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("writer thread");
+        }
+        drop(guard);
+        let got = String::from_utf8(sink.got.lock().expect("sink").clone()).expect("utf-8");
+        let mut next = [0usize; 8];
+        for line in got.lines() {
+            let (t, i) = line
+                .strip_prefix('t')
+                .and_then(|l| l.split_once(" line "))
+                .expect("a whole line");
+            let (t, i): (usize, usize) = (t.parse().expect("t"), i.parse().expect("i"));
+            assert_eq!(i, next[t], "thread {t}'s lines in order");
+            next[t] += 1;
+        }
+        assert_eq!(next, [2000; 8], "no line lost");
+    }
+
+    #[test]
+    fn lines_queued_together_go_out_in_one_write() {
+        // The thread is held inside its first write (the sink blocks on a lock) while more
+        // lines queue; they must then go out as one write, not one each.
+        let sink = Sink::default();
+        let hold = sink.got.lock().expect("sink");
+        let (mut writer, guard) = spawn(sink.clone()).expect("thread");
+        writer.write_all(b"first\n").expect("append");
+        while sink.writes.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        for i in 0..100 {
+            writer
+                .write_all(format!("queued {i}\n").as_bytes())
+                .expect("append");
+        }
+        drop(hold);
+        drop(guard);
+        assert_eq!(sink.writes.load(Ordering::SeqCst), 2);
+        let got = sink.got.lock().expect("sink").clone();
+        assert_eq!(got.iter().filter(|&&b| b == b'\n').count(), 101);
+    }
+
+    #[test]
+    fn a_full_queue_makes_the_caller_wait_instead_of_dropping_lines() {
+        let sink = Sink::default();
+        let hold = sink.got.lock().expect("sink");
+        let (mut writer, guard) = spawn(sink.clone()).expect("thread");
+        writer.write_all(b"x\n").expect("append");
+        while sink.writes.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        // The thread is stuck in its first write: fill the queue past its bound.
+        let chunk = vec![b'y'; MAX_QUEUED];
+        writer.write_all(&chunk).expect("append");
+        let done = Arc::new(AtomicUsize::new(0));
+        let waiter = {
+            let (mut w, done) = (writer.clone(), done.clone());
+            std::thread::spawn(move || {
+                w.write_all(b"z\n").expect("append");
+                done.store(1, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(
+            done.load(Ordering::SeqCst),
+            0,
+            "waits while the queue is full"
+        );
+        drop(hold);
+        waiter.join().expect("waiter");
+        drop(guard);
+        assert_eq!(sink.got.lock().expect("sink").len(), 2 + MAX_QUEUED + 2);
+    }
+}
