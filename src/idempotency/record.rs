@@ -254,13 +254,21 @@ impl Record {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER_LEN + 256);
+        // Sized for the receipt (its body grows by a third as base64) so the JSON is written
+        // in place without regrowing: a committed record's encoding was copied four times.
+        let receipt = self.body.receipt.as_ref().map_or(0, |r| {
+            r.body.len() / 3 * 4
+                + r.headers
+                    .iter()
+                    .map(|(n, v)| n.len() + v.len() + 8)
+                    .sum::<usize>()
+        });
+        let mut out = Vec::with_capacity(HEADER_LEN + 384 + receipt);
         out.push(self.state.code());
         out.extend_from_slice(self.token.as_str().as_bytes());
-        // Serializing plain structs of strings and numbers cannot fail.
-        if let Ok(json) = serde_json::to_vec(&self.body) {
-            out.extend_from_slice(&json);
-        }
+        // Serializing plain structs of strings and numbers into a Vec cannot fail; a failure
+        // would leave a record that does not decode, never a wrong one.
+        let _ = serde_json::to_writer(&mut out, &self.body);
         out
     }
 
@@ -445,6 +453,9 @@ mod tests {
         let enc = r.encode();
         assert_eq!(enc[0], b'C');
         assert_eq!(&enc[1..HEADER_LEN], r.token.as_str().as_bytes());
+        // Byte for byte what every version wrote: the header, then `to_vec` of the body.
+        let json = serde_json::to_vec(&r.body).expect("serializes");
+        assert_eq!(&enc[HEADER_LEN..], &json[..]);
         let back = Record::decode(&enc).expect("decodes");
         assert_eq!(back, r);
         let receipt = back.body.receipt.expect("receipt");

@@ -4,8 +4,10 @@
 //! NUL byte leads it), read before a step is priced and written before the creating
 //! request's answer reaches the client, so an SDK's next call already finds it.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
+use super::json_at;
 use super::App;
 use crate::idempotency::claims::Executed;
 use crate::idempotency::outcome::Outcome;
@@ -97,15 +99,8 @@ fn id_in_path(path: &str, at: usize) -> Option<&str> {
 }
 
 /// The id of the object an answer made: the JSON field at the dotted `at` (`payment.id`).
-fn id_in_answer(body: &[u8], at: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let mut cur = &v;
-    for part in at.split('.') {
-        cur = cur.get(part)?;
-    }
-    cur.as_str()
-        .filter(|s| !s.is_empty() && s.len() <= 255)
-        .map(String::from)
+fn id_in_answer<'b>(body: &'b [u8], at: &str) -> Option<Cow<'b, str>> {
+    json_at::string_at(body, at).filter(|s| !s.is_empty() && s.len() <= 255)
 }
 
 /// Whether the object was counted at its creation.

@@ -69,7 +69,9 @@ pub(super) async fn under_claim(
     let (route_name, metrics) = (route.name.clone(), app.metrics.clone());
     let (client, deadline, max_receipt) =
         (route.client.clone(), route.timeout, app.max_receipt_bytes);
-    let call = async move {
+    // Boxed once here: the call (a provider request's whole future) would otherwise be part of
+    // the pipeline's future and be copied again with every move on its way into its task.
+    let call = Box::pin(async move {
         // Held until the call ends, also when the client went away before it.
         let _admitted = admitted;
         let _in_flight = InFlight::start(&metrics);
@@ -77,7 +79,7 @@ pub(super) async fn under_claim(
         let result = upstream::call(&*client, request, deadline, max_receipt).await;
         metrics.upstream(&route_name, started.elapsed().as_secs_f64());
         result
-    };
+    });
     let executed =
         app.claims
             .execute(claim, policy, call)

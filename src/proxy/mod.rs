@@ -13,6 +13,7 @@ pub mod dispatch;
 pub mod drain;
 pub mod error;
 mod forward;
+mod json_at;
 pub mod limits;
 pub mod log_line;
 pub mod mcp;

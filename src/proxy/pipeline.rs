@@ -21,6 +21,10 @@
 //!
 //! (The route was chosen by `dispatch`, the path read in the one grammar by `routed`.) This
 //! file is HTTP only; one log line per request comes from `trace`.
+//!
+//! What only some requests await (spend control's steps, a request forwarded unprotected)
+//! is boxed where it is awaited: inline, each would size the future of every request, which
+//! `routed` copies whole into its box.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -97,7 +101,10 @@ where
     let identified = match route.identity.identify(&route.name, &view)? {
         Identification::Protected(identified) => identified,
         Identification::Unprotected { why, client_key } => match capped {
-            None => return unprotected(route, &req, &why, client_key.as_deref(), trace).await,
+            None => {
+                let forwarded = unprotected(route, &req, &why, client_key.as_deref(), trace);
+                return Box::pin(forwarded).await;
+            }
             // Never forwarded unpriced: derived from the whole request, or refused.
             Some(rules) => keyless(route, rules, &view, &why)?,
         },
@@ -121,7 +128,7 @@ where
     let plan = match capped {
         Some(rules) => {
             let account = &op.scoped.identified.derived.account;
-            let counted = counted::before(app, route, rules, &view, account).await?;
+            let counted = Box::pin(counted::before(app, route, rules, &view, account)).await?;
             let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
             let identified = &op.scoped.identified;
             let plan = spending::plan(route, rules, &view, tunnel, identified, counted)
@@ -168,7 +175,10 @@ where
     spending::settle(&app.metrics, &route.name, tenant, ticket, &executed.outcome).await;
     if let Some(rules) = capped {
         let (account, keep) = (&op.scoped.identified.derived.account, op.policy.retention);
-        counted::after(app, route, rules, &view, account, keep, &executed).await;
+        Box::pin(counted::after(
+            app, route, rules, &view, account, keep, &executed,
+        ))
+        .await;
     }
     answer::executed(executed, key.as_str())
 }
@@ -244,7 +254,7 @@ async fn gated(
         let Some((rules, plan)) = &plan else {
             return Ok(Gated::Forward(Box::new(claim), None));
         };
-        let reserved = spending::reserve(
+        let reserved = Box::pin(spending::reserve(
             app,
             &op.policy,
             route,
@@ -255,7 +265,7 @@ async fn gated(
             claim,
             approved,
             None,
-        )
+        ))
         .await?;
         let refused = match reserved {
             spending::Reserved::Forward(claim, ticket) => {
