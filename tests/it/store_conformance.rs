@@ -892,9 +892,9 @@ fn charge(state: State) -> idemproxy::idempotency::record::Record {
 }
 
 /// Records as the release before wrote them (JSON right after the header; this build with
-/// `sqlite_compress = false` writes the same) and compact ones share a file: this build reads
-/// the old ones, settles an old claim through its fence, writes compact, and with
-/// `sqlite_compress = false` (the upgrade window) still reads the compact ones.
+/// `sqlite_compress = false`, the default, writes the same) and compact ones share a file:
+/// with `sqlite_compress = true` this build reads the old ones, settles an old claim through
+/// its fence and writes compact; with it off again it still reads the compact ones.
 #[tokio::test]
 async fn sqlite_files_mix_plain_and_compact_records() {
     use idemproxy::idempotency::record::HEADER_LEN;
@@ -931,7 +931,11 @@ async fn sqlite_files_mix_plain_and_compact_records() {
     assert_eq!(raw("idem:t:held"), held.encode());
     assert_eq!(raw("idem:t:done"), done.encode());
 
-    let s = store::open(&f.store_config(), None, Default::default())
+    let compact_config = idemproxy::config::StoreConfig {
+        sqlite_compress: true,
+        ..f.store_config()
+    };
+    let s = store::open(&compact_config, None, Default::default())
         .await
         .expect("open store")
         .claims;
