@@ -8,6 +8,11 @@
 #   BENCH_SOAK=180 bench/soak.sh          # shorter
 #   BENCH_SOAK_STEP=30 BENCH_CONNS=8 BENCH_BIN=/tmp/old/idemproxy bench/soak.sh
 #
+# Each row also says what the store's writer thread (`sqlite-store`, which runs every
+# transaction) did per request in that step, from /proc/PID/task/TID/io and schedstat: its
+# read calls (SQLite's page-cache misses; the OS's cache answers most), the bytes it read and
+# wrote (WAL frames, checkpoint copies), and its CPU time.
+#
 # Same pinning as bench/run.sh: load generator + provider on CPU 0, the proxy (its SQLite
 # writer inside it) on CPU 1. Every minute is its own load generator run on fresh
 # connections (a new process, so new keys), against the one proxy and database. Only
@@ -78,18 +83,33 @@ for _ in $(seq 200); do
 done
 [ -n "$ADDR" ] || { echo "idemproxy did not start:" >&2; cat "$WORK/proxy.err" >&2; exit 1; }
 
+WRITER_TID=""
+for t in /proc/"$PROXY_PID"/task/*; do
+  [ "$(cat "$t/comm" 2>/dev/null)" = sqlite-store ] && WRITER_TID=${t##*/}
+done
+# syscr rchar syscw wchar cpu-ns of the writer thread, as one JSON array.
+writer_io() {
+  local t=/proc/$PROXY_PID/task/$WRITER_TID
+  if [ -n "$WRITER_TID" ] && [ -r "$t/io" ]; then
+    awk -v cpu="$(cut -d' ' -f1 "$t/schedstat")" \
+      '{v[$1]=$2} END {printf "[%d,%d,%d,%d,%d]", v["syscr:"], v["rchar:"], v["syscw:"], v["wchar:"], cpu}' "$t/io"
+  else
+    echo '[0,0,0,0,0]'
+  fi
+}
 RESULTS="$WORK/soak.jsonl"; : > "$RESULTS"
 HZ=$(getconf CLK_TCK)
 echo "soak: ${TOTAL}s at $CONNS connections on SQLite, a row every ${STEP}s (load average at start: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
 elapsed=0
 while [ "$elapsed" -lt "$TOTAL" ]; do
   step=$STEP; [ $((TOTAL - elapsed)) -lt "$step" ] && step=$((TOTAL - elapsed))
+  io_before=$(writer_io)
   line=$(taskset -c $LOAD_CPU "$LOADGEN" --addr "$ADDR" --path /bench/v1/charges --keys unique \
     --connections "$CONNS" --duration "${step}s" --warmup 0s)
   elapsed=$((elapsed + step))
   bytes=$(cat "$DB" "$DB-wal" 2>/dev/null | wc -c)
   load=$(cut -d' ' -f1 /proc/loadavg)
-  echo "{\"t\":$elapsed,\"load\":$load,\"db_wal_bytes\":$bytes,\"result\":$line}" >> "$RESULTS"
+  echo "{\"t\":$elapsed,\"load\":$load,\"db_wal_bytes\":$bytes,\"io\":[$io_before,$(writer_io)],\"result\":$line}" >> "$RESULTS"
   echo "  ${elapsed}s: $line (db+wal $bytes bytes, load $load)" >&2
 done
 DB_BYTES=$(stat -c %s "$DB"); WAL_BYTES=$(stat -c %s "$DB-wal" 2>/dev/null || echo 0); SHM_BYTES=$(stat -c %s "$DB-shm" 2>/dev/null || echo 0)
@@ -104,13 +124,17 @@ import json, sys
 path, conns, db, wal, shm, db_after, wal_after, rss, cpu, hz = sys.argv[1:]
 rows = [json.loads(l) for l in open(path)]
 print(f"\nsoak, SQLite (synchronous = full), unique keys, {conns} connections; one row per load generator run\n")
-print("| until s | req/s | p50 ms | p99 ms | p99.9 ms | max ms | errors | non-2xx | db+WAL MB | load avg |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| until s | req/s | p50 ms | p99 ms | p99.9 ms | max ms | errors | non-2xx | db+WAL MB | load avg "
+      "| writer reads/req | writer KB read/req | writer KB written/req | writer CPU µs/req |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 sent = 0
 for r in rows:
     x = r["result"]; sent += x["sent"]
+    (r0, rb0, w0, wb0, c0), (r1, rb1, w1, wb1, c1) = r.get("io", [[0] * 5, [0] * 5])
+    n = max(x["sent"], 1)
     print(f"| {r['t']} | {x['rps']:.0f} | {x['p50_us']/1000:.2f} | {x['p99_us']/1000:.2f} | {x.get('p999_us',0)/1000:.2f} | "
-          f"{x.get('max_us',0)/1000:.1f} | {x['errors']} | {x['non2xx']} | {r['db_wal_bytes']/1e6:.1f} | {r['load']} |")
+          f"{x.get('max_us',0)/1000:.1f} | {x['errors']} | {x['non2xx']} | {r['db_wal_bytes']/1e6:.1f} | {r['load']} "
+          f"| {(r1-r0)/n:.2f} | {(rb1-rb0)/n/1024:.2f} | {(wb1-wb0)/n/1024:.2f} | {(c1-c0)/n/1000:.1f} |")
 db, wal, shm, db_after, wal_after = map(int, (db, wal, shm, db_after, wal_after))
 print(f"\nrequests answered: {sent}; proxy CPU {int(cpu)/int(hz)/max(sent,1)*1e6:.1f} µs/req over the whole soak; peak RSS {rss} MiB")
 print(f"on disk at the end, running: database {db:,} B + WAL {wal:,} B (+ shm {shm:,} B) = {(db+wal)/max(sent,1):,.0f} B per request (database alone {db/max(sent,1):,.0f})")

@@ -283,6 +283,11 @@ pub struct StoreConfig {
     /// SQLite `synchronous`: `full` (a power loss loses nothing acknowledged) or `normal`
     /// (a power loss may lose the last transactions; a process crash loses nothing).
     pub sqlite_synchronous: String,
+    /// SQLite: write records compact (JSON and response body deflated; about half the disk,
+    /// and ~3x the CPU of a new key: deflate's state is set up per record). Off by default.
+    /// Every version since reads both forms; the release before reads only uncompressed
+    /// records, so leave it off while a proxy of that release shares the file (docs/stores.md).
+    pub sqlite_compress: bool,
     /// PEM file of the CA that signs the store's server certificate (`rediss://…`, and
     /// `postgres://…` with `sslmode=verify-ca|verify-full`). Default: the system's roots.
     pub tls_ca: Option<PathBuf>,
@@ -309,6 +314,7 @@ impl Default for StoreConfig {
             namespace: "idem".into(),
             op_timeout: Dur(Duration::from_secs(2)),
             sqlite_synchronous: "full".into(),
+            sqlite_compress: false,
             tls_ca: None,
             tls_cert: None,
             tls_key: None,

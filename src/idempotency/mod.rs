@@ -5,6 +5,7 @@
 pub mod claims;
 #[cfg(test)]
 mod claims_tests;
+mod compact;
 pub mod decide;
 pub mod outcome;
 pub mod policy;

@@ -1,7 +1,8 @@
 //! What the store keeps under a scope: a claim in one of three states, and the receipt.
 //!
-//! Encoded as `<state><token>` (33 bytes) followed by JSON. The fixed header lets the Redis
-//! scripts fence a transition by comparing a prefix, without decoding JSON.
+//! Encoded as `<state><token>` (33 bytes) followed by JSON, or by the JSON and the receipt's
+//! body deflated (`compact`, what the embedded store writes). The fixed header lets the Redis
+//! scripts and the SQL stores fence a transition by comparing a prefix, without decoding.
 
 use std::borrow::Cow;
 
@@ -290,8 +291,11 @@ impl Record {
             .ok()
             .filter(|t| t.bytes().all(|b| b.is_ascii_hexdigit()))
             .ok_or_else(|| DecodeError("token is not hex".into()))?;
-        let body =
-            serde_json::from_slice(&raw[HEADER_LEN..]).map_err(|e| DecodeError(e.to_string()))?;
+        let body = match raw.get(HEADER_LEN) {
+            Some(&super::compact::MARK) => super::compact::decode_body(&raw[HEADER_LEN..])?,
+            _ => serde_json::from_slice(&raw[HEADER_LEN..])
+                .map_err(|e| DecodeError(e.to_string()))?,
+        };
         Ok(Record {
             state,
             token: Token(token.to_string()),

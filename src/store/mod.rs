@@ -90,7 +90,8 @@ pub async fn open(
     let op_timeout = config.op_timeout.0;
     Ok(match parsed {
         StoreUrl::Sqlite(path) => {
-            let backend = SqliteStore::open(&path, &config.sqlite_synchronous)?;
+            let backend =
+                SqliteStore::open(&path, &config.sqlite_synchronous, config.sqlite_compress)?;
             stores(Guard::new(Arc::new(backend), op_timeout, sealer, metrics))
         }
         StoreUrl::Redis(target) => {

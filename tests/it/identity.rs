@@ -1019,6 +1019,9 @@ fn store_bytes(store: &StoreFixture) -> Vec<u8> {
                 collect(&p, out);
             } else if let Ok(bytes) = std::fs::read(&p) {
                 out.extend_from_slice(&bytes);
+                if p.extension().is_some_and(|e| e == "db") {
+                    out.extend(crate::common::records::sqlite_records_plain(&p));
+                }
             }
         }
     }

@@ -763,6 +763,9 @@ fn collect(dir: &Path, out: &mut Vec<u8>) {
             collect(&p, out);
         } else if let Ok(bytes) = std::fs::read(&p) {
             out.extend_from_slice(&bytes);
+            if p.extension().is_some_and(|e| e == "db") {
+                out.extend(crate::common::records::sqlite_records_plain(&p));
+            }
         }
     }
 }

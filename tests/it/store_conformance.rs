@@ -881,6 +881,123 @@ async fn sqlite_files_from_the_earlier_layout_keep_their_records() {
     assert_eq!(s.list(State::Committed, 10).await.expect("list").len(), 1);
 }
 
+/// A COMMITTED record whose receipt is a Stripe charge, the size the compact form shrinks.
+fn charge(state: State) -> idemproxy::idempotency::record::Record {
+    let mut r = record(State::Committed);
+    r.state = state;
+    r.body.receipt.as_mut().expect("receipt").body = bytes::Bytes::from_static(
+        br#"{"id":"ch_3MmlLrLkdIwHu7ix0snN0B15","object":"charge","amount":2000,"amount_captured":2000,"balance_transaction":"txn_3MmlLrLkdIwHu7ix0uke3Ezy","captured":true,"created":1679090539,"currency":"usd","livemode":false,"paid":true,"status":"succeeded","outcome":{"network_status":"approved_by_network","risk_level":"normal","type":"authorized"}}"#,
+    );
+    r
+}
+
+/// Records as the release before wrote them (JSON right after the header; this build with
+/// `sqlite_compress = false`, the default, writes the same) and compact ones share a file:
+/// with `sqlite_compress = true` this build reads the old ones, settles an old claim through
+/// its fence and writes compact; with it off again it still reads the compact ones.
+#[tokio::test]
+async fn sqlite_files_mix_plain_and_compact_records() {
+    use idemproxy::idempotency::record::HEADER_LEN;
+    let f = StoreFixture::new(Backend::Sqlite);
+    let path = f.url().trim_start_matches("sqlite://").to_string();
+    let plain_config = idemproxy::config::StoreConfig {
+        sqlite_compress: false,
+        ..f.store_config()
+    };
+    let raw = |scope: &str| -> Vec<u8> {
+        rusqlite::Connection::open(&path)
+            .and_then(|c| {
+                c.query_row("SELECT value FROM records WHERE scope = ?1", [scope], |r| {
+                    r.get(0)
+                })
+            })
+            .expect("raw value")
+    };
+    let held = record(State::Pending);
+    let done = charge(State::Committed);
+    {
+        let old = store::open(&plain_config, None, Default::default())
+            .await
+            .expect("open store")
+            .claims;
+        for (scope, r) in [("idem:t:held", &held), ("idem:t:done", &done)] {
+            assert_eq!(
+                old.insert_if_absent(scope, r, HOUR).await.expect("insert"),
+                None
+            );
+        }
+    }
+    // Byte for byte what the release before wrote.
+    assert_eq!(raw("idem:t:held"), held.encode());
+    assert_eq!(raw("idem:t:done"), done.encode());
+
+    let compact_config = idemproxy::config::StoreConfig {
+        sqlite_compress: true,
+        ..f.store_config()
+    };
+    let s = store::open(&compact_config, None, Default::default())
+        .await
+        .expect("open store")
+        .claims;
+    assert_eq!(s.get("idem:t:done").await.expect("get"), Some(done.clone()));
+    let mut settled = charge(State::Committed);
+    settled.token = held.token.clone();
+    assert!(
+        s.replace("idem:t:held", &held.fence(), &settled, HOUR)
+            .await
+            .expect("replace"),
+        "the old claim's fence admits its settle"
+    );
+    let compact = raw("idem:t:held");
+    assert_eq!(compact[..HEADER_LEN], settled.encode()[..HEADER_LEN]);
+    assert!(
+        compact.len() * 10 < settled.encode().len() * 7,
+        "written compact: {} bytes against {} plain",
+        compact.len(),
+        settled.encode().len()
+    );
+    // What the release before could not read: it parsed JSON right after the header.
+    assert!(serde_json::from_slice::<serde_json::Value>(&compact[HEADER_LEN..]).is_err());
+    assert_eq!(
+        s.get("idem:t:held").await.expect("get"),
+        Some(settled.clone())
+    );
+    let mut listed = s.list(State::Committed, 10).await.expect("list");
+    listed.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        listed,
+        vec![
+            ("idem:t:done".to_string(), done.clone()),
+            ("idem:t:held".to_string(), settled.clone())
+        ]
+    );
+    drop(s);
+
+    // The upgrade window's setting: compact records still read, settled, removed.
+    let window = store::open(&plain_config, None, Default::default())
+        .await
+        .expect("open store")
+        .claims;
+    assert_eq!(
+        window.get("idem:t:held").await.expect("get"),
+        Some(settled.clone())
+    );
+    let fresh = charge(State::Committed);
+    assert_eq!(
+        window
+            .insert_if_absent("idem:t:new", &fresh, HOUR)
+            .await
+            .expect("insert"),
+        None
+    );
+    assert_eq!(raw("idem:t:new"), fresh.encode(), "written plain");
+    assert!(window
+        .remove("idem:t:held", &settled.fence())
+        .await
+        .expect("remove"));
+    assert_eq!(window.get("idem:t:held").await.expect("get"), None);
+}
+
 /// A proxy of the previous version (its spend scripts, `common/redis_spend_before.lua`, kept
 /// a fourth key per counter and set every expiry on every reservation) and one of this version
 /// share one Redis during an upgrade: each reads what the other reserved, released and

@@ -218,7 +218,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Record>, StoreError> {
         self.claims(Op::InsertIfAbsent {
             scope: scope.to_string(),
-            value: record.encode(),
+            value: self.encode(record),
             expires_at: expires_at(expiry),
         })
         .await?
@@ -243,7 +243,7 @@ impl Store for SqliteStore {
         self.claims(Op::Replace {
             scope: scope.to_string(),
             fence: fence.clone(),
-            value: record.encode(),
+            value: self.encode(record),
             expires_at: expires_at(expiry),
         })
         .await?
@@ -304,7 +304,7 @@ mod tests {
         };
         let opener = runtime();
         let store = opener
-            .block_on(async { SqliteStore::open(&path, "full") })
+            .block_on(async { SqliteStore::open(&path, "full", true) })
             .expect("open");
         drop(opener);
         runtime().block_on(async {
@@ -324,8 +324,8 @@ mod tests {
     async fn expired_rows_are_swept_under_steady_traffic() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("claims.db").display().to_string();
-        let store =
-            SqliteStore::open_sweeping(&path, "full", Duration::from_millis(100)).expect("open");
+        let store = SqliteStore::open_sweeping(&path, "full", true, Duration::from_millis(100))
+            .expect("open");
         let short = Expiry::After(Duration::from_millis(1));
         for i in 0..(SWEEP_CHUNK + 500) {
             store

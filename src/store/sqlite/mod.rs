@@ -21,21 +21,34 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 pub struct SqliteStore {
     writer: Writer<Job>,
+    /// Records are written in their compact form (`Record::encode_compact`); read in either.
+    compress: bool,
 }
 
 impl SqliteStore {
-    pub fn open(path: &str, synchronous: &str) -> Result<SqliteStore, StoreError> {
-        SqliteStore::open_sweeping(path, synchronous, SWEEP_EVERY)
+    pub fn open(path: &str, synchronous: &str, compress: bool) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_sweeping(path, synchronous, compress, SWEEP_EVERY)
     }
 
     fn open_sweeping(
         path: &str,
         synchronous: &str,
+        compress: bool,
         sweep_every: Duration,
     ) -> Result<SqliteStore, StoreError> {
         Ok(SqliteStore {
             writer: Writer::open(path, synchronous, sweep_every)?,
+            compress,
         })
+    }
+
+    /// A record as this store writes it.
+    fn encode(&self, record: &crate::idempotency::record::Record) -> Vec<u8> {
+        if self.compress {
+            record.encode_compact()
+        } else {
+            record.encode()
+        }
     }
 
     /// Runs a claims operation in the writer's next transaction; its reply once committed.

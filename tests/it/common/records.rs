@@ -66,3 +66,25 @@ pub fn sealed_the_old_way(scope: &str, r: &Record, key: &[u8; 32]) -> Record {
     });
     old
 }
+
+/// Every record in the SQLite file at `path` in its plain encoding (JSON after the header):
+/// what a scan of a store's files for a secret appends, so that it also looks inside records
+/// the store wrote compact (deflated). Nothing for a file without a records table.
+pub fn sqlite_records_plain(path: &std::path::Path) -> Vec<u8> {
+    let Ok(conn) =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    else {
+        return Vec::new();
+    };
+    let Ok(mut stmt) = conn.prepare("SELECT value FROM records") else {
+        return Vec::new();
+    };
+    let values = stmt
+        .query_map([], |r| r.get::<_, Vec<u8>>(0))
+        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+        .expect("read the records");
+    values
+        .iter()
+        .flat_map(|v| Record::decode(v).expect("a readable record").encode())
+        .collect()
+}
