@@ -1,13 +1,15 @@
 //! Where log lines go: a queue that a background thread drains into stderr (or any writer),
-//! so a request never waits on a log write, and a thread that sleeps until there is something
-//! to write.
+//! so a request never waits on a log write, and the thread wakes a few hundred times a second
+//! at most, not once per line.
 //!
 //! `tracing_appender`'s non-blocking writer did the same through a channel whose receiver
 //! spins and yields before it sleeps: with the proxy pinned to one CPU that thread took a
 //! fifth to a third of the process's CPU time and tens of thousands of context switches a
-//! second (`bench/run.sh` with `BENCH_SYSCALLS=detail`). Here callers append to one buffer
-//! under a lock and wake the thread only when it is asleep on an empty buffer; the thread
-//! takes the whole buffer and writes it at once, however many lines queued meanwhile.
+//! second (`bench/run.sh` with `BENCH_SYSCALLS=detail`). Waking the thread for every line
+//! instead was slower still (each line a futex wake and a context switch). So the first line
+//! into an empty queue wakes the thread, which then lets lines gather for [`GATHER`] (or
+//! until [`WRITE_AT`] bytes wait) and writes them all at once: a line reaches stderr at most
+//! a few milliseconds after it was logged.
 //!
 //! Lines are never dropped: a caller that finds more than [`MAX_QUEUED`] bytes waiting blocks
 //! until the thread has taken them (back-pressure, as the writer before). The guard writes
@@ -16,17 +18,27 @@
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Bytes waiting beyond which a caller waits for the writer thread.
 pub const MAX_QUEUED: usize = 4 << 20;
 
+/// How long the thread lets lines gather after the first one arrives.
+pub const GATHER: Duration = Duration::from_millis(5);
+
+/// Bytes waiting that end the gathering early.
+pub const WRITE_AT: usize = 64 << 10;
+
 #[derive(Default)]
 struct Queue {
     bytes: Vec<u8>,
     /// The writer thread is asleep waiting for bytes: the next append wakes it.
     idle: bool,
+    /// The writer thread is letting lines gather: an append that fills the queue past
+    /// [`WRITE_AT`] wakes it early.
+    gathering: bool,
     closed: bool,
 }
 
@@ -51,7 +63,8 @@ impl Shared {
             q = self.taken.wait(q).unwrap_or_else(PoisonError::into_inner);
         }
         q.bytes.extend_from_slice(bytes);
-        let wake = std::mem::take(&mut q.idle);
+        let wake = std::mem::take(&mut q.idle)
+            || (q.bytes.len() >= WRITE_AT && std::mem::take(&mut q.gathering));
         drop(q);
         if wake {
             self.filled.notify_one();
@@ -101,6 +114,15 @@ fn drain<W: Write>(shared: &Shared, mut out: W) {
                 .unwrap_or_else(PoisonError::into_inner);
         }
         q.idle = false;
+        if !q.closed && q.bytes.len() < WRITE_AT {
+            q.gathering = true;
+            q = shared
+                .filled
+                .wait_timeout(q, GATHER)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            q.gathering = false;
+        }
         if q.bytes.is_empty() {
             return; // closed, and nothing left
         }
@@ -200,6 +222,28 @@ mod tests {
             next[t] += 1;
         }
         assert_eq!(next, [2000; 8], "no line lost");
+    }
+
+    #[test]
+    fn lines_logged_in_a_burst_share_writes_and_still_arrive_promptly() {
+        let sink = Sink::default();
+        let (mut writer, guard) = spawn(sink.clone()).expect("thread");
+        for i in 0..50 {
+            writer
+                .write_all(format!("burst {i}\n").as_bytes())
+                .expect("append");
+        }
+        // Without the guard's final flush: the thread writes them by itself, soon.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while sink.got.lock().expect("sink").len() < 50 * 8 {
+            assert!(std::time::Instant::now() < deadline, "lines never written");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let writes = sink.writes.load(Ordering::SeqCst);
+        // One write per line is what this writer exists to avoid (a scheduler that stalls
+        // this thread mid-burst may split it in a few).
+        assert!(writes < 10, "{writes} writes for 50 lines");
+        drop(guard);
     }
 
     #[test]
