@@ -3,10 +3,10 @@
 //! at most, not once per line.
 //!
 //! `tracing_appender`'s non-blocking writer did the same through a channel whose receiver
-//! spins and yields before it sleeps: with the proxy pinned to one CPU that thread took a
-//! fifth to a third of the process's CPU time and tens of thousands of context switches a
-//! second (`bench/run.sh` with `BENCH_SYSCALLS=detail`). Waking the thread for every line
-//! instead was slower still (each line a futex wake and a context switch). So the first line
+//! spins and yields before it sleeps: with the proxy pinned to one CPU that thread took 12
+//! to 29 % of the process's CPU time and thousands of context switches a second (`perf stat
+//! --per-thread` during `bench/run.sh`). Waking the thread for every line instead was slower
+//! still (each line a futex wake and a context switch). So the first line
 //! into an empty queue wakes the thread, which then lets lines gather for [`GATHER`] (or
 //! until [`WRITE_AT`] bytes wait) and writes them all at once: a line reaches stderr at most
 //! a few milliseconds after it was logged.
