@@ -9,11 +9,11 @@
 //! After the header: [`MARK`], the JSON's length and the receipt body's length (u32, little
 //! endian), then one raw deflate stream of the JSON (the receipt's `body` left empty) followed
 //! by the body. A plain record's JSON always starts with `{`, so the byte after the header
-//! tells the two forms apart, and every store's `Record::decode` reads both.
+//! tells the two forms apart, and `Record::decode` (here, for every store) reads both.
 
 use bytes::Bytes;
 
-use super::record::{DecodeError, Record, RecordBody, HEADER_LEN};
+use super::record::{DecodeError, Record, RecordBody, State, Token, HEADER_LEN};
 
 /// The byte after the header that marks the compact form (never `{`, how JSON starts).
 pub(super) const MARK: u8 = 0x01;
@@ -82,6 +82,35 @@ impl Record {
         out.extend_from_slice(self.token.as_str().as_bytes());
         parts.iter().for_each(|p| out.extend_from_slice(p));
         out
+    }
+}
+
+impl Record {
+    /// What a store found under a scope (`None`: nothing live), as a record.
+    pub fn decode_found(raw: Option<Vec<u8>>) -> Result<Option<Record>, DecodeError> {
+        raw.map(|raw| Record::decode(&raw)).transpose()
+    }
+
+    /// A record in either stored form: plain JSON after the header, or the compact form.
+    pub fn decode(raw: &[u8]) -> Result<Record, DecodeError> {
+        if raw.len() < HEADER_LEN {
+            return Err(DecodeError(format!(
+                "{} bytes is shorter than the header",
+                raw.len()
+            )));
+        }
+        let state = State::from_code(raw[0])
+            .ok_or_else(|| DecodeError(format!("unknown state byte {:#x}", raw[0])))?;
+        let token = std::str::from_utf8(&raw[1..HEADER_LEN])
+            .ok()
+            .and_then(Token::parse)
+            .ok_or_else(|| DecodeError("token is not hex".into()))?;
+        let body = match raw.get(HEADER_LEN) {
+            Some(&MARK) => decode_body(&raw[HEADER_LEN..])?,
+            _ => serde_json::from_slice(&raw[HEADER_LEN..])
+                .map_err(|e| DecodeError(e.to_string()))?,
+        };
+        Ok(Record { state, token, body })
     }
 }
 

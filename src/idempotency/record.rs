@@ -1,7 +1,7 @@
 //! What the store keeps under a scope: a claim in one of three states, and the receipt.
 //!
 //! Encoded as `<state><token>` (33 bytes) followed by JSON, or by the JSON and the receipt's
-//! body deflated (`compact`, what the embedded store writes). The fixed header lets the Redis
+//! body deflated (what the embedded store writes; `compact` writes that form and reads both). The fixed header lets the Redis
 //! scripts and the SQL stores fence a transition by comparing a prefix, without decoding.
 
 use std::borrow::Cow;
@@ -54,6 +54,12 @@ impl State {
 pub struct Token(String);
 
 impl Token {
+    /// A token read back from a stored header: 32 hex digits, or nothing.
+    pub(super) fn parse(hex: &str) -> Option<Token> {
+        (hex.len() == TOKEN_LEN && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| Token(hex.to_string()))
+    }
+
     pub fn random() -> Token {
         Token(crate::hex::lower(&rand::random::<[u8; 16]>()))
     }
@@ -271,36 +277,6 @@ impl Record {
         // would leave a record that does not decode, never a wrong one.
         let _ = serde_json::to_writer(&mut out, &self.body);
         out
-    }
-
-    /// What a store found under a scope (`None`: nothing live), as a record.
-    pub fn decode_found(raw: Option<Vec<u8>>) -> Result<Option<Record>, DecodeError> {
-        raw.map(|raw| Record::decode(&raw)).transpose()
-    }
-
-    pub fn decode(raw: &[u8]) -> Result<Record, DecodeError> {
-        if raw.len() < HEADER_LEN {
-            return Err(DecodeError(format!(
-                "{} bytes is shorter than the header",
-                raw.len()
-            )));
-        }
-        let state = State::from_code(raw[0])
-            .ok_or_else(|| DecodeError(format!("unknown state byte {:#x}", raw[0])))?;
-        let token = std::str::from_utf8(&raw[1..HEADER_LEN])
-            .ok()
-            .filter(|t| t.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or_else(|| DecodeError("token is not hex".into()))?;
-        let body = match raw.get(HEADER_LEN) {
-            Some(&super::compact::MARK) => super::compact::decode_body(&raw[HEADER_LEN..])?,
-            _ => serde_json::from_slice(&raw[HEADER_LEN..])
-                .map_err(|e| DecodeError(e.to_string()))?,
-        };
-        Ok(Record {
-            state,
-            token: Token(token.to_string()),
-            body,
-        })
     }
 }
 

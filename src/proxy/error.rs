@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::{HeaderValue, Response, StatusCode};
 
-use super::spending::SpendError;
+use super::spend_error::SpendError;
 use crate::http::body::{Body, ReadError};
 use crate::http::problem::Problem;
 use crate::idempotency::claims::Recorded;

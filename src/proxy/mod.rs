@@ -27,6 +27,7 @@ pub mod reconcile;
 pub mod recorded;
 pub mod routed;
 pub mod server;
+pub mod spend_error;
 pub mod spending;
 mod trace;
 

@@ -2,7 +2,7 @@
 //! spend gate, and says why it refused (`ProxyError::Spend`, rendered like every refusal in
 //! the route's provider's error shape by `proxy::error`).
 
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, Method};
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ use crate::request::Request;
 use crate::routes::{Route, RouteSpend, RunSource};
 use crate::spend::binding::{self, Bound};
 use crate::spend::budget::{Cost, PriceError, Pricing, Spender};
-use crate::spend::gate::{Admission, Charge, Gate, Refusal, Ticket};
+use crate::spend::gate::{Admission, Charge, Gate, Ticket};
 use crate::spend::money::Money;
 use crate::spend::port::ToolCall;
 
@@ -29,115 +29,7 @@ pub struct TunnelRun(pub std::sync::Arc<str>);
 /// Longest run id accepted (from the proxy user or a header).
 pub const MAX_RUN_LEN: usize = 64;
 
-/// Why a money-moving request was not forwarded.
-#[derive(Debug, thiserror::Error)]
-pub enum SpendError {
-    #[error("{0}")]
-    Price(#[from] PriceError),
-    #[error("the run id {0}")]
-    Run(String),
-    #[error("this request moves money and carries no key: {0}")]
-    KeyRequired(String),
-    #[error(transparent)]
-    Refused(#[from] Refusal),
-}
-
-impl SpendError {
-    pub fn status(&self) -> StatusCode {
-        match self {
-            SpendError::Price(_) | SpendError::Run(_) | SpendError::KeyRequired(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            SpendError::Refused(
-                Refusal::OverCap { .. }
-                | Refusal::Denied { .. }
-                | Refusal::Unpriced(_)
-                | Refusal::TooLargeToApprove { .. }
-                | Refusal::Frozen { .. },
-            ) => StatusCode::FORBIDDEN,
-            SpendError::Refused(Refusal::Pending { .. } | Refusal::Mismatch { .. }) => {
-                StatusCode::CONFLICT
-            }
-            SpendError::Refused(Refusal::TooManyPending(_)) => StatusCode::TOO_MANY_REQUESTS,
-            SpendError::Refused(Refusal::Store(_)) => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-
-    pub fn slug(&self) -> &'static str {
-        match self {
-            SpendError::Price(PriceError::Ambiguous(_)) => "ambiguous-request",
-            SpendError::Price(_) => "amount-invalid",
-            SpendError::Run(_) => "run-invalid",
-            SpendError::KeyRequired(_) => "idempotency-key-required",
-            SpendError::Refused(Refusal::Unpriced(_)) => "unpriced-operation",
-            SpendError::Refused(Refusal::TooLargeToApprove { .. }) => "approval-too-large",
-            SpendError::Refused(Refusal::TooManyPending(_)) => "approvals-pending-limit",
-            SpendError::Refused(Refusal::Frozen { .. }) => "spend-frozen",
-            SpendError::Refused(Refusal::OverCap { .. }) => "spend-cap-exceeded",
-            SpendError::Refused(Refusal::Pending { .. }) => "approval-pending",
-            SpendError::Refused(Refusal::Denied { .. }) => "approval-denied",
-            SpendError::Refused(Refusal::Mismatch { .. }) => "approval-mismatch",
-            SpendError::Refused(Refusal::Store(_)) => "store-unavailable",
-        }
-    }
-
-    pub fn advice(&self) -> &'static str {
-        match self {
-            SpendError::Price(PriceError::Ambiguous(_)) => "Nothing was forwarded: the proxy and the provider could read two amounts from this request, so it does not go out. Send each field once, in the body.",
-            SpendError::Price(_) => "Nothing was forwarded: a capped route counts every payment, so one whose amount cannot be read does not go out.",
-            SpendError::Run(_) => "Nothing was forwarded. Run ids are 1-64 letters, digits, '.', '_', ':' or '-'; inside a tunnel the run is the one its CONNECT named.",
-            SpendError::KeyRequired(_) => "Nothing was forwarded: two identical payments without a key cannot be told from a retry, so money out and orders need a business key (one per payment, the same on every retry).",
-            SpendError::Refused(Refusal::Unpriced(_)) => "Nothing was forwarded: a capped route counts every payment, so one it cannot price does not go out.",
-            SpendError::Refused(Refusal::TooLargeToApprove { .. }) => "Nothing was forwarded or parked.",
-            SpendError::Refused(Refusal::TooManyPending(_)) => "Nothing was forwarded or parked; retry once a person has decided.",
-            SpendError::Refused(Refusal::Frozen { .. }) => "Nothing was forwarded or parked: an operator stopped these payments. Retry once they lift the freeze (idemproxy unfreeze).",
-            SpendError::Refused(Refusal::OverCap { .. }) => "Nothing was forwarded. An operator can raise the cap in the route's [routes.spend].",
-            SpendError::Refused(Refusal::Pending { .. }) => "Nothing was sent. Ask again later with the same request: once a person approves it, it goes out, once.",
-            SpendError::Refused(Refusal::Denied { .. }) => "Nothing was forwarded, and every retry gets this answer.",
-            SpendError::Refused(Refusal::Mismatch { .. }) => "Nothing was forwarded: an approval covers exactly the request the person saw; send that one, or a different payment under a new key.",
-            SpendError::Refused(Refusal::Store(_)) => "Nothing was forwarded; retry later.",
-        }
-    }
-
-    /// What happened and what to do, said of a call to the MCP tool `tool` so that an agent's
-    /// model can act on it; `None` where the payment's wording fits a tool call as it is.
-    pub fn to_tool(&self, tool: &str) -> Option<(String, &'static str)> {
-        let said = match self {
-            SpendError::Refused(Refusal::Pending { id, .. }) => (
-                format!("a person must approve this call to {tool} (approval {id})"),
-                "Nothing was sent. Ask again later with the same call: once a person approves it, it runs, once.",
-            ),
-            SpendError::Refused(Refusal::Denied { id, by, reason }) => (
-                format!(
-                    "a person ({by}) denied this call to {tool} (approval {id}){}",
-                    reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
-                ),
-                "Nothing was sent, and the same call gets this answer every time: do not ask again; tell the user, or make a different call.",
-            ),
-            SpendError::Refused(Refusal::Mismatch { id, approved }) => (
-                format!(
-                    "approval {id} is for another call to {tool} ({approved}): this call's arguments differ in what it pays, to whom or how"
-                ),
-                "Nothing was sent: an approval covers exactly the call the person saw. Make that call, or wait until that approval is decided and used, then ask for this one.",
-            ),
-            SpendError::Refused(Refusal::TooLargeToApprove { size, limit }) => (
-                format!(
-                    "this call to {tool} needs a person's approval, and its arguments are {size} bytes: a person approves only what they can read whole, up to {limit} bytes"
-                ),
-                "Nothing was sent or parked.",
-            ),
-            _ => return None,
-        };
-        Some(said)
-    }
-
-    pub fn retry_after(&self) -> Option<std::time::Duration> {
-        match self {
-            SpendError::Refused(Refusal::Pending { retry_after, .. }) => Some(*retry_after),
-            _ => None,
-        }
-    }
-}
+pub use super::spend_error::SpendError;
 
 /// Whether a request moves money on this route; its budget and run then apply.
 pub fn applies<'r>(route: &'r Route, method: &Method, path: &str) -> Option<&'r RouteSpend> {
