@@ -1,8 +1,9 @@
 //! What the store keeps under a scope: a claim in one of three states, and the receipt.
 //!
 //! Encoded as `<state><token>` (33 bytes) followed by JSON, or by the JSON and the receipt's
-//! body deflated (what the embedded store writes; `compact` writes that form and reads both). The fixed header lets the Redis
-//! scripts and the SQL stores fence a transition by comparing a prefix, without decoding.
+//! body deflated (what the embedded store may write; `compact` writes that form and reads
+//! both). The fixed header lets the Redis scripts and the SQL stores fence a transition by
+//! comparing a prefix, without decoding.
 
 use std::borrow::Cow;
 

@@ -109,12 +109,10 @@ pub(super) async fn run(
 ) -> Result<Claimed, ProxyError> {
     let claim = match acquire(app, route, op).await {
         Ok(Acquired::Execute(claim)) => claim,
-        // Boxed, as the fail_open forward below: rare, each holds a provider call, and inline
-        // they would size every request's pipeline future, which is copied whole (`routed`).
         Ok(Acquired::Found(Found::Held {
             reconcilable: Some(held),
             ..
-        })) => match Box::pin(reconcile::run(
+        })) => match reconcile::run(
             app,
             route,
             held,
@@ -122,7 +120,7 @@ pub(super) async fn run(
             &op.scoped,
             &op.request(route),
             &op.policy,
-        ))
+        )
         .await?
         {
             Reconciled::Execute(claim) => *claim,
@@ -145,7 +143,7 @@ pub(super) async fn run(
                 .passing()
                 .for_attempt(req.tenant, &op.scoped, &op.scoped.scope, 0);
             let resp = forward::unprotected(route, outgoing, key.ours(), "store unavailable");
-            return Box::pin(resp).await.map(Claimed::Answered);
+            return resp.await.map(Claimed::Answered);
         }
         Err(e) => return Err(ProxyError::StoreUnavailable(e)),
     };

@@ -21,10 +21,6 @@
 //!
 //! (The route was chosen by `dispatch`, the path read in the one grammar by `routed`.) This
 //! file is HTTP only; one log line per request comes from `trace`.
-//!
-//! What only some requests await (spend control's steps, a request forwarded unprotected)
-//! is boxed where it is awaited: inline, each would size the future of every request, which
-//! `routed` copies whole into its box.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -101,10 +97,7 @@ where
     let identified = match route.identity.identify(&route.name, &view)? {
         Identification::Protected(identified) => identified,
         Identification::Unprotected { why, client_key } => match capped {
-            None => {
-                let forwarded = unprotected(route, &req, &why, client_key.as_deref(), trace);
-                return Box::pin(forwarded).await;
-            }
+            None => return unprotected(route, &req, &why, client_key.as_deref(), trace).await,
             // Never forwarded unpriced: derived from the whole request, or refused.
             Some(rules) => keyless(route, rules, &view, &why)?,
         },
@@ -128,7 +121,7 @@ where
     let plan = match capped {
         Some(rules) => {
             let account = &op.scoped.identified.derived.account;
-            let counted = Box::pin(counted::before(app, route, rules, &view, account)).await?;
+            let counted = counted::before(app, route, rules, &view, account).await?;
             let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
             let identified = &op.scoped.identified;
             let plan = spending::plan(route, rules, &view, tunnel, identified, counted)
@@ -175,10 +168,7 @@ where
     spending::settle(&app.metrics, &route.name, tenant, ticket, &executed.outcome).await;
     if let Some(rules) = capped {
         let (account, keep) = (&op.scoped.identified.derived.account, op.policy.retention);
-        Box::pin(counted::after(
-            app, route, rules, &view, account, keep, &executed,
-        ))
-        .await;
+        counted::after(app, route, rules, &view, account, keep, &executed).await;
     }
     answer::executed(executed, key.as_str())
 }
@@ -254,7 +244,7 @@ async fn gated(
         let Some((rules, plan)) = &plan else {
             return Ok(Gated::Forward(Box::new(claim), None));
         };
-        let reserved = Box::pin(spending::reserve(
+        let reserved = spending::reserve(
             app,
             &op.policy,
             route,
@@ -265,7 +255,7 @@ async fn gated(
             claim,
             approved,
             None,
-        ))
+        )
         .await?;
         let refused = match reserved {
             spending::Reserved::Forward(claim, ticket) => {
