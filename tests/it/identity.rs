@@ -15,7 +15,6 @@
 //!    structured-field strings must be canonical.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common::client::{send, Reply};
@@ -1012,26 +1011,11 @@ async fn a_chunked_get_body_reaches_the_provider() {
 
 /// Every byte the store keeps on disk: the SQLite files, or Redis's append-only files.
 fn store_bytes(store: &StoreFixture) -> Vec<u8> {
-    fn collect(dir: &Path, out: &mut Vec<u8>) {
-        for entry in std::fs::read_dir(dir).expect("read store dir").flatten() {
-            let p = entry.path();
-            if p.is_dir() {
-                collect(&p, out);
-            } else if let Ok(bytes) = std::fs::read(&p) {
-                out.extend_from_slice(&bytes);
-                if p.extension().is_some_and(|e| e == "db") {
-                    out.extend(crate::common::records::sqlite_records_plain(&p));
-                }
-            }
-        }
-    }
     let dir = match &store.redis {
         Some(r) => r.dir(),
         None => store.dir.path().to_path_buf(),
     };
-    let mut out = Vec::new();
-    collect(&dir, &mut out);
-    out
+    crate::common::records::files_bytes(&dir)
 }
 
 fn contains(haystack: &[u8], needle: &str) -> bool {

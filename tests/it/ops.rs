@@ -4,7 +4,6 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common::client::{post, send, Reply};
@@ -746,28 +745,13 @@ fn store_bytes(store: &StoreFixture) -> Vec<u8> {
         Some(r) => r.dir(),
         None => store.dir.path().to_path_buf(),
     };
-    let mut out = Vec::new();
-    collect(&dir, &mut out);
+    let out = crate::common::records::files_bytes(&dir);
     assert!(
         !out.is_empty(),
         "the store wrote nothing to {}",
         dir.display()
     );
     out
-}
-
-fn collect(dir: &Path, out: &mut Vec<u8>) {
-    for entry in std::fs::read_dir(dir).expect("read store dir").flatten() {
-        let p = entry.path();
-        if p.is_dir() {
-            collect(&p, out);
-        } else if let Ok(bytes) = std::fs::read(&p) {
-            out.extend_from_slice(&bytes);
-            if p.extension().is_some_and(|e| e == "db") {
-                out.extend(crate::common::records::sqlite_records_plain(&p));
-            }
-        }
-    }
 }
 
 fn contains(haystack: &[u8], needle: &str) -> bool {

@@ -88,3 +88,24 @@ pub fn sqlite_records_plain(path: &std::path::Path) -> Vec<u8> {
         .flat_map(|v| Record::decode(v).expect("a readable record").encode())
         .collect()
 }
+
+/// Every byte under `dir`, as a scan of a store's files for a secret reads them: each file's
+/// bytes, and for a SQLite file its records decoded to plain ([`sqlite_records_plain`]).
+pub fn files_bytes(dir: &std::path::Path) -> Vec<u8> {
+    fn collect(dir: &std::path::Path, out: &mut Vec<u8>) {
+        for entry in std::fs::read_dir(dir).expect("read store dir").flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                collect(&p, out);
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                out.extend_from_slice(&bytes);
+                if p.extension().is_some_and(|e| e == "db") {
+                    out.extend(sqlite_records_plain(&p));
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    collect(dir, &mut out);
+    out
+}
