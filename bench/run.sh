@@ -289,17 +289,16 @@ measure() { # $1 name, $2 "peak" (record $CPU_PROXY's peak RSS) or "-", rest: lo
     local perf_out="" perf_pid="" trace_pid="" thread_pid="" sys='null' ctx='null'
     if [ -n "${BENCH_SYSCALLS:-}" ] && [ -n "$CPU_PROXY" ]; then
       perf_out="$WORK/perf-$rep.csv"
-      perf stat -x, -e raw_syscalls:sys_enter,context-switches -o "$perf_out" \
-        -p "$(echo $CPU_PROXY $(pgrep -P "$CPU_PROXY") | tr ' ' ,)" & perf_pid=$!
-      # BENCH_SYSCALLS=detail BENCH_TRACE_DIR=dir: also each thread's calls by name (`perf trace -s`).
+      # The proxy and its children (nginx's workers), as perf's comma-separated list.
+      local pids; pids=$(echo $CPU_PROXY $(pgrep -P "$CPU_PROXY") | tr ' ' ,)
+      perf stat -x, -e raw_syscalls:sys_enter,context-switches -o "$perf_out" -p "$pids" & perf_pid=$!
+      # BENCH_SYSCALLS=detail BENCH_TRACE_DIR=dir: also each thread's calls by name (`perf trace -s`)
+      # and each thread's CPU time and context switches.
       if [ "${BENCH_SYSCALLS}" = detail ] && [ -n "${BENCH_TRACE_DIR:-}" ]; then
         mkdir -p "$BENCH_TRACE_DIR"
-        perf trace -s -o "$BENCH_TRACE_DIR/$(tr -c 'A-Za-z0-9\n' '_' <<<"$name" | head -c 120)-$rep.txt" \
-          -p "$(echo $CPU_PROXY $(pgrep -P "$CPU_PROXY") | tr ' ' ,)" >/dev/null 2>&1 & trace_pid=$!
-        # And each thread's CPU time and context switches.
-        perf stat --per-thread -e task-clock,context-switches \
-          -o "$BENCH_TRACE_DIR/$(tr -c 'A-Za-z0-9\n' '_' <<<"$name" | head -c 120)-$rep.threads.txt" \
-          -p "$(echo $CPU_PROXY $(pgrep -P "$CPU_PROXY") | tr ' ' ,)" & thread_pid=$!
+        local at; at="$BENCH_TRACE_DIR/$(tr -c 'A-Za-z0-9\n' '_' <<<"$name" | head -c 120)-$rep"
+        perf trace -s -o "$at.txt" -p "$pids" >/dev/null 2>&1 & trace_pid=$!
+        perf stat --per-thread -e task-clock,context-switches -o "$at.threads.txt" -p "$pids" & thread_pid=$!
       fi
       sleep 0.2
     fi
