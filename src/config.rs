@@ -972,6 +972,22 @@ impl Config {
         Ok(config)
     }
 
+    /// What the config allows but an operator should know, one line each, naming the field:
+    /// printed by `check-config` and at start-up.
+    pub fn warnings(&self) -> Vec<String> {
+        self.routes
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.fail_open && r.spend.is_some())
+            .map(|(i, r)| {
+                format!(
+                    "routes[{i}].fail_open (route `{}`): the route caps spend, and a priced or capped operation never fails open: while the store is out of reach it is refused with 503; only what [routes.spend] does not price is forwarded unprotected",
+                    r.name
+                )
+            })
+            .collect()
+    }
+
     pub fn invalid(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
         ConfigError::Invalid {
             file: self.source.clone(),

@@ -193,7 +193,11 @@ fn check_config(path: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(&path)?;
     // Exactly what `serve` builds before it opens the store.
     idemproxy::app::Parts::check(&config)?;
-    for warning in idemproxy::admin::warnings(&config) {
+    for warning in config
+        .warnings()
+        .into_iter()
+        .chain(idemproxy::admin::warnings(&config))
+    {
         eprintln!("{}: warning: {warning}", path.display());
     }
     println!("{}: OK ({} routes)", path.display(), config.routes.len());

@@ -58,6 +58,9 @@ pub async fn listen(path: PathBuf, config: Config) -> Result<Listening, StartErr
         }
         None => None,
     };
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     tracing::info!(local = %proxy, store = %config.store.url, routes = config.routes.len(), "idemproxy started");
     say_where_accounts_come_from(&config);
     let options = ServerOptions {

@@ -136,7 +136,9 @@ pub(super) async fn run(
         Ok(Acquired::Found(found)) => {
             return answer::found(app, route, found, trace).map(Claimed::Answered)
         }
-        Err(e) if op.policy.fail_open && e.is_unreachable() => {
+        // Never a priced operation: without the store its caps, approvals and freezes
+        // cannot be checked, so it gets 503 whatever `fail_open` says.
+        Err(e) if op.policy.fail_open && op.priced.is_none() && e.is_unreachable() => {
             tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
             trace.outcome = Some(RequestOutcome::Unprotected);
             let key = route

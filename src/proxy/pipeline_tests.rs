@@ -213,6 +213,23 @@ mod fail_open {
         assert_eq!(provider.reached(Method::POST), 1);
     }
 
+    /// A priced operation never fails open: its caps, approvals and freezes need the
+    /// store. With `fail_open` on a capped route and the store out of reach, a payment far
+    /// above its cap is a 503 and nothing reaches the provider.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_priced_operation_never_fails_open() {
+        let provider = Provider::new();
+        let store = Faulty::new(memory());
+        store.then(Op::Insert, Fault::Fail);
+        let capped = "fail_open = true\nhonours_key = false\n[routes.spend]\noperations = [\"POST /v1/payments\"]\namount = [\"{body.amount}\"]\ncurrency = \"usd\"\nunit = \"minor\"\ncaps_currency = \"usd\"\nper_request = \"10.00\"\n";
+        let app = app(&route(capped), provider.clone(), store);
+        let key = [("idempotency-key", "k1")];
+        let a = post(&app, "/pay/v1/payments", &key, r#"{"amount":10003599}"#).await;
+        assert_eq!(a.status, 503, "{:?}", a.body);
+        assert!(header(&a, "x-idemproxy-warning").is_none());
+        assert_eq!(provider.reached(Method::POST), 0);
+    }
+
     /// Without `fail_open` the same failure is a 503, and nothing is forwarded.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_store_out_of_reach_forwards_nothing_by_default() {

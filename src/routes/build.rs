@@ -513,6 +513,17 @@ impl<'a> Builder<'a> {
         if answer_timeout.is_zero() {
             return Err(self.invalid("mcp.answer_timeout", "must be longer than 0s".into()));
         }
+        let priced = self.r.spend.as_ref().and_then(|s| s.operations.as_ref());
+        if let Some(tool) = c
+            .read_only
+            .iter()
+            .find(|t| priced.is_some_and(|ops| ops.contains(t)))
+        {
+            return Err(self.invalid(
+                "mcp.read_only",
+                format!("{tool} is listed in read_only and priced by [routes.spend] operations: a priced tool is always claimed and capped; take it out of one of the two"),
+            ));
+        }
         let mut release_errors = std::collections::BTreeMap::new();
         for (tool, t) in &c.tools {
             if t.release_errors.is_empty() {

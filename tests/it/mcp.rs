@@ -849,6 +849,52 @@ async fn trusted_annotations_leave_read_only_tools_unclaimed_and_everything_else
     assert_eq!(server.count("send_email"), 1);
 }
 
+/// A hint may add protection, never remove it: with `trust_annotations`, a tool the route
+/// prices (here a count cap of one per run) but the server annotates `readOnlyHint` is
+/// claimed and capped — a re-run replays, a second call over the cap is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_annotation_never_uncaps_a_priced_tool() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start(&pki, Framing::Json, false).await;
+    let rest = rest_provider(&pki).await;
+    let trusting_and_capped = |cfg: &mut toml::Table| {
+        let routes = cfg.get_mut("routes").and_then(|r| r.as_array_mut());
+        for route in routes
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_table_mut())
+            .filter(|r| r.get("protocol").and_then(|p| p.as_str()) == Some("mcp"))
+        {
+            if let Some(mcp) = route.get_mut("mcp").and_then(|m| m.as_table_mut()) {
+                mcp.insert("trust_annotations".into(), true.into());
+                mcp.insert("read_only".into(), toml::Value::Array(vec![]));
+            }
+            let spend: toml::Table = toml::from_str(
+                "operations = [\"mark_paid\"]\ncaps_currency = \"usd\"\ncount_per_run = 1\n",
+            )
+            .expect("spend table");
+            route.insert("spend".into(), spend.into());
+        }
+    };
+    let w = Worker::start_edited(
+        "mcp.toml",
+        &[("tools-mcp", server.port), ("payments", rest.port())],
+        &pki,
+        None,
+        &trusting_and_capped,
+    );
+    let first = call(&w, "mark_paid", json!({"invoice": "in_1"}), None).await;
+    ok(&first);
+    let rerun = call(&w, "mark_paid", json!({"invoice": "in_1"}), None).await;
+    assert_eq!(ok(&rerun)["replayed"], json!(true), "{rerun}");
+    let over = call(&w, "mark_paid", json!({"invoice": "in_2"}), None).await;
+    assert!(
+        over.get("error").is_some() || over["isError"] == json!(true),
+        "a second call over the count cap: {over}"
+    );
+    assert_eq!(server.count("mark_paid"), 1, "claimed, replayed, capped");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn typescript_client_json_rerun_is_one_effect_and_read_only_tools_run_every_time() {
     rerun_is_one_effect(Sdk::Node, Framing::Json).await;

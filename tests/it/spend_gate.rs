@@ -831,6 +831,111 @@ async fn calendar_day_windows_name_their_zone_or_are_refused() {
     }
 }
 
+/// `fail_open` past the spend gate: with the store out of reach, a route that fails open
+/// forwarded its priced requests unprotected — 100,035.99 USD paid against a 10.00
+/// per-request cap, past the approval threshold, nothing counted. A priced or capped
+/// operation never fails open: 503, nothing forwarded; what the route does not price still
+/// fails open as configured.
+async fn a_capped_operation_never_fails_open(backend: Backend) {
+    let provider = FakeProvider::start().await;
+    let mut store = StoreFixture::new(backend);
+    let routes = pay_route(
+        "pay",
+        &provider,
+        "fail_open = true",
+        "per_request = \"10.00\"\nper_tenant = \"50.00\"\napprove_above = \"5.00\"",
+    );
+    let proxy = start(&store, &routes);
+    let up = post(
+        &proxy,
+        "/pay/v1/payments",
+        Some("up"),
+        "r",
+        &payment(300, ""),
+    )
+    .await;
+    assert_eq!(
+        (up.status, up.replayed()),
+        (200, Some("false")),
+        "{}",
+        up.text()
+    );
+    assert_eq!(provider.effects(), 1);
+
+    let _down = store.make_unreachable();
+    for (key, cents) in [("big", 10_003_599), ("parked", 700), ("small", 100)] {
+        let r = post(
+            &proxy,
+            "/pay/v1/payments",
+            Some(key),
+            "r",
+            &payment(cents, ""),
+        )
+        .await;
+        assert_eq!(
+            (r.status, slug(&r)),
+            (503, "store-unavailable"),
+            "{key} ({cents} cents) with the store down: {}",
+            r.text()
+        );
+        assert!(r.header("x-idemproxy-warning").is_none(), "{}", r.text());
+    }
+    assert_eq!(
+        provider.effects(),
+        1,
+        "no priced request reached the provider while the store was down"
+    );
+    // What the route does not price fails open as it says.
+    let auth = proxy_user("r");
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer sk_gate"),
+        ("proxy-authorization", auth.as_str()),
+        ("idempotency-key", "refund-1"),
+    ];
+    let refund = send(
+        proxy.addr,
+        "POST",
+        "/pay/v1/refunds",
+        &headers,
+        "{}".to_string(),
+    )
+    .await
+    .expect("an answer");
+    assert_eq!(refund.status, 200, "{}", refund.text());
+    assert_eq!(
+        refund.header("x-idemproxy-warning"),
+        Some("unprotected: store unavailable")
+    );
+    assert_eq!(provider.effects(), 2);
+}
+
+/// `check-config` says what `fail_open` means on a capped route, naming the field and file.
+#[test]
+fn check_config_warns_that_a_capped_route_does_not_fail_open() {
+    let store = StoreFixture::new(Backend::Sqlite);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("open.toml");
+    let routes = route(
+        "pay",
+        9,
+        "fail_open = true\n[routes.spend]\noperations = [\"POST /v1/payments\"]\namount = [\"{body.amount}\"]\ncurrency = \"usd\"\nunit = \"minor\"\ncaps_currency = \"usd\"\nper_request = \"10.00\"\n",
+    );
+    std::fs::write(&file, config_on(&store, &routes)).expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .output()
+        .expect("run check-config");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("open.toml: warning: routes[0].fail_open")
+            && said.contains("never fails open"),
+        "{said}"
+    );
+}
+
 /// Runs one async test body on each store with its own spend scripts: SQLite, Redis (plain,
 /// and a Cluster for the scripts' hash tags), PostgreSQL.
 macro_rules! spend_stores {
@@ -860,4 +965,5 @@ spend_stores!(
     identical_keyless_payouts_are_refused_and_merged_charges_say_so,
     new_runs_do_not_escape_the_tenants_approval_threshold,
     a_freeze_stops_a_tenant_a_run_or_a_route_until_lifted,
+    a_capped_operation_never_fails_open,
 );

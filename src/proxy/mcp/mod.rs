@@ -121,12 +121,20 @@ async fn serve(
     };
     let call = identity::identify(rules, account_template, &message, &view)
         .map_err(|e| ProxyError::BadRequest(e.to_string()))?;
-    if let Protection::ReadOnly(why) =
-        probe::protection(app, route, rules, &call, &parts, &uri, tenant).await
-    {
-        tracing::debug!(route = %route.name, tool = %call.tool, why, "read-only tool call passed unclaimed");
-        *outcome = RequestOutcome::Passthrough;
-        return pass(route, &outgoing).await;
+    // The operator's price is decided before any hint: a server's annotation may add
+    // protection, never take a priced tool out from under its caps.
+    let capped = route
+        .spend
+        .as_ref()
+        .filter(|s| s.covers(&http::Method::POST, &format!("/{}", call.tool)));
+    if capped.is_none() {
+        if let Protection::ReadOnly(why) =
+            probe::protection(app, route, rules, &call, &parts, &uri, tenant).await
+        {
+            tracing::debug!(route = %route.name, tool = %call.tool, why, "read-only tool call passed unclaimed");
+            *outcome = RequestOutcome::Passthrough;
+            return pass(route, &outgoing).await;
+        }
     }
     if message.params.get("task").is_some() {
         return Err(ProxyError::BadRequest(format!(
@@ -134,10 +142,6 @@ async fn serve(
             call.tool
         )));
     }
-    let capped = route
-        .spend
-        .as_ref()
-        .filter(|s| s.covers(&http::Method::POST, &format!("/{}", call.tool)));
     let place = route.place(&app.namespace, tenant);
     let arguments = message
         .params

@@ -166,6 +166,48 @@ impl StoreFixture {
         }
     }
 
+    /// Makes the store unreachable for the proxy until the returned guard is dropped: Redis
+    /// and a Cluster killed, PostgreSQL stopped, and SQLite's write lock held by another
+    /// connection (the writer thread blocks, so every claim runs into `op_timeout`).
+    pub fn make_unreachable(&mut self) -> Unreachable {
+        if let Some(r) = self.redis.as_mut() {
+            r.kill();
+            return Unreachable { release: None };
+        }
+        if let Some(c) = self.cluster.as_mut() {
+            for node in c.nodes.iter_mut() {
+                node.kill();
+            }
+            return Unreachable { release: None };
+        }
+        if let Some(p) = self.postgres.as_mut() {
+            p.stop();
+            return Unreachable { release: None };
+        }
+        assert!(
+            self.sentinels.is_none(),
+            "make_unreachable: not written for Sentinel"
+        );
+        let db = self.dir.path().join("claims.db");
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let conn = rusqlite::Connection::open(&db).expect("open the proxy's database");
+            conn.busy_timeout(Duration::from_secs(10))
+                .expect("busy timeout");
+            conn.execute_batch("BEGIN IMMEDIATE")
+                .expect("take the write lock");
+            locked_tx.send(()).expect("signal");
+            // Held until the guard goes, at most a minute.
+            let _ = release_rx.recv_timeout(Duration::from_secs(60));
+            let _ = conn.execute_batch("COMMIT");
+        });
+        locked_rx.recv().expect("the write lock is held");
+        Unreachable {
+            release: Some((release_tx, holder)),
+        }
+    }
+
     pub fn redis(&mut self) -> &mut RedisServer {
         self.redis.as_mut().expect("this fixture runs on Redis")
     }
@@ -174,6 +216,21 @@ impl StoreFixture {
         self.postgres
             .as_mut()
             .expect("this fixture runs on PostgreSQL")
+    }
+}
+
+/// A store made unreachable by `StoreFixture::make_unreachable`; SQLite's lock is let go when
+/// it is dropped (the servers stay down).
+pub struct Unreachable {
+    release: Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
+}
+
+impl Drop for Unreachable {
+    fn drop(&mut self) {
+        if let Some((tx, holder)) = self.release.take() {
+            let _ = tx.send(());
+            let _ = holder.join();
+        }
     }
 }
 
