@@ -333,6 +333,14 @@ pub enum Recorded {
     Unconfirmed,
 }
 
+/// Reads what a call's result makes of its claim, where a way in knows more than the route's
+/// status and body rules (a payment protocol's settlement header). It decides commit,
+/// decline, release or unknown; a quote (a price asked for, nothing executed) is a release:
+/// passed to the client, never kept as a receipt.
+pub trait ReadOutcome<E>: Send + Sync {
+    fn read(&self, result: Result<&Receipt, &E>, policy: &Policy) -> Outcome;
+}
+
 /// A claimed operation, run to its end.
 #[derive(Debug)]
 pub struct Executed<E> {
@@ -942,24 +950,42 @@ impl Claims {
         E: CallFailure + Send + 'static,
     {
         let claims = self.clone();
-        self.spawn_tracked(async move {
-            let result = claims.with_lease_renewal(&claim, &policy, call).await;
-            let outcome = classify(result.as_ref(), &policy);
-            let receipt = result.as_ref().ok().cloned();
-            let scope = claim.scope.clone();
-            let recorded = claims
-                .settle_or_retry(claim, outcome.clone(), receipt, policy)
-                .await;
-            if recorded == Recorded::NotOurs {
-                tracing::warn!(%scope, "the claim was no longer ours at settle time; nothing overwritten");
-            }
-            Executed {
-                result,
-                outcome,
-                recorded,
-            }
-        })
-        .await
+        self.spawn_tracked(async move { claims.run_to_end(claim, policy, call, None).await })
+            .await
+    }
+
+    /// `execute`'s body, for a caller that runs it inside a task of its own (tracked with
+    /// `spawn_tracked`) and has more to do there once the claim is settled. `reader` reads
+    /// the call's outcome; `None` classifies it by the route's `policy`.
+    pub async fn run_to_end<E, F>(
+        self: &Arc<Self>,
+        claim: Claim,
+        policy: Arc<Policy>,
+        call: F,
+        reader: Option<&dyn ReadOutcome<E>>,
+    ) -> Executed<E>
+    where
+        F: Future<Output = Result<Receipt, E>> + Send + 'static,
+        E: CallFailure + Send + 'static,
+    {
+        let result = self.with_lease_renewal(&claim, &policy, call).await;
+        let outcome = match reader {
+            Some(reader) => reader.read(result.as_ref(), &policy),
+            None => classify(result.as_ref(), &policy),
+        };
+        let receipt = result.as_ref().ok().cloned();
+        let scope = claim.scope.clone();
+        let recorded = self
+            .settle_or_retry(claim, outcome.clone(), receipt, policy)
+            .await;
+        if recorded == Recorded::NotOurs {
+            tracing::warn!(%scope, "the claim was no longer ours at settle time; nothing overwritten");
+        }
+        Executed {
+            result,
+            outcome,
+            recorded,
+        }
     }
 
     /// Runs `work` while renewing the claim every third of its lease, so a slow provider does

@@ -1,6 +1,5 @@
 //! The answer stage: what a client gets for a protected request. The provider's first answer
-//! and every replay are built alike (`receipt::respond`); a request that found its operation
-//! claimed is answered from what is there; and the proxy says on a response when it did what
+//! and every replay are built alike (`receipt::respond`); and the proxy says on a response when it did what
 //! the client may not expect (`WARNING`): forwarded without protection, or merged two
 //! identical payments into one.
 
@@ -8,42 +7,16 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Response};
 
-use super::trace::Trace;
 use crate::http::body::Body;
-use crate::idempotency::claims::{Executed, Found};
+use crate::idempotency::claims::Executed;
 use crate::idempotency::outcome::Outcome;
 use crate::identity::Identity;
-use crate::metrics::RequestOutcome;
 use crate::outbound::receipt::{self, REPLAYED};
 use crate::outbound::upstream::UpstreamError;
 use crate::proxy::error::ProxyError;
-use crate::proxy::App;
-use crate::routes::Route;
 
 /// Says on a response that the proxy forwarded it without protection, and why.
 pub const WARNING: http::HeaderName = http::HeaderName::from_static("x-idemproxy-warning");
-
-/// The answer to a request that found the operation claimed already.
-pub fn found(
-    app: &App,
-    route: &Route,
-    found: Found,
-    trace: &mut Trace,
-) -> Result<Response<Body>, ProxyError> {
-    match found {
-        Found::Replay { receipt, differs } => {
-            trace.outcome = Some(RequestOutcome::Replayed);
-            if differs {
-                app.metrics.replay_of_reworded_request(&route.name);
-                tracing::info!(route = %route.name, "replayed a derived operation's receipt to a request whose details differ (a reworded re-run)");
-            }
-            Ok(receipt::respond(&receipt, true))
-        }
-        Found::Mismatch => Err(ProxyError::KeyReused),
-        Found::InFlight { retry_after } => Err(ProxyError::InFlight { retry_after }),
-        Found::Held { retry_after, .. } => Err(ProxyError::OutcomeUnknown { retry_after }),
-    }
-}
 
 /// The provider's real answer to the request that executed, built exactly as a replay would
 /// be; `key` is the key passed down, for a provider's "duplicate" note.

@@ -1,29 +1,16 @@
-//! The claim stage: the operation's scope claimed in the store, or the request answered from
-//! what is there — a duplicate gets its receipt or a refusal, a held operation is asked about
-//! at the provider (`reconcile`), and with `fail_open` a store out of reach forwards it
-//! unprotected.
+//! The claim a REST operation asks for: its scopes (the other derivation's during an
+//! upgrade's window), its policy, and what the claim keeps beside them. The claim itself is
+//! taken by the driver (`operation`).
 
 use std::sync::Arc;
 
 use http::Response;
 
 use super::answer;
-use super::forward;
-use super::outgoing::Outgoing;
-use super::reconcile;
-use super::trace::Trace;
 use crate::http::body::Body;
-use crate::idempotency::claims::{
-    Acquired, Claim, ClaimRequest, Found, OtherDerivation, Reconciled,
-};
+use crate::idempotency::claims::{ClaimRequest, OtherDerivation};
 use crate::idempotency::policy::Policy;
-use crate::idempotency::store::StoreError;
 use crate::identity::scope::Scoped;
-use crate::metrics::RequestOutcome;
-use crate::outbound::receipt;
-use crate::proxy::error::ProxyError;
-use crate::proxy::App;
-use crate::request::Request;
 use crate::routes::Route;
 
 /// What the claim stage claims: the operation with its scopes (`identity::scope::Scoped`),
@@ -88,76 +75,4 @@ impl Claiming {
             continuation: false,
         }
     }
-}
-
-/// Where the claim stage leaves a request.
-pub(super) enum Claimed {
-    /// This request executes the operation: it is forwarded under the claim.
-    Forward(Box<Claim>),
-    /// Its response, without forwarding under a claim: a replay, or forwarded unprotected.
-    Answered(Response<Body>),
-}
-
-/// Claims the scope, or answers the request without a claim.
-pub(super) async fn run(
-    app: &App,
-    route: &Route,
-    req: &Request<'_>,
-    op: &Claiming,
-    outgoing: &Outgoing<'_>,
-    trace: &mut Trace,
-) -> Result<Claimed, ProxyError> {
-    let claim = match acquire(app, route, op).await {
-        Ok(Acquired::Execute(claim)) => claim,
-        Ok(Acquired::Found(Found::Held {
-            reconcilable: Some(held),
-            ..
-        })) => match reconcile::run(
-            app,
-            route,
-            held,
-            req,
-            &op.scoped,
-            &op.request(route),
-            &op.policy,
-        )
-        .await?
-        {
-            Reconciled::Execute(claim) => *claim,
-            Reconciled::Replay(receipt) => {
-                trace.outcome = Some(RequestOutcome::Replayed);
-                return Ok(Claimed::Answered(receipt::respond(&receipt, true)));
-            }
-            Reconciled::Held { retry_after } => {
-                return Err(ProxyError::OutcomeUnknown { retry_after })
-            }
-            Reconciled::Mismatch => return Err(ProxyError::KeyReused),
-        },
-        Ok(Acquired::Found(found)) => {
-            return answer::found(app, route, found, trace).map(Claimed::Answered)
-        }
-        // Never a priced operation: without the store its caps, approvals and freezes
-        // cannot be checked, so it gets 503 whatever `fail_open` says.
-        Err(e) if op.policy.fail_open && op.priced.is_none() && e.is_unreachable() => {
-            tracing::warn!(route = %route.name, error = %e, "store unavailable; forwarding unprotected (fail_open)");
-            trace.outcome = Some(RequestOutcome::Unprotected);
-            let key = route
-                .passing()
-                .for_attempt(req.tenant, &op.scoped, &op.scoped.scope, 0);
-            let resp = forward::unprotected(route, outgoing, key.ours(), "store unavailable");
-            return resp.await.map(Claimed::Answered);
-        }
-        Err(e) => return Err(ProxyError::StoreUnavailable(e)),
-    };
-    if claim.after_hold() {
-        app.metrics.unknown_resolved(&route.name, "expired");
-    }
-    Ok(Claimed::Forward(Box::new(claim)))
-}
-
-/// Takes the claim: a duplicate in flight gets 409, or waits for the first to settle.
-async fn acquire(app: &App, route: &Route, op: &Claiming) -> Result<Acquired, StoreError> {
-    app.claims
-        .acquire_as_policy_says(&op.request(route), &op.policy, route.wait_timeout)
-        .await
 }

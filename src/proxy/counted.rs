@@ -5,6 +5,7 @@
 //! request's answer reaches the client, so an SDK's next call already finds it.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::json_at;
@@ -12,7 +13,7 @@ use super::App;
 use crate::idempotency::claims::Executed;
 use crate::idempotency::outcome::Outcome;
 use crate::idempotency::record::{Record, State};
-use crate::idempotency::store::{Expiry, Store, StoreError};
+use crate::idempotency::store::{Clock, Expiry, Store, StoreError};
 use crate::outbound::upstream::UpstreamError;
 use crate::proxy::error::ProxyError;
 use crate::request::Request;
@@ -43,54 +44,86 @@ pub async fn before(
 }
 
 /// After a counted request that creates an object committed with a 2xx answer: marks the
-/// object counted (before the client hears of it), so its later steps cost nothing more; for
-/// `keep`, as long as the creating operation's receipt. Best effort: an object left unmarked
-/// is only priced as unknown later, never undercounted.
-pub async fn after(
-    app: &App,
-    route: &Route,
-    rules: &RouteSpend,
-    view: &Request<'_>,
-    account: &str,
+/// object counted (in the claim's own task, before the client hears of it), so its later
+/// steps cost nothing more; for as long as the creating operation's receipt. Best effort: an
+/// object left unmarked is only priced as unknown later, never undercounted.
+pub struct Marking {
+    store: Arc<dyn Store>,
+    clock: Clock,
+    route: Arc<Route>,
+    namespace: String,
+    tenant: String,
+    account: String,
+    kind: &'static str,
+    at: &'static str,
     keep: Duration,
-    executed: &Executed<UpstreamError>,
-) {
-    let Some((kind, at)) = rules
-        .operation(view.method, view.path)
-        .and_then(|o| o.records)
-    else {
-        return;
-    };
-    let Ok(receipt) = &executed.result else {
-        return;
-    };
-    if !matches!(executed.outcome, Outcome::Committed) || !(200..300).contains(&receipt.status) {
-        return;
+}
+
+impl Marking {
+    /// `None` unless the operation creates an object the route counts.
+    pub fn new(
+        app: &App,
+        route: &Arc<Route>,
+        rules: &RouteSpend,
+        view: &Request<'_>,
+        account: &str,
+        keep: Duration,
+    ) -> Option<Marking> {
+        let (kind, at) = rules.operation(view.method, view.path)?.records?;
+        Some(Marking {
+            store: app.claims.store().clone(),
+            clock: app.claims.clock(),
+            route: route.clone(),
+            namespace: app.namespace.clone(),
+            tenant: view.tenant.to_string(),
+            account: account.to_string(),
+            kind,
+            at,
+            keep,
+        })
     }
-    let Some(id) = id_in_answer(&receipt.body, at) else {
-        return;
-    };
-    let scope = scope(app, route, view.tenant, account, kind, &id);
-    let now = app.claims.clock().now_ms();
-    if let Err(e) = record(
-        app.claims.store().as_ref(),
-        &scope,
-        &route.name,
-        kind,
-        now,
-        keep,
-    )
-    .await
-    {
-        tracing::warn!(route = %route.name, %kind, error = %e, "could not mark an object counted: its later steps will be priced as unknown");
+
+    /// Marks what the executed request created, if it did.
+    pub async fn settled(self, executed: &Executed<UpstreamError>) {
+        let Ok(receipt) = &executed.result else {
+            return;
+        };
+        if !matches!(executed.outcome, Outcome::Committed) || !(200..300).contains(&receipt.status)
+        {
+            return;
+        }
+        let Some(id) = id_in_answer(&receipt.body, self.at) else {
+            return;
+        };
+        let (route, kind) = (&self.route, self.kind);
+        let scope = route
+            .place(&self.namespace, &self.tenant)
+            .scope(&self.account, &marker_key(kind, &id));
+        let now = self.clock.now_ms();
+        let written = record(
+            self.store.as_ref(),
+            &scope,
+            &route.name,
+            kind,
+            now,
+            self.keep,
+        );
+        if let Err(e) = written.await {
+            tracing::warn!(route = %route.name, %kind, error = %e, "could not mark an object counted: its later steps will be priced as unknown");
+        }
     }
+}
+
+/// The key a marker is kept under: no client key can name it (a NUL byte leads it).
+fn marker_key(kind: &str, id: &str) -> String {
+    format!("\0counted {kind} {id}")
 }
 
 /// The marker's scope: the object, within the route, upstream, tenant and account.
 fn scope(app: &App, route: &Route, tenant: &str, account: &str, kind: &str, id: &str) -> String {
     route
         .place(&app.namespace, tenant)
-        .scope(account, &format!("\0counted {kind} {id}"))
+        .scope(account, &marker_key(kind, id))
 }
 
 /// The id of the object a step names: path segment `at` (from 0).

@@ -1,5 +1,5 @@
-//! The forward stage: a request goes to its provider under its claim, settled by the claim's
-//! own task (`Claims::execute`), or without a claim, marked unprotected. Between the claim and
+//! The forward stage: what goes to a provider under a claim (the call the claim's own task
+//! runs, `operation`), or without a claim, marked unprotected — the one unprotected forward. Between the claim and
 //! the forward the claim is `Unsent`: withdrawn if the request goes away.
 
 use std::sync::Arc;
@@ -9,15 +9,14 @@ use http::{Request, Response};
 
 use super::admission::Admitted;
 use super::answer;
+use super::operation::Call;
 use super::outgoing::Outgoing;
-use super::trace::Trace;
 use crate::http::body::{stream, Body};
 use crate::http::headers::strip_hop_by_hop;
-use crate::idempotency::claims::{Claim, Claims, Executed, Recorded};
-use crate::idempotency::outcome::Outcome;
+use crate::idempotency::claims::{Claim, Claims};
 use crate::idempotency::policy::Policy;
 use crate::metrics::InFlight;
-use crate::outbound::upstream::{self, UpstreamError};
+use crate::outbound::upstream;
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::routes::Route;
@@ -54,43 +53,27 @@ impl Drop for Unsent {
     }
 }
 
-/// Forwards under the claim and settles it (`Claims::execute`); the trace gets how long that
-/// took and how it settled.
-pub(super) async fn under_claim(
+/// The provider call of a request forwarded under its claim, read whole as a receipt within
+/// the route's deadline; the forward slot is held until it ends, also when the client went
+/// away before it. Boxed once here: the call would otherwise be part of the pipeline's future
+/// and be copied with every move on its way into the claim's task.
+pub(super) fn provider_call(
     app: &App,
     route: &Arc<Route>,
-    claim: Claim,
-    policy: Arc<Policy>,
     request: Request<Body>,
-    admitted: Admitted,
-    trace: &mut Trace,
-) -> Result<Executed<UpstreamError>, ProxyError> {
-    let forward_started = Instant::now();
+    admitted: Option<Admitted>,
+) -> Call {
     let (route_name, metrics) = (route.name.clone(), app.metrics.clone());
     let (client, deadline, max_receipt) =
         (route.client.clone(), route.timeout, app.max_receipt_bytes);
-    // Boxed once here: the call (a provider request's whole future) would otherwise be part of
-    // the pipeline's future and be copied again with every move on its way into its task.
-    let call = Box::pin(async move {
-        // Held until the call ends, also when the client went away before it.
+    Box::pin(async move {
         let _admitted = admitted;
         let _in_flight = InFlight::start(&metrics);
         let started = Instant::now();
         let result = upstream::call(&*client, request, deadline, max_receipt).await;
         metrics.upstream(&route_name, started.elapsed().as_secs_f64());
         result
-    });
-    let executed =
-        app.claims
-            .execute(claim, policy, call)
-            .await
-            .map_err(|e| ProxyError::Upstream {
-                error: UpstreamError::Failed(format!("the forwarding task stopped: {e}")),
-                claim: Some((Outcome::Released, Recorded::Unconfirmed)),
-            })?;
-    trace.forward = Some(forward_started.elapsed());
-    trace.settled(&executed);
-    Ok(executed)
+    })
 }
 
 /// A protected request forwarded without protection (`why`), under `key` if any: its body

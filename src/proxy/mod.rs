@@ -4,6 +4,7 @@
 pub mod admission;
 mod answer;
 mod claim;
+mod operation;
 pub mod state;
 
 pub mod connect;

@@ -28,24 +28,30 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{Request, Response};
 
+use futures_util::future::BoxFuture;
+
+use super::admission::Admitted;
 use super::answer;
-use super::claim::{self, Claimed, Claiming};
+use super::claim::Claiming;
 use super::counted;
 use super::forward;
+use super::operation::{self, AfterSettle, Call, Done, Front, Operation, Priced};
 use super::outgoing::Outgoing;
 use super::read::{self, ReadRequest};
 use super::reconcile;
 use super::spending;
 use super::trace::{outcome_of, Trace};
 use crate::http::body::{Body, BoxError};
-use crate::idempotency::claims::Claim;
+use crate::idempotency::claims::{Claim, ClaimRequest, Executed, HeldClaim, Reconciled};
+use crate::identity::passed_down::PassedDown;
 use crate::identity::{Identification, Identified};
 use crate::metrics::RequestOutcome;
+use crate::outbound::receipt;
+use crate::outbound::upstream::UpstreamError;
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::request::Request as Read;
 use crate::routes::{Route, RouteSpend};
-use crate::spend::gate::Ticket;
 
 pub use super::read::Target;
 
@@ -114,8 +120,8 @@ where
         // capped replay's CPU. Answered from the cache itself, so no claim can follow
         // unpriced.
         if let Some(cached) = app.claims.cached_answer(&op.request(route)) {
-            let resp = answer::found(app, route, cached, trace)?;
-            return Ok(op.said_if_merged(resp, true));
+            let receipt = operation::found(app, route, cached, trace)?;
+            return Ok(op.said_if_merged(receipt::respond(&receipt, true), true));
         }
     }
     let plan = match capped {
@@ -143,34 +149,112 @@ where
         tenant,
         op.scoped.identified.provider_set.as_deref(),
     )?;
-    let (mut claim, mut ticket) =
-        match gated(app, route, &view, &op, &outgoing, plan, trace).await? {
-            Gated::Forward(claim, ticket) => (*claim, ticket),
-            Gated::Answered(resp) => return Ok(op.said_if_merged(resp, capped.is_some())),
-        };
-    // Only a request about to execute can be a re-run under a new key: a replay or a
-    // conflict came under a key already seen.
-    let identified = &op.scoped.identified;
-    app.minted_keys
-        .notice(&app.metrics, &route.name, tenant, identified);
-    let key = route
-        .passing()
-        .for_attempt(tenant, &op.scoped, &claim.scope, claim.attempt());
-    claim.note_passed_down(key.as_str());
-    // Going out: from here on the reservation stays unless the outcome says nothing happened.
-    if let Some(t) = ticket.as_mut() {
-        t.keep();
+    let priced = plan.as_ref().map(|(rules, plan)| Priced {
+        rules,
+        plan,
+        tool: None,
+    });
+    let marking = capped.and_then(|rules| {
+        let account = &op.scoped.identified.derived.account;
+        counted::Marking::new(app, route, rules, &view, account, op.policy.retention)
+    });
+    let operation = Operation {
+        ask: op.request(route),
+        policy: &op.policy,
+        priced,
+        view: &view,
+        outgoing: &outgoing,
+    };
+    let mut front = Rest {
+        app,
+        route,
+        op: &op,
+        view: &view,
+        outgoing: &outgoing,
+        admitted: Some(admitted),
+        marking,
+        key: None,
+    };
+    let done = operation::run(app, route, &operation, &mut front, trace).await?;
+    let resp = match done {
+        Done::Replayed(receipt) => receipt::respond(&receipt, true),
+        Done::Unprotected(resp) => resp,
+        Done::Executing(settling) => {
+            let forward_started = Instant::now();
+            let executed = settling.settled().await?;
+            trace.forward = Some(forward_started.elapsed());
+            trace.settled(&executed);
+            let key = front.key.as_ref().map_or("", PassedDown::as_str);
+            return answer::executed(executed, key);
+        }
+    };
+    Ok(op.said_if_merged(resp, capped.is_some()))
+}
+
+/// The REST front: what the driver asks of a request read whole and identified.
+struct Rest<'a> {
+    app: &'a App,
+    route: &'a Arc<Route>,
+    op: &'a Claiming,
+    view: &'a Read<'a>,
+    outgoing: &'a Outgoing<'a>,
+    /// The forward slot, held by the provider call until it ends.
+    admitted: Option<Admitted>,
+    /// On a capped request that creates an object: marking it counted once settled.
+    marking: Option<counted::Marking>,
+    /// The key the executing attempt passed down (for a provider's "duplicate" note).
+    key: Option<PassedDown>,
+}
+
+impl Front for Rest<'_> {
+    fn call(&mut self, claim: &mut Claim) -> Call {
+        let (app, route, tenant) = (self.app, self.route, self.view.tenant);
+        // Only a request about to execute can be a re-run under a new key: a replay or a
+        // conflict came under a key already seen.
+        let identified = &self.op.scoped.identified;
+        app.minted_keys
+            .notice(&app.metrics, &route.name, tenant, identified);
+        let key =
+            route
+                .passing()
+                .for_attempt(tenant, &self.op.scoped, &claim.scope, claim.attempt());
+        claim.note_passed_down(key.as_str());
+        let request = self.outgoing.request(key.ours());
+        self.key = Some(key);
+        forward::provider_call(app, route, request, self.admitted.take())
     }
-    let request = outgoing.request(key.ours());
-    let policy = op.policy.clone();
-    let executed =
-        forward::under_claim(app, route, claim, policy, request, admitted, trace).await?;
-    spending::settle(&app.metrics, &route.name, tenant, ticket, &executed.outcome).await;
-    if let Some(rules) = capped {
-        let (account, keep) = (&op.scoped.identified.derived.account, op.policy.retention);
-        counted::after(app, route, rules, &view, account, keep, &executed).await;
+
+    fn after_settle(&mut self) -> Option<Box<dyn AfterSettle>> {
+        self.marking
+            .take()
+            .map(|m| Box::new(m) as Box<dyn AfterSettle>)
     }
-    answer::executed(executed, key.as_str())
+
+    fn reconcile<'s>(
+        &'s self,
+        held: HeldClaim,
+        ask: &'s ClaimRequest<'s>,
+    ) -> BoxFuture<'s, Result<Reconciled, ProxyError>> {
+        let (app, route, op) = (self.app, self.route, self.op);
+        Box::pin(reconcile::run(
+            app, route, held, self.view, &op.scoped, ask, &op.policy,
+        ))
+    }
+
+    fn unprotected_key(&self) -> Option<String> {
+        let scoped = &self.op.scoped;
+        let key = self
+            .route
+            .passing()
+            .for_attempt(self.view.tenant, scoped, &scoped.scope, 0);
+        key.ours().map(str::to_string)
+    }
+}
+
+impl AfterSettle for counted::Marking {
+    fn settled<'a>(self: Box<Self>, executed: &'a Executed<UpstreamError>) -> BoxFuture<'a, ()> {
+        Box::pin((*self).settled(executed))
+    }
 }
 
 /// A protected method that identify could not protect (`why`): forwarded as it came, with
@@ -212,62 +296,4 @@ fn keyless(
 fn spend_refused(trace: &mut Trace, error: spending::SpendError) -> ProxyError {
     trace.spend = Some(error.slug().to_string());
     ProxyError::Spend(error)
-}
-
-/// Where the claim and the gate leave a request.
-enum Gated {
-    /// It executes, under this claim, with this reservation (on a capped operation).
-    Forward(Box<Claim>, Option<Ticket>),
-    /// Answered without executing: a replay, a refusal from the claim, a fail-open forward.
-    Answered(Response<Body>),
-}
-
-/// Claims the operation, then — on a capped operation, for every way it executes (a new
-/// claim, a takeover, a lookup's "not found") — passes the spend gate with the claim's token:
-/// a replay, a 409 or a 422 never reaches the gate. A refusal withdraws the claim; a payment
-/// parked for a person lets its claim go while it waits, and claims again once approved.
-async fn gated(
-    app: &App,
-    route: &Route,
-    req: &Read<'_>,
-    op: &Claiming,
-    outgoing: &Outgoing<'_>,
-    plan: Option<(&RouteSpend, spending::Plan)>,
-    trace: &mut Trace,
-) -> Result<Gated, ProxyError> {
-    let mut approved = false;
-    loop {
-        let claim = match claim::run(app, route, req, op, outgoing, trace).await? {
-            Claimed::Forward(claim) => *claim,
-            Claimed::Answered(resp) => return Ok(Gated::Answered(resp)),
-        };
-        let Some((rules, plan)) = &plan else {
-            return Ok(Gated::Forward(Box::new(claim), None));
-        };
-        let reserved = spending::reserve(
-            app,
-            &op.policy,
-            route,
-            rules,
-            plan,
-            req,
-            &op.scoped.scope,
-            claim,
-            approved,
-            None,
-        )
-        .await?;
-        let refused = match reserved {
-            spending::Reserved::Forward(claim, ticket) => {
-                trace.spend = Some(ticket.describe());
-                return Ok(Gated::Forward(claim, Some(ticket)));
-            }
-            spending::Reserved::Approved => {
-                approved = true;
-                continue;
-            }
-            spending::Reserved::Refused(refused) => refused,
-        };
-        return Err(spend_refused(trace, refused));
-    }
 }

@@ -1,6 +1,7 @@
-//! One protected tool call's exchange with the server, under its claim: the server's answer
-//! passed to the client (an event stream as it comes, a JSON body once settled) while the
-//! same bytes are read for the call's final response, which is what the claim keeps.
+//! One protected tool call's exchange with the server, under its claim: the call the claim's
+//! task runs (`prepare`), and the server's answer passed to the client (`answer`: an event
+//! stream as it comes, a JSON body once settled) while the same bytes are read for the call's
+//! final response, which is what the claim keeps.
 
 use std::sync::Arc;
 
@@ -16,8 +17,7 @@ use super::content_type;
 use super::deadline::Deadline;
 use crate::http::body::{full, read_limited, Body, BoxError};
 use crate::http::headers::strip_hop_by_hop;
-use crate::idempotency::claims::{Claim, Executed};
-use crate::idempotency::policy::Policy;
+use crate::idempotency::claims::Executed;
 use crate::idempotency::record::Receipt;
 use crate::mcp::{replay, sse};
 use crate::metrics::RequestOutcome;
@@ -25,10 +25,9 @@ use crate::outbound::receipt::REPLAYED;
 use crate::outbound::upstream::{Upstream, UpstreamBody, UpstreamError};
 use crate::proxy::admission::Admitted;
 use crate::proxy::error::ProxyError;
+use crate::proxy::operation::{Call, Settling};
 use crate::proxy::App;
-use crate::proxy::{recorded, spending};
 use crate::routes::Route;
-use crate::spend::gate::Ticket;
 
 /// Live events buffered toward a slow client before the upstream read waits for it.
 const LIVE_EVENTS: usize = 64;
@@ -48,18 +47,6 @@ pub(super) struct Answering {
     pub resume: Option<String>,
 }
 
-/// What the call executes under: its claim and policy, and on a capped tool its reservation,
-/// settled from the claim's outcome in the claim's own task (a client that hangs up does not
-/// leave it unreleased or uncounted).
-pub(super) struct Under {
-    pub claim: Claim,
-    pub policy: Arc<Policy>,
-    pub ticket: Option<Ticket>,
-    pub tenant: String,
-    /// Where a tool with `records` keeps what its result made, once settled.
-    pub keeping: Option<recorded::Keeping>,
-}
-
 /// How the server's answer reaches the client, once its head is in.
 enum Head {
     /// A JSON body (or an HTTP error), read whole: answered once the claim is settled.
@@ -68,23 +55,22 @@ enum Head {
     Streaming(http::response::Parts),
 }
 
-/// Forwards the call under its claim and answers: the server's own answer, with the claim
-/// settled from its final response. Returns the answer and what became of the claim.
-pub(super) async fn forward(
+/// The client's side of an exchange: where the call hands over the server's answer.
+pub(super) struct Waiting {
+    head: oneshot::Receiver<Head>,
+    live: mpsc::Receiver<Bytes>,
+    whole: oneshot::Receiver<(http::response::Parts, Bytes)>,
+}
+
+/// The call a protected tool call makes under its claim (run in the claim's own task by the
+/// driver), and where its answer will reach the client.
+pub(super) fn prepare(
     app: &App,
     route: &Arc<Route>,
-    under: Under,
     request: Request<Body>,
-    admitted: Admitted,
+    admitted: Option<Admitted>,
     answering: Answering,
-) -> (Result<Response<Body>, ProxyError>, RequestOutcome) {
-    let Under {
-        claim,
-        policy,
-        ticket,
-        tenant,
-        keeping,
-    } = under;
+) -> (Call, Waiting) {
     let Answering { id, resume } = answering;
     let (head, head_rx) = oneshot::channel();
     let (live, live_rx) = mpsc::channel::<Bytes>(LIVE_EVENTS);
@@ -97,117 +83,97 @@ pub(super) async fn forward(
         .as_ref()
         .map_or(crate::mcp::DEFAULT_ANSWER_TIMEOUT, |r| r.answer_timeout);
     let route_held = route.clone();
-    let call = {
-        let id = id.clone();
-        async move {
-            let _admitted = admitted;
-            let list_changed = || {
-                if let Some(rules) = &route_held.mcp {
-                    rules
-                        .annotations
-                        .forget(&format!("{}|", route_held.upstream.authority));
-                }
-            };
-            let resume = route_held
-                .mcp
-                .as_ref()
-                .zip(resume.as_deref())
-                .and_then(|(rules, key)| rules.resumptions.wait(key));
-            let deadline = Deadline::new(timeout, answer_timeout);
-            let exchange = call(
-                client.as_ref(),
-                request,
-                &id,
-                max,
-                toward,
-                Watching {
-                    list_changed: &list_changed,
-                    deadline: &deadline,
-                },
-                resume,
-            );
-            deadline
-                .run(exchange)
-                .await
-                .unwrap_or(Err(UpstreamError::Timeout(timeout)))
-        }
-    };
-    let claims = app.claims.clone();
-    let (metrics, route_name) = (app.metrics.clone(), route.name.clone());
-    let settled = tokio::spawn(async move {
-        let executed = claims.execute(claim, policy, call).await;
-        if let Ok(done) = &executed {
-            spending::settle(&metrics, &route_name, &tenant, ticket, &done.outcome).await;
-            if let Some(keeping) = keeping {
-                keeping.settled(done).await;
+    let call = Box::pin(async move {
+        let _admitted = admitted;
+        let list_changed = || {
+            if let Some(rules) = &route_held.mcp {
+                rules
+                    .annotations
+                    .forget(&format!("{}|", route_held.upstream.authority));
             }
-        }
-        executed
+        };
+        let resume = route_held
+            .mcp
+            .as_ref()
+            .zip(resume.as_deref())
+            .and_then(|(rules, key)| rules.resumptions.wait(key));
+        let deadline = Deadline::new(timeout, answer_timeout);
+        let exchange = call(
+            client.as_ref(),
+            request,
+            &id,
+            max,
+            toward,
+            Watching {
+                list_changed: &list_changed,
+                deadline: &deadline,
+            },
+            resume,
+        );
+        deadline
+            .run(exchange)
+            .await
+            .unwrap_or(Err(UpstreamError::Timeout(timeout)))
     });
-    match head_rx.await {
-        Ok(Head::Streaming(mut parts)) => {
-            strip_hop_by_hop(&mut parts.headers);
-            parts.headers.remove(header::CONTENT_LENGTH);
-            parts
-                .headers
+    let waiting = Waiting {
+        head: head_rx,
+        live: live_rx,
+        whole: whole_rx,
+    };
+    (call, waiting)
+}
+
+/// The answer to an executing call: an event stream at once (settled in the background), or
+/// the JSON body once the claim is settled. Returns it and what became of the claim.
+pub(super) async fn answer(
+    waiting: Waiting,
+    settling: Settling,
+) -> (Result<Response<Body>, ProxyError>, RequestOutcome) {
+    let Waiting { head, live, whole } = waiting;
+    if let Ok(Head::Streaming(mut parts)) = head.await {
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts
+            .headers
+            .insert(REPLAYED, HeaderValue::from_static("false"));
+        let events = tokio_stream_of(live);
+        let body: Body = http_body_util::BodyExt::boxed(StreamBody::new(events));
+        // Settled in the background: the stream's last event arrives before the settle.
+        return (
+            Ok(Response::from_parts(parts, body)),
+            RequestOutcome::Forwarded,
+        );
+    }
+    let executed = match settling.settled().await {
+        Ok(executed) => executed,
+        Err(e) => return (Err(e), RequestOutcome::Unknown),
+    };
+    let outcome = outcome_of(&executed);
+    let whole = whole.await.ok();
+    let Executed {
+        result,
+        outcome: o,
+        recorded,
+    } = executed;
+    match (result, whole) {
+        (Ok(_), Some((parts, body))) => {
+            let mut resp = Response::from_parts(parts, full(body));
+            strip_hop_by_hop(resp.headers_mut());
+            resp.headers_mut()
                 .insert(REPLAYED, HeaderValue::from_static("false"));
-            let events = tokio_stream_of(live_rx);
-            let body: Body = http_body_util::BodyExt::boxed(StreamBody::new(events));
-            // Settled in the background: the stream's last event arrives before the settle.
-            let resp = Response::from_parts(parts, body);
-            (Ok(resp), RequestOutcome::Forwarded)
+            (Ok(resp), outcome)
         }
-        Ok(Head::Whole) | Err(_) => {
-            let executed = match settled.await {
-                Ok(done) => done,
-                Err(e) => {
-                    return (
-                        Err(ProxyError::BadRequest(format!(
-                            "internal: the call's task stopped: {e}"
-                        ))),
-                        RequestOutcome::Unknown,
-                    )
-                }
-            };
-            let executed = match executed {
-                Ok(e) => e,
-                Err(e) => {
-                    return (
-                        Err(ProxyError::BadRequest(format!(
-                            "internal: the call's task stopped: {e}"
-                        ))),
-                        RequestOutcome::Unknown,
-                    )
-                }
-            };
-            let outcome = outcome_of(&executed);
-            let whole = whole_rx.await.ok();
-            let Executed {
-                result,
-                outcome: o,
-                recorded,
-            } = executed;
-            match (result, whole) {
-                (Ok(_), Some((parts, body))) => {
-                    let mut resp = Response::from_parts(parts, full(body));
-                    strip_hop_by_hop(resp.headers_mut());
-                    resp.headers_mut()
-                        .insert(REPLAYED, HeaderValue::from_static("false"));
-                    (Ok(resp), outcome)
-                }
-                (Ok(receipt), None) => (
-                    Ok(crate::outbound::receipt::respond(&receipt, false)),
-                    outcome,
-                ),
-                (Err(error), _) => (
-                    Err(ProxyError::Upstream {
-                        error,
-                        claim: Some((o, recorded)),
-                    }),
-                    outcome,
-                ),
-            }
-        }
+        (Ok(receipt), None) => (
+            Ok(crate::outbound::receipt::respond(&receipt, false)),
+            outcome,
+        ),
+        (Err(error), _) => (
+            Err(ProxyError::Upstream {
+                error,
+                claim: Some((o, recorded)),
+            }),
+            outcome,
+        ),
     }
 }
 

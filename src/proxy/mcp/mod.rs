@@ -20,11 +20,13 @@ use http::{header, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use super::forward;
+use super::admission::Admitted;
+use super::operation::{self, AfterSettle, Call, Done, Front, Operation, Priced};
 use super::outgoing::Outgoing;
+use super::trace::{outcome_of, Trace};
 use crate::http::body::{full, read_limited, stream, Body};
 use crate::http::headers::strip_hop_by_hop;
-use crate::idempotency::claims::{Acquired, Claim, ClaimRequest, Found};
+use crate::idempotency::claims::{Claim, ClaimRequest, Executed};
 use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, Test};
 use crate::idempotency::record::Receipt;
 use crate::identity::account::AccountSpec;
@@ -35,12 +37,12 @@ use crate::mcp::protect::Protection;
 use crate::mcp::{replay, resume, sse, McpRules};
 use crate::metrics::RequestOutcome;
 use crate::outbound::receipt::REPLAYED;
+use crate::outbound::upstream::UpstreamError;
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
 use crate::proxy::{recorded, spending};
 use crate::request::Request as Read;
 use crate::routes::{Route, RouteSpend};
-use crate::spend::gate::Ticket;
 
 mod deadline;
 mod exchange;
@@ -169,7 +171,6 @@ async fn serve(
     };
     let scope = place.scope(&call.account, &call.key);
     let policy = call_policy(route, rules, &call);
-    let continuation = continues(&message);
     let ask = ClaimRequest {
         scope: &scope,
         fingerprint: &call.fingerprint,
@@ -181,43 +182,24 @@ async fn serve(
         // MCP routes have no lookup.
         lookup_target: None,
         lookup_credentials: None,
-        continuation,
+        continuation: continues(&message),
     };
-    let calling = Calling {
-        ask: &ask,
+    let operation = Operation {
+        ask,
         policy: &policy,
-        tool: &call.tool,
+        priced: plan.as_ref().map(|c| Priced {
+            rules: c.spend,
+            plan: &c.plan,
+            tool: Some(&c.asked),
+        }),
         view: &view,
-        continuation,
-        capped: plan.is_some(),
+        outgoing: &outgoing,
     };
-    let (claim, mut ticket) = match gated(app, route, &calling, plan.as_ref(), outcome).await? {
-        Gated::Execute(claim, ticket) => (*claim, ticket),
-        Gated::Unprotected => {
-            tracing::warn!(route = %route.name, %tenant, tool = %call.tool, "store unavailable; forwarding a tool call unprotected (fail_open)");
-            // Never a capped tool's call: the spend gate cannot count it without the store.
-            return forward::unprotected(route, &outgoing, None, "store unavailable").await;
-        }
-        Gated::Replay(receipt) => {
-            tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), "replayed a tool call's kept result");
-            return Ok(replayed(&receipt, &message.id, &parts.headers));
-        }
-    };
-    // Going out: from here on the reservation stays unless the outcome says nothing happened
-    // (a ticket dropped unkept gives its reservation back: every call would count nothing).
-    if let Some(t) = ticket.as_mut() {
-        t.keep();
-    }
-    let request = outgoing.request(None);
     let resume = parts
         .headers
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
         .map(|session| resume::key(&call.account, session, &message.id));
-    let answering = exchange::Answering {
-        id: message.id.clone(),
-        resume,
-    };
     let keeping = recorded::Keeping::new(
         app.claims.store(),
         app.claims.clock(),
@@ -227,17 +209,101 @@ async fn serve(
         &arguments,
         policy.retention,
     );
-    let under = exchange::Under {
-        claim,
-        policy,
-        ticket,
-        tenant: tenant.to_string(),
+    let mut front = ToolCall {
+        app,
+        route,
+        tool: &call.tool,
+        outgoing: &outgoing,
+        admitted: Some(admitted),
+        answering: Some(exchange::Answering {
+            id: message.id.clone(),
+            resume,
+        }),
         keeping,
+        waiting: None,
     };
-    let forwarded = exchange::forward(app, route, under, request, admitted, answering).await;
-    *outcome = forwarded.1;
-    tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "executed a tool call");
-    forwarded.0
+    let mut trace = Trace::default();
+    let done = operation::run(app, route, &operation, &mut front, &mut trace).await;
+    let done = done.inspect_err(|e| *outcome = outcome_of(e))?;
+    let said = |outcome: RequestOutcome| {
+        tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "a tool call");
+    };
+    match done {
+        Done::Replayed(receipt) => {
+            *outcome = RequestOutcome::Replayed;
+            said(*outcome);
+            Ok(replayed(&receipt, &message.id, &parts.headers))
+        }
+        Done::Unprotected(resp) => {
+            *outcome = RequestOutcome::Unprotected;
+            app.metrics.unprotected(&route.name, "store_unavailable");
+            Ok(resp)
+        }
+        Done::Executing(settling) => {
+            let Some(waiting) = front.waiting.take() else {
+                return Err(ProxyError::BadRequest(
+                    "internal: an executing call without its answer".into(),
+                ));
+            };
+            let (resp, executed) = exchange::answer(waiting, settling).await;
+            *outcome = executed;
+            said(executed);
+            resp
+        }
+    }
+}
+
+/// The MCP front: what the driver asks of a protected tool call.
+struct ToolCall<'a> {
+    app: &'a App,
+    route: &'a Arc<Route>,
+    tool: &'a str,
+    outgoing: &'a Outgoing<'a>,
+    admitted: Option<Admitted>,
+    answering: Option<exchange::Answering>,
+    /// Where a tool with `records` keeps what its result made, once settled.
+    keeping: Option<recorded::Keeping>,
+    /// Where the executing call's answer reaches the client.
+    waiting: Option<exchange::Waiting>,
+}
+
+impl Front for ToolCall<'_> {
+    fn call(&mut self, _claim: &mut Claim) -> Call {
+        // MCP servers take no key: every attempt sends the call as it came.
+        let request = self.outgoing.request(None);
+        let answering = self.answering.take().unwrap_or(exchange::Answering {
+            id: Value::Null,
+            resume: None,
+        });
+        let (call, waiting) = exchange::prepare(
+            self.app,
+            self.route,
+            request,
+            self.admitted.take(),
+            answering,
+        );
+        self.waiting = Some(waiting);
+        call
+    }
+
+    fn after_settle(&mut self) -> Option<Box<dyn AfterSettle>> {
+        self.keeping
+            .take()
+            .map(|k| Box::new(k) as Box<dyn AfterSettle>)
+    }
+
+    fn spend_refusal(&self, error: spending::SpendError) -> ProxyError {
+        tool_refusal(self.tool, error)
+    }
+}
+
+impl AfterSettle for recorded::Keeping {
+    fn settled<'a>(
+        self: Box<Self>,
+        executed: &'a Executed<UpstreamError>,
+    ) -> futures_util::future::BoxFuture<'a, ()> {
+        Box::pin((*self).settled(executed))
+    }
 }
 
 /// The policy a call is claimed under: the route's, with a call identified by its arguments
@@ -311,131 +377,6 @@ struct Capped<'a> {
     spend: &'a RouteSpend,
     plan: spending::Plan,
     asked: spending::ToolAsked,
-}
-
-/// What claiming a protected tool call needs.
-struct Calling<'a> {
-    ask: &'a ClaimRequest<'a>,
-    policy: &'a Arc<Policy>,
-    tool: &'a str,
-    view: &'a Read<'a>,
-    /// It carries a person's answers to the call's last round (`input_required`).
-    continuation: bool,
-    /// The tool is capped: never forwarded unprotected.
-    capped: bool,
-}
-
-/// Where the claim and the spend gate leave a tool call.
-enum Gated {
-    /// It executes under this claim, with this reservation (on a capped tool).
-    Execute(Box<Claim>, Option<Ticket>),
-    /// An earlier call's kept result answers it.
-    Replay(Receipt),
-    /// The store is out of reach and the route fails open: forwarded without a claim.
-    Unprotected,
-}
-
-/// Claims the call, then — on a capped tool — passes the spend gate with the claim's token, as
-/// a REST payment does (`pipeline::gated`): a replay, a call in flight or held never reaches
-/// the gate; a refusal withdraws the claim. A call parked for a person lets its claim go while
-/// it waits up to the budget's `approval_wait`, and once approved claims again (a re-run may
-/// have executed it meanwhile: then it is a replay) and executes; a denial or no decision in
-/// time is a refusal in the call's words.
-async fn gated(
-    app: &App,
-    route: &Route,
-    calling: &Calling<'_>,
-    capped: Option<&Capped<'_>>,
-    outcome: &mut RequestOutcome,
-) -> Result<Gated, ProxyError> {
-    let mut approved = false;
-    loop {
-        let claim = claim(app, route, calling, outcome).await?;
-        let claim = match claim {
-            Gated::Execute(claim, _) => *claim,
-            replay => return Ok(replay),
-        };
-        let Some(capped) = capped else {
-            return Ok(Gated::Execute(Box::new(claim), None));
-        };
-        let reserved = spending::reserve(
-            app,
-            calling.policy,
-            route,
-            capped.spend,
-            &capped.plan,
-            calling.view,
-            calling.ask.scope,
-            claim,
-            approved,
-            Some(&capped.asked),
-        )
-        .await?;
-        let refused = match reserved {
-            spending::Reserved::Forward(claim, ticket) => {
-                return Ok(Gated::Execute(claim, Some(ticket)))
-            }
-            spending::Reserved::Approved => {
-                approved = true;
-                continue;
-            }
-            spending::Reserved::Refused(refused) => refused,
-        };
-        *outcome = RequestOutcome::Rejected;
-        return Err(tool_refusal(calling.tool, refused));
-    }
-}
-
-/// Takes the call's claim (`Gated::Execute` without a reservation yet), or answers it: the
-/// kept result, or a refusal (in flight, held, a key reused with other arguments).
-async fn claim(
-    app: &App,
-    route: &Route,
-    calling: &Calling<'_>,
-    outcome: &mut RequestOutcome,
-) -> Result<Gated, ProxyError> {
-    let policy = calling.policy;
-    // A continuation may arrive before its first round's claim is parked for it (a stream's
-    // last event reaches the client before the claim settles): it waits for that settle.
-    let acquired = if calling.continuation {
-        app.claims
-            .acquire_waiting(calling.ask, policy, route.wait_timeout)
-            .await
-    } else {
-        app.claims
-            .acquire_as_policy_says(calling.ask, policy, route.wait_timeout)
-            .await
-    };
-    let acquired = match acquired {
-        Ok(acquired) => acquired,
-        // Never a capped tool's call: the spend gate cannot count it without the store.
-        Err(e) if policy.fail_open && !calling.capped && e.is_unreachable() => {
-            *outcome = RequestOutcome::Unprotected;
-            app.metrics.unprotected(&route.name, "store_unavailable");
-            tracing::debug!(route = %route.name, error = %e, "claim store out of reach");
-            return Ok(Gated::Unprotected);
-        }
-        Err(e) => return Err(ProxyError::StoreUnavailable(e)),
-    };
-    match acquired {
-        Acquired::Execute(claim) => Ok(Gated::Execute(Box::new(claim), None)),
-        Acquired::Found(Found::Replay { receipt, .. }) => {
-            *outcome = RequestOutcome::Replayed;
-            Ok(Gated::Replay(receipt))
-        }
-        Acquired::Found(Found::Mismatch) => {
-            *outcome = RequestOutcome::Mismatch;
-            Err(ProxyError::KeyReused)
-        }
-        Acquired::Found(Found::InFlight { retry_after }) => {
-            *outcome = RequestOutcome::Conflict;
-            Err(ProxyError::InFlight { retry_after })
-        }
-        Acquired::Found(Found::Held { retry_after, .. }) => {
-            *outcome = RequestOutcome::Unknown;
-            Err(ProxyError::OutcomeUnknown { retry_after })
-        }
-    }
 }
 
 /// A spend refusal, said of the call to `tool`.
