@@ -34,6 +34,9 @@ enum Reply {
     LostAfterEffect,
     /// Never reached: the connection is refused.
     Unreachable,
+    /// Reached, then after the delay fails as if the connection was refused before the
+    /// request was sent (nothing happened at the provider).
+    SlowThenRefused(std::time::Duration),
 }
 
 /// A provider that answers as scripted (`200 {"id":"ch_1"}` once the script runs out) and
@@ -82,6 +85,12 @@ impl Upstream for Provider {
             }
             let target = req.uri().path_and_query().map(|p| p.to_string());
             lock(&self.reached).push((req.method().clone(), target.unwrap_or_default()));
+            if let Reply::SlowThenRefused(delay) = reply {
+                tokio::time::sleep(delay).await;
+                return Err(UpstreamError::Connect(
+                    "scripted: refused after a while".into(),
+                ));
+            }
             match reply {
                 Reply::Answer(status, body) => Ok(Response::builder()
                     .status(status)
@@ -305,6 +314,122 @@ mod spend_release {
             third.status,
             third.body
         );
+        assert_eq!(provider.reached(Method::POST), 1);
+    }
+
+    /// A client that hangs up mid-call leaves the reservation as the claim's outcome says:
+    /// the call then fails before anything happened, the claim's own task gives the budget
+    /// back, and the run's next payment fits under the cap.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_client_hanging_up_mid_call_leaves_the_reservation_to_the_outcome() {
+        let provider = Provider::new();
+        let app = app(&route(CAPPED), provider.clone(), memory());
+        provider.then(Reply::SlowThenRefused(std::time::Duration::from_secs(5)));
+        let reached = async {
+            while provider.reached(Method::POST) == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        // The client's request is dropped once its call reached the provider.
+        tokio::select! {
+            a = pay(&app, "p1") => panic!("answered before the call ended: {}", a.status),
+            () = reached => {}
+        }
+        // The call goes on in the claim's task, fails, and settles there.
+        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        let second = pay(&app, "p2").await;
+        assert_eq!(second.status, 200, "{:?}", second.body);
+        assert_eq!(provider.reached(Method::POST), 2);
+    }
+}
+
+/// The MCP front, with no sockets: the same driver under a tool call.
+mod mcp_front {
+    use super::*;
+
+    const TOOLS: &str = "[[routes]]\nname = \"tools\"\nprefix = \"/tools\"\nupstream = \"http://mcp.test\"\nprotocol = \"mcp\"\nfail_open = true\n[routes.mcp]\n[routes.spend]\noperations = [\"refund\"]\namount = [\"{args.amount}\"]\ncurrency = \"usd\"\nunit = \"minor\"\ncaps_currency = \"usd\"\nper_request = \"10.00\"\n";
+
+    /// A `tools/call` of `tool` with `arguments`, JSON-RPC id `id`, through the MCP front.
+    async fn call(app: &App, tool: &str, arguments: &str, id: u32) -> Answer {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{arguments}}}}}"#
+        );
+        let req = Request::post("/tools/mcp")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(Full::new(Bytes::from(body)))
+            .expect("a test request");
+        let (route, rest) = app.routes.by_prefix("/tools/mcp").expect("the MCP route");
+        let rules = route.mcp.as_ref().expect("MCP rules");
+        let resp = super::super::mcp::run(app, &route, rules, req, rest, DEFAULT_TENANT).await;
+        let (parts, body) = resp.into_parts();
+        let body = read_limited(body, 1 << 20)
+            .await
+            .map_err(|e| e.to_string())
+            .expect("the whole answer");
+        Answer {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    fn json(a: &Answer) -> serde_json::Value {
+        serde_json::from_slice(&a.body).unwrap_or_default()
+    }
+
+    /// A priced tool never fails open: the store out of reach on a route with `fail_open`
+    /// answers its call with a JSON-RPC error, and nothing reaches the server; a tool the
+    /// route does not price goes through unprotected, and says so.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_priced_tool_never_fails_open() {
+        let provider = Provider::new();
+        let store = Faulty::new(memory());
+        store.then(Op::Insert, Fault::Fail);
+        store.then(Op::Insert, Fault::Fail);
+        let app = app(TOOLS, provider.clone(), store);
+        let refund = call(&app, "refund", r#"{"amount":10003599}"#, 1).await;
+        assert!(json(&refund).get("error").is_some(), "{:?}", refund.body);
+        assert_eq!(provider.reached(Method::POST), 0);
+        provider.then(Reply::Answer(
+            200,
+            r#"{"jsonrpc":"2.0","id":2,"result":{"content":[]}}"#,
+        ));
+        let email = call(&app, "send_email", r#"{"to":"a@example.test"}"#, 2).await;
+        assert!(json(&email).get("result").is_some(), "{:?}", email.body);
+        let warning = header(&email, "x-idemproxy-warning").unwrap_or_default();
+        assert!(
+            warning.starts_with("unprotected: store unavailable"),
+            "{warning}"
+        );
+        assert_eq!(provider.reached(Method::POST), 1);
+    }
+
+    /// A re-run with a new JSON-RPC id is answered from the claim with its own id, and the
+    /// server ran the tool once; a priced call over its cap is refused before the server.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_rerun_replays_and_a_call_over_its_cap_never_goes_out() {
+        let provider = Provider::new();
+        let app = app(TOOLS, provider.clone(), memory());
+        provider.then(Reply::Answer(
+            200,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"sent"}]}}"#,
+        ));
+        let first = call(&app, "send_email", r#"{"to":"a@example.test"}"#, 1).await;
+        let rerun = call(&app, "send_email", r#"{"to":"a@example.test"}"#, 7).await;
+        assert_eq!(
+            json(&first)["result"]["content"],
+            json(&rerun)["result"]["content"],
+            "{:?}",
+            rerun.body
+        );
+        assert_eq!(
+            json(&rerun)["result"]["_meta"]["io.idemproxy/replay"]["replayed"],
+            serde_json::json!(true)
+        );
+        assert_eq!(json(&rerun)["id"], serde_json::json!(7));
+        let over = call(&app, "refund", r#"{"amount":5000}"#, 3).await;
+        assert!(json(&over).get("error").is_some(), "{:?}", over.body);
         assert_eq!(provider.reached(Method::POST), 1);
     }
 }

@@ -24,7 +24,7 @@ use super::admission::Admitted;
 use super::operation::{self, AfterSettle, Call, Done, Front, Operation, Priced};
 use super::outgoing::Outgoing;
 use super::trace::{outcome_of, Trace};
-use crate::http::body::{full, read_limited, stream, Body};
+use crate::http::body::{full, read_limited, stream, Body, BoxError};
 use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{Claim, ClaimRequest, Executed};
 use crate::idempotency::policy::{BodyRule, Condition, Policy, RuleOutcome, Test};
@@ -49,14 +49,19 @@ mod exchange;
 mod probe;
 
 /// Runs one POST on an MCP route. `path_and_query` is the upstream path (prefix removed).
-pub async fn run(
+/// Any body type: the listener's, or a test's.
+pub async fn run<B>(
     app: &App,
     route: &Arc<Route>,
     rules: &McpRules,
-    req: Request<Incoming>,
+    req: Request<B>,
     path_and_query: &str,
     tenant: &str,
-) -> Response<Body> {
+) -> Response<Body>
+where
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: Into<BoxError>,
+{
     let started = Instant::now();
     let mut seen = Seen {
         id: Value::Null,
@@ -89,15 +94,19 @@ struct Seen {
     outcome: RequestOutcome,
 }
 
-async fn serve(
+async fn serve<B>(
     app: &App,
     route: &Arc<Route>,
     rules: &McpRules,
-    req: Request<Incoming>,
+    req: Request<B>,
     path_and_query: &str,
     tenant: &str,
     seen: &mut Seen,
-) -> Result<Response<Body>, ProxyError> {
+) -> Result<Response<Body>, ProxyError>
+where
+    B: http_body::Body<Data = bytes::Bytes>,
+    B::Error: Into<BoxError>,
+{
     let Seen { id, outcome } = seen;
     let uri = route.upstream_uri(path_and_query).map_err(|e| {
         ProxyError::BadRequest(format!("the request path cannot be forwarded: {e}"))
