@@ -51,15 +51,16 @@ use crate::spend::gate::Ticket;
 /// The provider call one attempt makes, run in the claim's own task.
 pub(super) type Call = BoxFuture<'static, Result<Receipt, UpstreamError>>;
 
-/// An identified operation, as its front hands it to the driver.
-pub(super) struct Operation<'a> {
+/// An identified operation, as its front hands it to the driver. (`'v` is the request view's
+/// own: a view is invariant in it, having its body parsed once, whoever reads it first.)
+pub(super) struct Operation<'a, 'v> {
     /// The claim it asks for (with a continuation's wait, the other derivation's scope).
     pub ask: ClaimRequest<'a>,
     pub policy: &'a Arc<Policy>,
     /// On an operation the route prices: what the gate checks, reserves and binds to.
     pub priced: Option<Priced<'a>>,
     /// The request as read: what the gate's approval shows and a lookup asks with.
-    pub view: &'a Read<'a>,
+    pub view: &'a Read<'v>,
     /// The request going down: what a fail-open forward sends.
     pub outgoing: &'a Outgoing<'a>,
 }
@@ -148,7 +149,7 @@ impl Settling {
 pub(super) async fn run<F: Front>(
     app: &App,
     route: &Route,
-    op: &Operation<'_>,
+    op: &Operation<'_, '_>,
     front: &mut F,
     trace: &mut Trace,
 ) -> Result<Done, ProxyError> {
@@ -201,7 +202,7 @@ enum Claimed {
 async fn claim<F: Front>(
     app: &App,
     route: &Route,
-    op: &Operation<'_>,
+    op: &Operation<'_, '_>,
     front: &F,
     trace: &mut Trace,
 ) -> Result<Claimed, ProxyError> {
@@ -282,7 +283,7 @@ pub(super) fn found(
 fn execute<F: Front>(
     app: &App,
     route: &Route,
-    op: &Operation<'_>,
+    op: &Operation<'_, '_>,
     front: &mut F,
     mut claim: Claim,
     mut ticket: Option<Ticket>,

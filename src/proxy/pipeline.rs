@@ -125,16 +125,10 @@ where
         }
     }
     let plan = match capped {
-        Some(rules) => {
-            let account = &op.scoped.identified.derived.account;
-            let counted = counted::before(app, route, rules, &view, account).await?;
-            let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
-            let identified = &op.scoped.identified;
-            let plan = spending::plan(route, rules, &view, tunnel, identified, counted)
-                .map_err(|error| spend_refused(trace, error))?;
-            op.priced = Some(plan.binding.clone());
-            Some((rules, plan))
-        }
+        Some(rules) => Some((
+            rules,
+            price(app, route, rules, &req, &view, &mut op, trace).await?,
+        )),
         None => None,
     };
     if let Some(lookup) = &route.lookup {
@@ -179,16 +173,43 @@ where
     let resp = match done {
         Done::Replayed(receipt) => receipt::respond(&receipt, true),
         Done::Unprotected(resp) => resp,
-        Done::Executing(settling) => {
-            let forward_started = Instant::now();
-            let executed = settling.settled().await?;
-            trace.forward = Some(forward_started.elapsed());
-            trace.settled(&executed);
-            let key = front.key.as_ref().map_or("", PassedDown::as_str);
-            return answer::executed(executed, key);
-        }
+        Done::Executing(settling) => return executed(settling, front.key.as_ref(), trace).await,
     };
     Ok(op.said_if_merged(resp, capped.is_some()))
+}
+
+/// Prices a capped request and binds it (the binding is what a takeover of its claim must
+/// execute); a step of an object counted at its creation is free.
+async fn price(
+    app: &App,
+    route: &Route,
+    rules: &RouteSpend,
+    req: &ReadRequest<'_>,
+    view: &Read<'_>,
+    op: &mut Claiming,
+    trace: &mut Trace,
+) -> Result<spending::Plan, ProxyError> {
+    let account = &op.scoped.identified.derived.account;
+    let counted = counted::before(app, route, rules, view, account).await?;
+    let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
+    let identified = &op.scoped.identified;
+    let plan = spending::plan(route, rules, view, tunnel, identified, counted)
+        .map_err(|error| spend_refused(trace, error))?;
+    op.priced = Some(plan.binding.clone());
+    Ok(plan)
+}
+
+/// The answer of the request that executed, once its claim settled.
+async fn executed(
+    settling: operation::Settling,
+    key: Option<&PassedDown>,
+    trace: &mut Trace,
+) -> Result<Response<Body>, ProxyError> {
+    let forward_started = Instant::now();
+    let executed = settling.settled().await?;
+    trace.forward = Some(forward_started.elapsed());
+    trace.settled(&executed);
+    answer::executed(executed, key.map_or("", PassedDown::as_str))
 }
 
 /// The REST front: what the driver asks of a request read whole and identified.

@@ -153,33 +153,50 @@ where
             call.tool
         )));
     }
-    let place = route.place(&app.namespace, tenant);
+    let protected = Protected {
+        parts: &parts,
+        message: &message,
+        view: &view,
+        call: &call,
+        outgoing: &outgoing,
+        tenant,
+    };
+    run_protected(app, route, rules, &protected, capped, admitted, outcome).await
+}
+
+/// A protected tool call, read and identified.
+struct Protected<'a> {
+    parts: &'a http::request::Parts,
+    message: &'a Message,
+    view: &'a Read<'a>,
+    call: &'a identity::CallIdentity,
+    outgoing: &'a Outgoing<'a>,
+    tenant: &'a str,
+}
+
+/// Prices a protected call (on a capped tool), scopes it and hands it to the driver.
+async fn run_protected(
+    app: &App,
+    route: &Arc<Route>,
+    rules: &McpRules,
+    p: &Protected<'_>,
+    capped: Option<&RouteSpend>,
+    admitted: Admitted,
+    outcome: &mut RequestOutcome,
+) -> Result<Response<Body>, ProxyError> {
+    let (call, message) = (p.call, p.message);
+    let place = route.place(&app.namespace, p.tenant);
     let arguments = message
         .params
         .get("arguments")
         .cloned()
         .unwrap_or_else(|| Value::Object(Default::default()));
     let plan = match capped {
-        Some(spend) => {
-            let tunnel = parts.extensions.get::<spending::TunnelRun>();
-            let recorded = priced_from_record(app, &place, &call, rules, spend, &arguments).await?;
-            let plan = spending::plan_tool(
-                spend,
-                &view,
-                tunnel,
-                &call.account,
-                &call.tool,
-                &arguments,
-                recorded,
-            )
-            .map_err(|error| tool_refusal(&call.tool, error))?;
-            let asked = spending::ToolAsked::new(&call.tool, &call.account, &arguments);
-            Some(Capped { spend, plan, asked })
-        }
+        Some(spend) => Some(price(app, rules, spend, &place, p, &arguments).await?),
         None => None,
     };
     let scope = place.scope(&call.account, &call.key);
-    let policy = call_policy(route, rules, &call);
+    let policy = call_policy(route, rules, call);
     let ask = ClaimRequest {
         scope: &scope,
         fingerprint: &call.fingerprint,
@@ -191,7 +208,7 @@ where
         // MCP routes have no lookup.
         lookup_target: None,
         lookup_credentials: None,
-        continuation: continues(&message),
+        continuation: continues(message),
     };
     let operation = Operation {
         ask,
@@ -201,10 +218,11 @@ where
             plan: &c.plan,
             tool: Some(&c.asked),
         }),
-        view: &view,
-        outgoing: &outgoing,
+        view: p.view,
+        outgoing: p.outgoing,
     };
-    let resume = parts
+    let resume = p
+        .parts
         .headers
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
@@ -222,7 +240,7 @@ where
         app,
         route,
         tool: &call.tool,
-        outgoing: &outgoing,
+        outgoing: p.outgoing,
         admitted: Some(admitted),
         answering: Some(exchange::Answering {
             id: message.id.clone(),
@@ -234,31 +252,63 @@ where
     let mut trace = Trace::default();
     let done = operation::run(app, route, &operation, &mut front, &mut trace).await;
     let done = done.inspect_err(|e| *outcome = outcome_of(e))?;
-    let said = |outcome: RequestOutcome| {
-        tracing::info!(route = %route.name, %tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "a tool call");
-    };
-    match done {
-        Done::Replayed(receipt) => {
-            *outcome = RequestOutcome::Replayed;
-            said(*outcome);
-            Ok(replayed(&receipt, &message.id, &parts.headers))
+    let answer = answered(app, route, p, done, front.waiting.take()).await;
+    *outcome = answer.1;
+    tracing::info!(route = %route.name, tenant = %p.tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "a tool call");
+    answer.0
+}
+
+/// What a capped tool call costs and is bound to, and what a person approving it reads.
+async fn price<'s>(
+    app: &App,
+    rules: &McpRules,
+    spend: &'s RouteSpend,
+    place: &Place<'_>,
+    p: &Protected<'_>,
+    arguments: &Value,
+) -> Result<Capped<'s>, ProxyError> {
+    let call = p.call;
+    let tunnel = p.parts.extensions.get::<spending::TunnelRun>();
+    let recorded = priced_from_record(app, place, call, rules, spend, arguments).await?;
+    let plan = spending::plan_tool(
+        spend,
+        p.view,
+        tunnel,
+        &call.account,
+        &call.tool,
+        arguments,
+        recorded,
+    )
+    .map_err(|error| tool_refusal(&call.tool, error))?;
+    let asked = spending::ToolAsked::new(&call.tool, &call.account, arguments);
+    Ok(Capped { spend, plan, asked })
+}
+
+/// The driver's result in the call's words: a kept result with the re-run's id, an
+/// unprotected forward, or the executing call's answer. Also what became of the call.
+async fn answered(
+    app: &App,
+    route: &Route,
+    p: &Protected<'_>,
+    done: Done,
+    waiting: Option<exchange::Waiting>,
+) -> (Result<Response<Body>, ProxyError>, RequestOutcome) {
+    match (done, waiting) {
+        (Done::Replayed(receipt), _) => {
+            let resp = replayed(&receipt, &p.message.id, &p.parts.headers);
+            (Ok(resp), RequestOutcome::Replayed)
         }
-        Done::Unprotected(resp) => {
-            *outcome = RequestOutcome::Unprotected;
+        (Done::Unprotected(resp), _) => {
             app.metrics.unprotected(&route.name, "store_unavailable");
-            Ok(resp)
+            (Ok(resp), RequestOutcome::Unprotected)
         }
-        Done::Executing(settling) => {
-            let Some(waiting) = front.waiting.take() else {
-                return Err(ProxyError::BadRequest(
-                    "internal: an executing call without its answer".into(),
-                ));
-            };
-            let (resp, executed) = exchange::answer(waiting, settling).await;
-            *outcome = executed;
-            said(executed);
-            resp
-        }
+        (Done::Executing(settling), Some(waiting)) => exchange::answer(waiting, settling).await,
+        (Done::Executing(_), None) => (
+            Err(ProxyError::BadRequest(
+                "internal: an executing call without its answer".into(),
+            )),
+            RequestOutcome::Unknown,
+        ),
     }
 }
 
