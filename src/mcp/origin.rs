@@ -81,7 +81,11 @@ pub struct Arrival<'a> {
 pub fn check(allowed: &Allowed, arrival: &Arrival<'_>, headers: &HeaderMap) -> Result<(), Refused> {
     let host = headers
         .get(http::header::HOST)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_ascii_lowercase())
+        .map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .trim()
+                .to_ascii_lowercase()
+        })
         .or_else(|| arrival.authority.map(str::to_ascii_lowercase));
     if let Some(host) = &host {
         let open = !arrival.loopback_listener && allowed.hosts.is_empty();
@@ -221,9 +225,17 @@ mod tests {
             "127.0.0.1",
             "mcp.tools.example",
         ] {
-            assert_eq!(check(&none, &at(true), &headers(&[("host", ok)])), Ok(()), "{ok}");
+            assert_eq!(
+                check(&none, &at(true), &headers(&[("host", ok)])),
+                Ok(()),
+                "{ok}"
+            );
         }
-        for foreign in ["evil.example.com", "evil.example.com:8080", "localhost.evil.com"] {
+        for foreign in [
+            "evil.example.com",
+            "evil.example.com:8080",
+            "localhost.evil.com",
+        ] {
             assert!(matches!(
                 check(&none, &at(true), &headers(&[("host", foreign)])),
                 Err(Refused::Host(_))
@@ -231,7 +243,11 @@ mod tests {
         }
         let configured = Allowed::new(&["proxy.internal".into()], &[]).expect("valid");
         assert_eq!(
-            check(&configured, &at(true), &headers(&[("host", "proxy.internal:9")])),
+            check(
+                &configured,
+                &at(true),
+                &headers(&[("host", "proxy.internal:9")])
+            ),
             Ok(())
         );
     }
@@ -250,20 +266,40 @@ mod tests {
         assert_eq!(with("http://localhost:3000", true), Ok(()));
         assert_eq!(with("https://app.example", true), Ok(()));
         assert_eq!(with("https://app.example/", false), Ok(()));
-        for foreign in ["http://evil.example.com", "null", "file://", "https://app.example.evil"] {
-            assert!(matches!(with(foreign, true), Err(Refused::Origin(_))), "{foreign}");
-            assert!(matches!(with(foreign, false), Err(Refused::Origin(_))), "{foreign}");
+        for foreign in [
+            "http://evil.example.com",
+            "null",
+            "file://",
+            "https://app.example.evil",
+        ] {
+            assert!(
+                matches!(with(foreign, true), Err(Refused::Origin(_))),
+                "{foreign}"
+            );
+            assert!(
+                matches!(with(foreign, false), Err(Refused::Origin(_))),
+                "{foreign}"
+            );
         }
         // Off loopback, any Host passes, and an Origin of that same host does.
         let open = Allowed::default();
-        let lan = headers(&[("host", "10.1.2.3:8080"), ("origin", "http://10.1.2.3:8080")]);
+        let lan = headers(&[
+            ("host", "10.1.2.3:8080"),
+            ("origin", "http://10.1.2.3:8080"),
+        ]);
         assert_eq!(check(&open, &at(false), &lan), Ok(()));
     }
 
     #[test]
     fn configured_names_are_checked() {
         assert!(Allowed::new(&["a.example:443".into(), "[::1]".into()], &[]).is_ok());
-        for bad in ["https://a.example", "a.example/path", "*.example", "a:b", ""] {
+        for bad in [
+            "https://a.example",
+            "a.example/path",
+            "*.example",
+            "a:b",
+            "",
+        ] {
             assert!(Allowed::new(&[bad.into()], &[]).is_err(), "{bad}");
         }
         assert!(Allowed::new(&[], &["http://localhost:3000".into()]).is_ok());

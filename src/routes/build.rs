@@ -556,7 +556,10 @@ impl<'a> Builder<'a> {
     }
 
     /// `[routes.mcp] allowed_hosts` and `allowed_origins`: each a name, never a pattern.
-    fn allowed_names(&self, c: &config::McpConfig) -> Result<crate::mcp::origin::Allowed, ConfigError> {
+    fn allowed_names(
+        &self,
+        c: &config::McpConfig,
+    ) -> Result<crate::mcp::origin::Allowed, ConfigError> {
         use crate::mcp::origin::{Allowed, AllowedError};
         Allowed::new(&c.allowed_hosts, &c.allowed_origins).map_err(|e| match e {
             AllowedError::Host(_) => self.invalid("mcp.allowed_hosts", e.to_string()),

@@ -158,10 +158,20 @@ async fn a_foreign_host_or_origin_is_refused_with_403_before_anything_is_forward
     // with it never reaches the server.
     let sid = session(&w);
     let call = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"send_email","arguments":{"to":"o@example.com"}}}"#;
-    let refused = raw(&w, "/mcp", &[&sid, "origin: https://evil.example.com"], call);
+    let refused = raw(
+        &w,
+        "/mcp",
+        &[&sid, "origin: https://evil.example.com"],
+        call,
+    );
     assert!(refused.contains(" 403 "), "{refused}");
     assert_eq!(server.count("send_email"), 0);
-    let own = raw(&w, "/mcp", &[&sid, &format!("origin: https://{HOST}")], call);
+    let own = raw(
+        &w,
+        "/mcp",
+        &[&sid, &format!("origin: https://{HOST}")],
+        call,
+    );
     assert!(json_of(&own).get("result").is_some(), "{own}");
     assert_eq!(server.count("send_email"), 1);
     // A configured name passes.
@@ -201,10 +211,16 @@ fn check_config_names_a_bad_allowed_host_or_origin() {
     );
     assert!(passed, "{said}");
     for (bad, field) in [
-        ("allowed_hosts = [\"https://agents.internal\"]", "mcp.allowed_hosts"),
+        (
+            "allowed_hosts = [\"https://agents.internal\"]",
+            "mcp.allowed_hosts",
+        ),
         ("allowed_hosts = [\"*.internal\"]", "mcp.allowed_hosts"),
         ("allowed_origins = [\"app.example\"]", "mcp.allowed_origins"),
-        ("allowed_origins = [\"https://app.example/x\"]", "mcp.allowed_origins"),
+        (
+            "allowed_origins = [\"https://app.example/x\"]",
+            "mcp.allowed_origins",
+        ),
     ] {
         let (passed, said) = check(bad);
         assert!(!passed, "{bad}");

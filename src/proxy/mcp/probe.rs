@@ -134,7 +134,10 @@ async fn probe(
             headers.remove(name);
         }
         headers.insert("mcp-method", HeaderValue::from_static("tools/list"));
-        if let Some(v) = revision.as_deref().and_then(|r| HeaderValue::from_str(r).ok()) {
+        if let Some(v) = revision
+            .as_deref()
+            .and_then(|r| HeaderValue::from_str(r).ok())
+        {
             headers.insert("mcp-protocol-version", v);
         }
         headers.remove(header::CONTENT_LENGTH);
@@ -189,7 +192,9 @@ async fn final_message(
         let status = resp.status();
         // The server's own words say why (a missing envelope, a refused token): the
         // operator reads them in the log line.
-        let said = read_limited(resp.into_body(), 2048).await.unwrap_or_default();
+        let said = read_limited(resp.into_body(), 2048)
+            .await
+            .unwrap_or_default();
         let said = String::from_utf8_lossy(&said);
         return Err(format!("the server answered {status}: {}", said.trim()));
     }
