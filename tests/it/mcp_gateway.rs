@@ -301,3 +301,21 @@ async fn a_2026_server_s_read_only_tool_is_never_answered_from_a_receipt_with_tr
         assert_eq!(sent, 1, "{backend:?}: the write tool re-run executed once");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_annotation_probe_is_counted_and_every_tool_stays_protected() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start_flags(Sdk::V1, &pki, Framing::Json, &["--refuse-probe"]).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker_on(Backend::Sqlite, &pki, &server, rest.port(), &trusting);
+    let url = format!("https://{HOST}/mcp");
+    let to = json!({"to": "refused@example.com"});
+    for _ in 0..2 {
+        ok(&call_at(Sdk::V1, &w, &url, "send_email", to.clone(), &[]).await);
+    }
+    assert_eq!(server.count("send_email"), 1, "protected: one effect");
+    let refused = w
+        .metric("idemproxy_mcp_annotation_probes_refused_total{route=\"tools-mcp\"}")
+        .await;
+    assert!(refused >= 1.0, "the refused probe is counted: {refused}");
+}
