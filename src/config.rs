@@ -520,6 +520,14 @@ pub struct McpConfig {
     /// `error` (a JSON-RPC error, the default) or `result` (a tool result with `isError:
     /// true`, for agent frameworks that show their model only results).
     pub refusals: Option<String>,
+    /// Host names (`host` or `host:port`) the route answers to besides its server's and, on a
+    /// loopback listener, loopback ones: any other `Host` is refused with 403 (DNS rebinding).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`https://app.example`) a browser may post from besides loopback ones and the
+    /// route's server: any other `Origin` is refused with 403.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

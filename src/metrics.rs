@@ -76,6 +76,7 @@ pub struct Metrics {
     connect_refused: Family<Labels, Counter>,
     tunnels: Family<Labels, Counter>,
     unprotected: Family<Labels, Counter>,
+    mcp_probes_refused: Family<Labels, Counter>,
     config_reloads: Family<Labels, Counter>,
     /// Claims this process holds while their upstream call runs.
     pub claims_in_flight: Gauge,
@@ -119,6 +120,7 @@ impl Metrics {
             connect_refused: Family::default(),
             tunnels: Family::default(),
             unprotected: Family::default(),
+            mcp_probes_refused: Family::default(),
             config_reloads: Family::default(),
             claims_in_flight: Gauge::default(),
             unknown_claims: Gauge::default(),
@@ -229,6 +231,11 @@ impl Metrics {
             "unprotected_requests",
             "Protected methods forwarded without a claim, by route and reason: no_key (no key and no template field to derive one) or store_unavailable (fail_open)",
             self.unprotected.clone(),
+        );
+        r.register(
+            "mcp_annotation_probes_refused",
+            "An MCP route's tools/list probes (trust_annotations) that failed, by route: the server refused or could not be read, so every tool of that endpoint is treated as protected (its read-only tools answered from receipts)",
+            self.mcp_probes_refused.clone(),
         );
         r.register(
             "config_reloads",
@@ -360,6 +367,12 @@ impl Metrics {
                 ("route".into(), route.into()),
                 ("reason".into(), reason.into()),
             ])
+            .inc();
+    }
+
+    pub fn mcp_probe_refused(&self, route: &str) {
+        self.mcp_probes_refused
+            .get_or_create(&vec![("route".into(), route.into())])
             .inc();
     }
 

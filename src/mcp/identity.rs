@@ -58,6 +58,30 @@ pub struct CallIdentity {
     /// Whether another fingerprint under the same key is refused (the 422 analogue).
     pub strict: bool,
     pub source: Source,
+    /// The caller's 2026-07-28 envelope (`params._meta`'s protocol version, capabilities and
+    /// client info): what a request the proxy makes alongside the call must carry too.
+    /// Never part of the identity.
+    pub envelope: Option<serde_json::Map<String, Value>>,
+}
+
+/// The `_meta` keys a 2026-07-28 request carries for the revision and the client.
+pub const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
+const ENVELOPE_KEYS: [&str; 3] = [
+    PROTOCOL_VERSION_META,
+    "io.modelcontextprotocol/clientCapabilities",
+    "io.modelcontextprotocol/clientInfo",
+];
+
+/// The caller's envelope, when its `_meta` names a protocol version.
+fn envelope(params: &Value) -> Option<serde_json::Map<String, Value>> {
+    let meta = params.get("_meta")?.as_object()?;
+    meta.get(PROTOCOL_VERSION_META)?.as_str()?;
+    Some(
+        ENVELOPE_KEYS
+            .iter()
+            .filter_map(|k| meta.get(*k).map(|v| (k.to_string(), v.clone())))
+            .collect(),
+    )
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -106,6 +130,7 @@ pub fn identify(
     write_canonical(&arguments, &mut canonical);
     let fingerprint = hash(&[tool.as_bytes(), canonical.as_bytes()]);
     let account = account(account_template, req)?;
+    let envelope = envelope(&call.params);
     let tagged = |kind: &str, rest: &str| format!("mcp {kind} {}:{tool} {rest}", tool.len());
     if let Some(key) = call.params.get("idempotencyKey") {
         let key = key
@@ -119,6 +144,7 @@ pub fn identify(
             fingerprint,
             strict: true,
             source: Source::Client,
+            envelope,
         });
     }
     if let Some(template) = rules.templates.get(&tool) {
@@ -144,6 +170,7 @@ pub fn identify(
             fingerprint,
             strict: false,
             source: Source::Template,
+            envelope,
         });
     }
     Ok(CallIdentity {
@@ -153,6 +180,7 @@ pub fn identify(
         fingerprint,
         strict: true,
         source: Source::Arguments,
+        envelope,
     })
 }
 

@@ -37,6 +37,8 @@ pub enum MessageError {
     Unreadable(String),
     #[error(transparent)]
     DuplicateKey(BodyError),
+    #[error("{0}")]
+    InvalidRequest(&'static str),
     #[error("the body is a JSON-RPC batch; MCP over Streamable HTTP sends one message per POST, and the proxy judges each tool call on its own, so a batch is refused")]
     Batch,
     #[error("the header {header} says `{header_value}`, the body says `{body_value}`; the server could act on either, so the request is refused")]
@@ -72,6 +74,14 @@ impl Message {
             return Err(MessageError::Unreadable("`jsonrpc` is not \"2.0\"".into()));
         }
         let id = obj.get("id").cloned().unwrap_or(Value::Null);
+        // An explicit `"id": null` is neither a request (MCP ids are strings or numbers) nor a
+        // notification (which has no id): a server may run it as a request, and the proxy
+        // would have passed it on unclaimed as a notification.
+        if obj.get("id") == Some(&Value::Null) {
+            return Err(MessageError::InvalidRequest(
+                "`id` is null: a request's id is a string or a number, a notification has none",
+            ));
+        }
         if !matches!(id, Value::Null | Value::String(_) | Value::Number(_)) {
             return Err(MessageError::Unreadable(
                 "`id` is neither a string nor a number".into(),
@@ -82,6 +92,11 @@ impl Message {
             Some(Value::String(m)) => Some(m.clone()),
             Some(_) => return Err(MessageError::Unreadable("`method` is not a string".into())),
         };
+        if method.as_deref() == Some("tools/call") && id.is_null() {
+            return Err(MessageError::InvalidRequest(
+                "a tools/call without an id: a tool call is a request, and it needs a string or number id",
+            ));
+        }
         let kind = match (&method, &id) {
             (Some(_), Value::Null) => Kind::Notification,
             (Some(_), _) => Kind::Request,
@@ -241,6 +256,17 @@ mod tests {
         let answer =
             Message::read(&h, br#"{"jsonrpc":"2.0","id":"s1","result":{}}"#).expect("reads");
         assert_eq!(answer.kind, Kind::Response);
+        // A null id is neither a request nor a notification; a tool call always has an id.
+        for unclaimable in [
+            &br#"{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"refund"}}"#[..],
+            br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
+            br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"refund"}}"#,
+        ] {
+            assert!(matches!(
+                Message::read(&h, unclaimable),
+                Err(MessageError::InvalidRequest(_))
+            ));
+        }
     }
 
     #[test]

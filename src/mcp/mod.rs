@@ -2,13 +2,14 @@
 //! JSON-RPC messages a client posts. The operation is the tool call — not the HTTP request —
 //! so this module says which message is a tool call (`jsonrpc`), who makes it and which
 //! operation it is (`identity`), whether it is claimed at all (`protect`), how a server's
-//! event stream is read (`sse`), where a call whose stream closed early waits for the result a
+//! event stream is read (`sse`), which `Host` and `Origin` a route answers to (`origin`), where a call whose stream closed early waits for the result a
 //! resumed GET carries (`resume`), how a kept result answers a re-run (`replay`), and what a
 //! call's result made that prices later calls (`recorded`). It knows
 //! no route, store or claim: `proxy::mcp` runs the stages.
 
 pub mod identity;
 pub mod jsonrpc;
+pub mod origin;
 pub mod protect;
 pub mod recorded;
 pub mod replay;
@@ -44,6 +45,8 @@ pub struct McpRules {
     /// `refusals = "result"`: a tool call's spend refusal is answered as a tool result with
     /// `isError: true` instead of a JSON-RPC error.
     pub refusals_as_results: bool,
+    /// Host and Origin names the route answers to besides its server's and loopback ones.
+    pub allowed: origin::Allowed,
 }
 
 /// `[routes.mcp] answer_timeout` unless set.
@@ -75,6 +78,7 @@ impl McpRules {
             records: BTreeMap::new(),
             price_from: BTreeMap::new(),
             refusals_as_results: false,
+            allowed: origin::Allowed::default(),
         })
     }
 }

@@ -3,10 +3,12 @@
 //! (the proxy's probe, with the caller's credentials) says `readOnlyHint: true`. A tool the
 //! list does not name, or a probe that failed, means protected.
 //!
-//! What a server said about its tools is kept per server and account (accounts may see other
-//! tools), for a while, and dropped when the server says its list changed.
+//! What a server said about its tools is kept per endpoint — scheme, host, port and path: two
+//! MCP servers on one host are two servers, and one's annotations never decide for the
+//! other's calls — and per tenant and account (accounts may see other tools), for a while,
+//! and dropped when the server says its list changed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -28,13 +30,37 @@ pub enum Protection {
 /// One server's tools, each with whether it is annotated read-only, and when it was read.
 type Listed = (Instant, BTreeMap<String, bool>);
 
-/// The read-only annotations servers gave, per (server, account).
+/// The read-only annotations servers gave, per (endpoint, tenant, account).
 #[derive(Default)]
 pub struct Annotations {
     lists: Mutex<HashMap<String, Listed>>,
+    /// Endpoints whose refused probe was logged already (logged once each).
+    refusals_logged: Mutex<HashSet<String>>,
+}
+
+/// The key one list is kept under. The endpoint comes first, so `forget(endpoint)` drops every
+/// account's list of that endpoint; each part is length-prefixed, so none can pose as another.
+pub fn listed_for(endpoint: &str, tenant: &str, account: &str) -> String {
+    format!(
+        "{}:{endpoint}|{}:{tenant}|{account}",
+        endpoint.len(),
+        tenant.len()
+    )
 }
 
 impl Annotations {
+    /// Whether this is the first refused probe of `endpoint` (then it is logged); at most
+    /// `MAX_LISTS` endpoints are remembered, then each refusal counts as a first again.
+    pub fn first_refusal(&self, endpoint: &str) -> bool {
+        let Ok(mut logged) = self.refusals_logged.lock() else {
+            return true;
+        };
+        if logged.len() >= MAX_LISTS {
+            logged.clear();
+        }
+        logged.insert(endpoint.to_string())
+    }
+
     /// Whether the list for `who` says `tool` is read-only; `None`: no fresh list.
     pub fn read_only(&self, who: &str, tool: &str) -> Option<bool> {
         let lists = self.lists.lock().ok()?;
@@ -133,5 +159,22 @@ mod tests {
         assert_eq!(a.read_only("srv|else", "get"), None);
         a.forget("srv|");
         assert_eq!(a.read_only("srv|acct", "get"), None);
+    }
+
+    #[test]
+    fn each_endpoint_has_its_own_list_and_its_refusal_is_logged_once() {
+        let a = Annotations::default();
+        let first = listed_for("https://h:443/mcp", "t", "acct");
+        let second = listed_for("https://h:443/other", "t", "acct");
+        a.remember(&second, BTreeMap::from([("refund".to_string(), true)]));
+        assert_eq!(a.read_only(&second, "refund"), Some(true));
+        assert_eq!(a.read_only(&first, "refund"), None);
+        assert_ne!(
+            listed_for("https://h/a|1:b", "c", "d"),
+            listed_for("https://h/a", "b|1:c", "d")
+        );
+        assert!(a.first_refusal("https://h:443/mcp"));
+        assert!(!a.first_refusal("https://h:443/mcp"));
+        assert!(a.first_refusal("https://h:443/other"));
     }
 }

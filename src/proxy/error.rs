@@ -66,6 +66,9 @@ pub enum ProxyError {
     },
     #[error("egress refused: {0}")]
     EgressRefused(String),
+    /// An MCP route's DNS rebinding protection: a `Host` or `Origin` it does not answer to.
+    #[error("{0}")]
+    ForeignOrigin(String),
     /// A money-moving request stopped by its caps or approvals.
     #[error(transparent)]
     Spend(SpendError),
@@ -108,7 +111,7 @@ impl ProxyError {
                 ..
             } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::EgressRefused(_) => StatusCode::FORBIDDEN,
+            ProxyError::EgressRefused(_) | ProxyError::ForeignOrigin(_) => StatusCode::FORBIDDEN,
             ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.status(),
         }
     }
@@ -156,6 +159,7 @@ impl ProxyError {
             } => "upstream-response-too-large",
             ProxyError::Upstream { .. } => "upstream-failed",
             ProxyError::EgressRefused(_) => "egress-refused",
+            ProxyError::ForeignOrigin(_) => "foreign-origin",
             ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.slug(),
         }
     }
@@ -200,6 +204,7 @@ impl ProxyError {
             } => "Upstream timed out",
             ProxyError::Upstream { .. } => "Upstream failed",
             ProxyError::EgressRefused(_) => "Destination not allowed",
+            ProxyError::ForeignOrigin(_) => "Host or Origin not allowed",
             ProxyError::Spend(_) => "Payment stopped by spend control",
             ProxyError::ToolSpend { .. } => "Tool call stopped by spend control",
         }
@@ -242,6 +247,7 @@ impl ProxyError {
                 Some(_) => "Nothing reached the provider. Retry with the same key.".into(),
             },
             ProxyError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),
+            ProxyError::ForeignOrigin(_) => "Nothing was read or forwarded: a web page may be posting to a local proxy under its own name (DNS rebinding). An operator can name the host in [routes.mcp] allowed_hosts or the origin in allowed_origins.".into(),
             ProxyError::Spend(error) => error.advice().into(),
             ProxyError::ToolSpend { tool, error } => error
                 .to_tool(tool)

@@ -42,6 +42,11 @@ pub async fn to_route(
     if let Err(e) = ambiguity::no_method_override(req.headers(), query.unwrap_or("")) {
         return refuse(ProxyError::Ambiguous(e.to_string()));
     }
+    if let Some(rules) = &route.mcp {
+        if let Err(e) = mcp_names(route, rules, &req) {
+            return refuse(ProxyError::ForeignOrigin(e.to_string()));
+        }
+    }
     if let (Some(rules), &http::Method::POST) = (&route.mcp, req.method()) {
         // Every POST, whatever its path: one JSON-RPC message, judged by what it says.
         return Box::pin(mcp::run(app, route, rules, req, path_and_query, tenant)).await;
@@ -73,6 +78,25 @@ pub async fn to_route(
             .request(&route.name, RequestOutcome::Passthrough);
         passthrough::forward_for(route, tenant, req, upstream_uri).await
     }
+}
+
+/// DNS rebinding protection on an MCP route (`mcp::origin`), on every method: the server
+/// behind the proxy never sees the caller's `Host`.
+fn mcp_names(
+    route: &Route,
+    rules: &crate::mcp::McpRules,
+    req: &Request<Incoming>,
+) -> Result<(), crate::mcp::origin::Refused> {
+    let loopback_listener = req
+        .extensions()
+        .get::<super::connection::LocalAddr>()
+        .is_some_and(|a| a.0.ip().is_loopback());
+    let arrival = crate::mcp::origin::Arrival {
+        server_names: &[route.host.as_str(), route.upstream.host.as_str()],
+        loopback_listener,
+        authority: req.uri().authority().map(|a| a.as_str()),
+    };
+    crate::mcp::origin::check(&rules.allowed, &arrival, req.headers())
 }
 
 /// The protected request's upstream target: its path in the one grammar. A signed request

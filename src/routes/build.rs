@@ -561,8 +561,21 @@ impl<'a> Builder<'a> {
         rules.answer_timeout = answer_timeout;
         rules.release_errors = release_errors;
         rules.refusals_as_results = refusals_as_results;
+        rules.allowed = self.allowed_names(&c)?;
         self.recorded(&c, &mut rules)?;
         Ok(Some(rules))
+    }
+
+    /// `[routes.mcp] allowed_hosts` and `allowed_origins`: each a name, never a pattern.
+    fn allowed_names(
+        &self,
+        c: &config::McpConfig,
+    ) -> Result<crate::mcp::origin::Allowed, ConfigError> {
+        use crate::mcp::origin::{Allowed, AllowedError};
+        Allowed::new(&c.allowed_hosts, &c.allowed_origins).map_err(|e| match e {
+            AllowedError::Host(_) => self.invalid("mcp.allowed_hosts", e.to_string()),
+            AllowedError::Origin(_) => self.invalid("mcp.allowed_origins", e.to_string()),
+        })
     }
 
     /// `[routes.mcp.tools.<tool>]` `records` and `price_from`: each rule readable, and every

@@ -19,6 +19,8 @@ mod identity;
 mod image;
 mod mcp;
 mod mcp_clients;
+mod mcp_conformance;
+mod mcp_gateway;
 mod mcp_stripe;
 mod money;
 mod ops;

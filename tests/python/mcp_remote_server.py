@@ -4,7 +4,11 @@ write tools count their effects in a file (one JSON line per effect). Started by
 tests/it/mcp.rs: --json answers calls with one JSON body, otherwise with an event stream;
 --auth refuses the bearer token `expired` with 401, as an OAuth resource server does; --alias PATH
 serves the transport on PATH too (as servers that take `/mcp/` or `/messages`); --record-answers
-appends a line to EFFECTS.answered each time the server has sent a tools/call's whole answer."""
+appends a line to EFFECTS.answered each time the server has sent a tools/call's whole answer;
+--read-only-alias PATH serves the transport on PATH too, as a second MCP server on the same host
+whose tools/list (JSON answers) marks every tool readOnlyHint; --refuse-probe answers the proxy's own
+tools/list (its ids start with idemproxy-probe-) with 400 and a reason, and every client's as
+usual."""
 import argparse
 import asyncio
 import json
@@ -35,6 +39,8 @@ parser.add_argument("--auth", action="store_true")
 parser.add_argument("--resumable", action="store_true")
 parser.add_argument("--alias", action="append", default=[])
 parser.add_argument("--record-answers", action="store_true")
+parser.add_argument("--read-only-alias", action="append", default=[])
+parser.add_argument("--refuse-probe", action="store_true")
 opts = parser.parse_args()
 
 class MemoryEvents:
@@ -290,12 +296,80 @@ def recording_answers(inner):
     return recording
 
 
+def read_only_aliases(inner):
+    """On the --read-only-alias paths: the same transport, every listed tool readOnlyHint."""
+    async def aliased(scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") not in opts.read_only_alias:
+            return await inner(scope, receive, send)
+        scope = dict(scope, path="/mcp", raw_path=b"/mcp")
+        start, body = None, bytearray()
+
+        async def sending(message):
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+                return
+            body.extend(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            out = bytes(body)
+            try:
+                answer = json.loads(out)
+                for tool in answer["result"]["tools"]:
+                    tool.setdefault("annotations", {})["readOnlyHint"] = True
+                out = json.dumps(answer).encode()
+            except (ValueError, KeyError, TypeError):
+                pass
+            headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(out)).encode()))
+            await send(dict(start, headers=headers))
+            await send({"type": "http.response.body", "body": out})
+
+        await inner(scope, receive, sending)
+    return aliased
+
+
+def refusing_probe(inner):
+    """Answers the proxy's tools/list with 400 (as a server refusing a request it cannot read)."""
+    async def refusing(scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return await inner(scope, receive, send)
+        body = bytearray()
+        while True:
+            message = await receive()
+            body.extend(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        if b'"tools/list"' in body and b'"idemproxy-probe-' in body:
+            said = b'{"error":"tools/list is refused here"}'
+            await send({"type": "http.response.start", "status": 400, "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(said)).encode())]})
+            await send({"type": "http.response.body", "body": said})
+            return
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await inner(scope, replay, send)
+    return refusing
+
+
 if opts.auth:
     app = with_auth(app)
 if opts.alias:
     app = with_aliases(app)
 if opts.record_answers:
     app = recording_answers(app)
+if opts.read_only_alias:
+    app = read_only_aliases(app)
+if opts.refuse_probe:
+    app = refusing_probe(app)
 
 uvicorn.run(
     app,

@@ -449,6 +449,7 @@ fn tool_refusal(tool: &str, error: spending::SpendError) -> ProxyError {
 fn refusal(e: MessageError) -> ProxyError {
     match e {
         MessageError::Unreadable(_) => ProxyError::MalformedBody(e.to_string()),
+        MessageError::InvalidRequest(_) => ProxyError::BadRequest(e.to_string()),
         MessageError::DuplicateKey(_) | MessageError::Batch | MessageError::Mirrored { .. } => {
             ProxyError::Ambiguous(e.to_string())
         }

@@ -1,6 +1,9 @@
 //! Which tool calls an MCP route leaves unclaimed: those it lists read-only, and — on a route
 //! that trusts annotations — those the server's own `tools/list` marks `readOnlyHint`, asked
-//! with the caller's headers and kept per server and account (`mcp::protect`).
+//! with the caller's headers and kept per endpoint (scheme, host, port, path: two MCP servers
+//! on one host are two lists) and account (`mcp::protect`). The probe speaks the caller's
+//! revision: under 2026-07-28 it carries the caller's `params._meta` envelope and
+//! `MCP-Protocol-Version`, as the server requires of every request.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Uri};
@@ -8,13 +11,16 @@ use serde_json::Value;
 
 use super::content_type;
 use crate::http::body::{read_limited, Body};
-use crate::mcp::identity::CallIdentity;
+use crate::mcp::identity::{CallIdentity, PROTOCOL_VERSION_META};
 use crate::mcp::protect::{self, Protection};
 use crate::mcp::{replay, sse, McpRules};
 use crate::outbound::upstream::Upstream;
 use crate::proxy::outgoing::Outgoing;
 use crate::proxy::App;
 use crate::routes::Route;
+
+/// The first revision whose requests carry the `_meta` envelope.
+const ENVELOPE_SINCE: &str = "2026-07-28";
 
 /// Whether the call is claimed: see `mcp::protect`. The annotations come from the server's
 /// own `tools/list`, asked with the caller's credentials, only on a route that trusts them.
@@ -33,12 +39,18 @@ pub(super) async fn protection(
     if !rules.trust_annotations {
         return Protection::Protected;
     }
-    let who = format!("{}|{tenant}|{}", route.upstream.authority, call.account);
+    let endpoint = endpoint(uri);
+    let who = protect::listed_for(&endpoint, tenant, &call.account);
     if !rules.annotations.has(&who) {
-        match probe(app, route, parts, uri).await {
+        match probe(app, route, call, parts, uri).await {
             Ok(tools) => rules.annotations.remember(&who, tools),
             Err(e) => {
-                tracing::info!(route = %route.name, error = %e, "the server's tool list could not be read: the call is protected");
+                app.metrics.mcp_probe_refused(&route.name);
+                if rules.annotations.first_refusal(&endpoint) {
+                    tracing::warn!(route = %route.name, %endpoint, answer = %e, "the MCP server refused the proxy's tools/list (trust_annotations): every tool of this endpoint is protected, its read-only tools answered from receipts; logged once per endpoint, counted in idemproxy_mcp_annotation_probes_refused_total");
+                } else {
+                    tracing::debug!(route = %route.name, %endpoint, answer = %e, "the server's tool list could not be read: the call is protected");
+                }
                 return Protection::Protected;
             }
         }
@@ -49,21 +61,66 @@ pub(super) async fn protection(
     }
 }
 
+/// The MCP endpoint a call goes to: scheme, authority (host and port) and path, no query.
+fn endpoint(uri: &Uri) -> String {
+    format!(
+        "{}://{}{}",
+        uri.scheme_str().unwrap_or("https"),
+        uri.authority().map(|a| a.as_str()).unwrap_or(""),
+        uri.path()
+    )
+}
+
+/// The revision the caller speaks, when it is one whose requests carry the envelope: the
+/// call's own `_meta`, else its `MCP-Protocol-Version` header.
+fn enveloped_revision(call: &CallIdentity, headers: &http::HeaderMap) -> Option<String> {
+    if let Some(v) = call
+        .envelope
+        .as_ref()
+        .and_then(|e| e.get(PROTOCOL_VERSION_META))
+        .and_then(Value::as_str)
+    {
+        return Some(v.to_string());
+    }
+    headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| *v >= ENVELOPE_SINCE)
+        .map(String::from)
+}
+
+/// A probe page's params: the cursor, and under 2026-07-28 the caller's envelope (a
+/// capabilities object is required: an empty one where the caller's is not known).
+fn page_params(cursor: Option<&str>, call: &CallIdentity, revision: Option<&str>) -> Value {
+    let mut params = serde_json::Map::new();
+    if let Some(c) = cursor {
+        params.insert("cursor".into(), Value::String(c.to_string()));
+    }
+    if let Some(revision) = revision {
+        let mut meta = call.envelope.clone().unwrap_or_default();
+        meta.insert(PROTOCOL_VERSION_META.into(), Value::String(revision.into()));
+        meta.entry("io.modelcontextprotocol/clientCapabilities")
+            .or_insert_with(|| Value::Object(Default::default()));
+        params.insert("_meta".into(), Value::Object(meta));
+    }
+    Value::Object(params)
+}
+
 /// Pages through the server's `tools/list` with the caller's headers (credentials, session,
 /// protocol version), reading each tool's `readOnlyHint`.
 async fn probe(
     app: &App,
     route: &Route,
+    call: &CallIdentity,
     parts: &http::request::Parts,
     uri: &Uri,
 ) -> Result<std::collections::BTreeMap<String, bool>, String> {
+    let revision = enveloped_revision(call, &parts.headers);
     let mut all = std::collections::BTreeMap::new();
     let mut cursor: Option<String> = None;
     for page in 0..20 {
-        let mut params = serde_json::Map::new();
-        if let Some(c) = &cursor {
-            params.insert("cursor".into(), Value::String(c.clone()));
-        }
+        let params = page_params(cursor.as_deref(), call, revision.as_deref());
         let body = serde_json::json!({"jsonrpc": "2.0", "id": format!("idemproxy-probe-{page}"),
             "method": "tools/list", "params": params});
         let mut headers = parts.headers.clone();
@@ -77,6 +134,12 @@ async fn probe(
             headers.remove(name);
         }
         headers.insert("mcp-method", HeaderValue::from_static("tools/list"));
+        if let Some(v) = revision
+            .as_deref()
+            .and_then(|r| HeaderValue::from_str(r).ok())
+        {
+            headers.insert("mcp-protocol-version", v);
+        }
         headers.remove(header::CONTENT_LENGTH);
         let mut probe_parts = Request::new(()).into_parts().0;
         probe_parts.method = http::Method::POST;
@@ -101,9 +164,12 @@ async fn probe(
         )
         .await
         .map_err(|_| "timed out".to_string())??;
-        let result = message
-            .get("result")
-            .ok_or("the server answered with an error")?;
+        let result = message.get("result").ok_or_else(|| {
+            format!(
+                "the server answered with an error: {}",
+                message.get("error").unwrap_or(&Value::Null)
+            )
+        })?;
         let (tools, next) = protect::read_page(result);
         all.extend(tools);
         match next {
@@ -123,7 +189,14 @@ async fn final_message(
 ) -> Result<Value, String> {
     let resp = client.send(req).await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
-        return Err(format!("the server answered {}", resp.status()));
+        let status = resp.status();
+        // The server's own words say why (a missing envelope, a refused token): the
+        // operator reads them in the log line.
+        let said = read_limited(resp.into_body(), 2048)
+            .await
+            .unwrap_or_default();
+        let said = String::from_utf8_lossy(&said);
+        return Err(format!("the server answered {status}: {}", said.trim()));
     }
     let is_sse = content_type(resp.headers()) == replay::SSE;
     let body = read_limited(resp.into_body(), max)

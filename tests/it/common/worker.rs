@@ -182,6 +182,18 @@ impl Worker {
         tool(program, args, &self.ca.worker_env(), creds).await
     }
 
+    /// The value of one series on the admin listener's `/metrics` (0 when absent).
+    pub async fn metric(&self, series: &str) -> f64 {
+        let admin = self.proxy.admin.expect("admin listener");
+        let r = send(admin, "GET", "/metrics", &[], "")
+            .await
+            .expect("GET /metrics");
+        r.text()
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     pub async fn replays(&self, route: &str) -> f64 {
         let admin = self.proxy.admin.expect("admin listener");
         let r = send(admin, "GET", "/metrics", &[], "")
