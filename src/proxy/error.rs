@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use http::{HeaderValue, Response, StatusCode};
 
+use super::refusals::{self, Kind};
 use super::spend_error::SpendError;
 use crate::http::body::{Body, ReadError};
 use crate::http::problem::Problem;
@@ -90,124 +91,56 @@ impl From<ReadError> for ProxyError {
 }
 
 impl ProxyError {
-    fn status(&self) -> StatusCode {
+    /// What kind of refusal this is: its status, slug and title, declared once in
+    /// `refusals`.
+    pub fn kind(&self) -> &'static Kind {
         match self {
-            ProxyError::Identity(_)
-            | ProxyError::MalformedBody(_)
-            | ProxyError::MethodCase { .. }
-            | ProxyError::Signed(_)
-            | ProxyError::BadRequest(_)
-            | ProxyError::Ambiguous(_) => StatusCode::BAD_REQUEST,
-            ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::NoRoute(_) => StatusCode::NOT_FOUND,
-            ProxyError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProxyError::InFlight { .. }
-            | ProxyError::OutcomeUnknown { .. }
-            | ProxyError::DuplicateRejected { .. } => StatusCode::CONFLICT,
-            ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::Upstream {
-                error: UpstreamError::Timeout(_),
-                ..
-            } => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::EgressRefused(_) | ProxyError::ForeignOrigin(_) => StatusCode::FORBIDDEN,
-            ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.status(),
+            ProxyError::Identity(IdentityError::InvalidKey(_)) => &refusals::INVALID_KEY,
+            ProxyError::Identity(
+                IdentityError::MissingKey { .. } | IdentityError::MissingKeyField { .. },
+            ) => &refusals::MISSING_KEY,
+            ProxyError::Identity(IdentityError::Malformed(_)) | ProxyError::MalformedBody(_) => {
+                &refusals::MALFORMED_BODY
+            }
+            ProxyError::Identity(IdentityError::Account(_)) => &refusals::UNKNOWN_ACCOUNT,
+            ProxyError::Identity(IdentityError::Ambiguous(_)) | ProxyError::Ambiguous(_) => {
+                &refusals::AMBIGUOUS
+            }
+            ProxyError::MethodCase { .. } => &refusals::METHOD_CASE,
+            ProxyError::Signed(_) => &refusals::SIGNED,
+            ProxyError::Busy { .. } => &refusals::BUSY,
+            ProxyError::DuplicateRejected { .. } => &refusals::DUPLICATE_REJECTED,
+            ProxyError::BodyTooLarge { .. } => &refusals::BODY_TOO_LARGE,
+            ProxyError::BadRequest(_) => &refusals::BAD_REQUEST,
+            ProxyError::NoRoute(_) => &refusals::NO_ROUTE,
+            ProxyError::KeyReused => &refusals::KEY_REUSED,
+            ProxyError::InFlight { .. } => &refusals::IN_FLIGHT,
+            ProxyError::OutcomeUnknown { .. } => &refusals::OUTCOME_UNKNOWN,
+            ProxyError::StoreUnavailable(_) => &refusals::STORE_UNAVAILABLE,
+            ProxyError::Upstream { error, .. } => match error {
+                UpstreamError::Tls(_) => &refusals::UPSTREAM_TLS,
+                UpstreamError::Connect(_) => &refusals::UPSTREAM_UNREACHABLE,
+                UpstreamError::Timeout(_) => &refusals::UPSTREAM_TIMEOUT,
+                UpstreamError::ResponseTooLarge(_) => &refusals::UPSTREAM_TOO_LARGE,
+                _ => &refusals::UPSTREAM_FAILED,
+            },
+            ProxyError::EgressRefused(_) => &refusals::EGRESS_REFUSED,
+            ProxyError::ForeignOrigin(_) => &refusals::FOREIGN_ORIGIN,
+            ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.kind(),
         }
+    }
+
+    fn status(&self) -> StatusCode {
+        self.kind().status
     }
 
     /// Stable machine-readable name; also the last segment of the problem `type`.
     pub fn slug(&self) -> &'static str {
-        match self {
-            ProxyError::Identity(IdentityError::InvalidKey(_)) => "invalid-idempotency-key",
-            ProxyError::Identity(
-                IdentityError::MissingKey { .. } | IdentityError::MissingKeyField { .. },
-            ) => "missing-idempotency-key",
-            ProxyError::Identity(IdentityError::Malformed(_)) | ProxyError::MalformedBody(_) => {
-                "malformed-body"
-            }
-            ProxyError::Identity(IdentityError::Account(_)) => "unknown-account",
-            ProxyError::Identity(IdentityError::Ambiguous(_)) | ProxyError::Ambiguous(_) => {
-                "ambiguous-request"
-            }
-            ProxyError::MethodCase { .. } => "method-case",
-            ProxyError::Signed(_) => "signed-request",
-            ProxyError::Busy { .. } => "proxy-busy",
-            ProxyError::DuplicateRejected { .. } => "outcome-unknown",
-            ProxyError::BodyTooLarge { .. } => "body-too-large",
-            ProxyError::BadRequest(_) => "bad-request",
-            ProxyError::NoRoute(_) => "no-route",
-            ProxyError::KeyReused => "idempotency-key-reused",
-            ProxyError::InFlight { .. } => "request-in-flight",
-            ProxyError::OutcomeUnknown { .. } => "outcome-unknown",
-            ProxyError::StoreUnavailable(_) => "store-unavailable",
-            ProxyError::Upstream {
-                error: UpstreamError::Tls(_),
-                ..
-            } => "upstream-tls-failed",
-            ProxyError::Upstream {
-                error: UpstreamError::Connect(_),
-                ..
-            } => "upstream-unreachable",
-            ProxyError::Upstream {
-                error: UpstreamError::Timeout(_),
-                ..
-            } => "upstream-timeout",
-            ProxyError::Upstream {
-                error: UpstreamError::ResponseTooLarge(_),
-                ..
-            } => "upstream-response-too-large",
-            ProxyError::Upstream { .. } => "upstream-failed",
-            ProxyError::EgressRefused(_) => "egress-refused",
-            ProxyError::ForeignOrigin(_) => "foreign-origin",
-            ProxyError::Spend(error) | ProxyError::ToolSpend { error, .. } => error.slug(),
-        }
+        self.kind().slug
     }
 
     fn title(&self) -> &'static str {
-        match self {
-            ProxyError::Identity(IdentityError::InvalidKey(_)) => "Invalid idempotency key",
-            ProxyError::Identity(
-                IdentityError::MissingKey { .. } | IdentityError::MissingKeyField { .. },
-            ) => "Idempotency key required",
-            ProxyError::Identity(IdentityError::Malformed(_)) | ProxyError::MalformedBody(_) => {
-                "Malformed request body"
-            }
-            ProxyError::Identity(IdentityError::Account(_)) => "Account not identified",
-            ProxyError::Identity(IdentityError::Ambiguous(_)) | ProxyError::Ambiguous(_) => {
-                "Ambiguous request"
-            }
-            ProxyError::MethodCase { .. } => "Method in the wrong case",
-            ProxyError::Signed(_) => "Signed request cannot be protected as sent",
-            ProxyError::Busy { .. } => "Proxy busy",
-            ProxyError::DuplicateRejected { .. } => {
-                "Outcome unknown: the provider already has this operation"
-            }
-            ProxyError::BodyTooLarge { .. } => "Request body too large",
-            ProxyError::BadRequest(_) => "Bad request",
-            ProxyError::NoRoute(_) => "No route",
-            ProxyError::KeyReused => "Idempotency key reused with a different request",
-            ProxyError::InFlight { .. } => "Request in flight",
-            ProxyError::OutcomeUnknown { .. } => "Outcome unknown",
-            ProxyError::StoreUnavailable(_) => "Idempotency store unavailable",
-            ProxyError::Upstream {
-                error: UpstreamError::Tls(_),
-                ..
-            } => "Upstream TLS handshake failed",
-            ProxyError::Upstream {
-                error: UpstreamError::Connect(_),
-                ..
-            } => "Upstream unreachable",
-            ProxyError::Upstream {
-                error: UpstreamError::Timeout(_),
-                ..
-            } => "Upstream timed out",
-            ProxyError::Upstream { .. } => "Upstream failed",
-            ProxyError::EgressRefused(_) => "Destination not allowed",
-            ProxyError::ForeignOrigin(_) => "Host or Origin not allowed",
-            ProxyError::Spend(_) => "Payment stopped by spend control",
-            ProxyError::ToolSpend { .. } => "Tool call stopped by spend control",
-        }
+        self.kind().title
     }
 
     fn advice(&self) -> String {

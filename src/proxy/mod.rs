@@ -26,6 +26,7 @@ mod pipeline_tests;
 mod read;
 pub mod reconcile;
 pub mod recorded;
+pub mod refusals;
 pub mod routed;
 pub mod server;
 pub mod spend_error;

@@ -5,6 +5,7 @@
 
 use http::StatusCode;
 
+use super::refusals::{self, Kind};
 use crate::spend::budget::PriceError;
 use crate::spend::gate::Refusal;
 
@@ -22,42 +23,33 @@ pub enum SpendError {
 }
 
 impl SpendError {
-    pub fn status(&self) -> StatusCode {
+    /// Its status, slug and title, declared once in `proxy::refusals`.
+    pub fn kind(&self) -> &'static Kind {
         match self {
-            SpendError::Price(_) | SpendError::Run(_) | SpendError::KeyRequired(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            SpendError::Refused(
-                Refusal::OverCap { .. }
-                | Refusal::Denied { .. }
-                | Refusal::Unpriced(_)
-                | Refusal::TooLargeToApprove { .. }
-                | Refusal::Frozen { .. },
-            ) => StatusCode::FORBIDDEN,
-            SpendError::Refused(Refusal::Pending { .. } | Refusal::Mismatch { .. }) => {
-                StatusCode::CONFLICT
-            }
-            SpendError::Refused(Refusal::TooManyPending(_)) => StatusCode::TOO_MANY_REQUESTS,
-            SpendError::Refused(Refusal::Store(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            SpendError::Price(PriceError::Ambiguous(_)) => &refusals::AMBIGUOUS,
+            SpendError::Price(_) => &refusals::AMOUNT_INVALID,
+            SpendError::Run(_) => &refusals::RUN_INVALID,
+            SpendError::KeyRequired(_) => &refusals::KEY_REQUIRED,
+            SpendError::Refused(refusal) => match refusal {
+                Refusal::Unpriced(_) => &refusals::UNPRICED,
+                Refusal::TooLargeToApprove { .. } => &refusals::TOO_LARGE_TO_APPROVE,
+                Refusal::TooManyPending(_) => &refusals::PENDING_LIMIT,
+                Refusal::Frozen { .. } => &refusals::FROZEN,
+                Refusal::OverCap { .. } => &refusals::OVER_CAP,
+                Refusal::Pending { .. } => &refusals::APPROVAL_PENDING,
+                Refusal::Denied { .. } => &refusals::APPROVAL_DENIED,
+                Refusal::Mismatch { .. } => &refusals::APPROVAL_MISMATCH,
+                Refusal::Store(_) => &refusals::STORE_UNAVAILABLE,
+            },
         }
     }
 
+    pub fn status(&self) -> StatusCode {
+        self.kind().status
+    }
+
     pub fn slug(&self) -> &'static str {
-        match self {
-            SpendError::Price(PriceError::Ambiguous(_)) => "ambiguous-request",
-            SpendError::Price(_) => "amount-invalid",
-            SpendError::Run(_) => "run-invalid",
-            SpendError::KeyRequired(_) => "idempotency-key-required",
-            SpendError::Refused(Refusal::Unpriced(_)) => "unpriced-operation",
-            SpendError::Refused(Refusal::TooLargeToApprove { .. }) => "approval-too-large",
-            SpendError::Refused(Refusal::TooManyPending(_)) => "approvals-pending-limit",
-            SpendError::Refused(Refusal::Frozen { .. }) => "spend-frozen",
-            SpendError::Refused(Refusal::OverCap { .. }) => "spend-cap-exceeded",
-            SpendError::Refused(Refusal::Pending { .. }) => "approval-pending",
-            SpendError::Refused(Refusal::Denied { .. }) => "approval-denied",
-            SpendError::Refused(Refusal::Mismatch { .. }) => "approval-mismatch",
-            SpendError::Refused(Refusal::Store(_)) => "store-unavailable",
-        }
+        self.kind().slug
     }
 
     pub fn advice(&self) -> &'static str {
