@@ -109,7 +109,7 @@ pub struct Records {
 /// What a successful call made, as its `records` rule read it: not yet money (the route's
 /// budget parses it when a later call is priced).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Recorded {
+pub struct RecordedObject {
     pub kind: String,
     pub id: String,
     pub amount: String,
@@ -182,7 +182,7 @@ impl Records {
     /// What a call with these arguments made, from its final JSON-RPC message. `None` when the
     /// message is no successful result or lacks a field: nothing is recorded, and a later call
     /// naming the object stays unpriced.
-    pub fn read(&self, arguments: &Value, message: &[u8]) -> Option<Recorded> {
+    pub fn read(&self, arguments: &Value, message: &[u8]) -> Option<RecordedObject> {
         let object = result_object(message)?;
         let result = Some(&object);
         let id = self
@@ -194,7 +194,7 @@ impl Records {
             CurrencyFrom::Code(c) => c.clone(),
             CurrencyFrom::Field(f) => f.text_of(arguments, result)?,
         };
-        Some(Recorded {
+        Some(RecordedObject {
             kind: self.kind.clone(),
             id,
             amount,
@@ -285,7 +285,7 @@ mod tests {
     fn a_result_is_read_from_structured_content_or_its_text() {
         let args = json!({"product": "prod_1", "unit_amount": 1500, "currency": "usd"});
         let object = json!({"id": "price_1", "unit_amount": 1500, "currency": "usd"});
-        let want = Some(Recorded {
+        let want = Some(RecordedObject {
             kind: "price".into(),
             id: "price_1".into(),
             amount: "1500".into(),

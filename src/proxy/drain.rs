@@ -99,10 +99,10 @@ impl Pass {
 /// The requests in flight on one connection. A request counts until hyper lets go of its
 /// response body, that is until the whole answer has been handed to the connection.
 #[derive(Clone, Default)]
-pub struct Requests(Arc<Counter>);
+pub struct Requests(Arc<OpenCount>);
 
 #[derive(Default)]
-struct Counter {
+struct OpenCount {
     in_flight: AtomicUsize,
     idle: Notify,
 }

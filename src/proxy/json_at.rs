@@ -16,17 +16,17 @@ use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, SeqAccess, Visi
 /// one JSON document, or nothing is there, or what is there is not a string.
 pub fn string_at<'b>(body: &'b [u8], at: &str) -> Option<Cow<'b, str>> {
     let mut de = serde_json::Deserializer::from_slice(body);
-    let found = Lookup { rest: Some(at) }.deserialize(&mut de).ok()?;
+    let found = Walk { rest: Some(at) }.deserialize(&mut de).ok()?;
     de.end().ok()?;
     found
 }
 
 /// Looks for the path `rest` (the leaf itself when `None`) in one value.
-struct Lookup<'p> {
+struct Walk<'p> {
     rest: Option<&'p str>,
 }
 
-impl<'de> DeserializeSeed<'de> for Lookup<'_> {
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
     type Value = Option<Cow<'de, str>>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
@@ -34,7 +34,7 @@ impl<'de> DeserializeSeed<'de> for Lookup<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for Lookup<'_> {
+impl<'de> Visitor<'de> for Walk<'_> {
     type Value = Option<Cow<'de, str>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -62,7 +62,7 @@ impl<'de> Visitor<'de> for Lookup<'_> {
         while let Some(is_part) = map.next_key_seed(KeyIs(part))? {
             if is_part {
                 // A key given twice: the last one counts, as in `Value`.
-                found = map.next_value_seed(Lookup { rest: deeper })?;
+                found = map.next_value_seed(Walk { rest: deeper })?;
             } else {
                 map.next_value::<Skip>()?;
             }

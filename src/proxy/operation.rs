@@ -32,7 +32,7 @@ use http::Response;
 
 use super::forward;
 use super::outgoing::Outgoing;
-use super::spending::{self, Plan, Reserved, SpendError, ToolAsked};
+use super::spending::{self, Gated, Plan, SpendError, ToolAsked};
 use super::trace::Trace;
 use super::App;
 use crate::http::body::Body;
@@ -53,7 +53,7 @@ pub(super) type Call = BoxFuture<'static, Result<Receipt, UpstreamError>>;
 
 /// An identified operation, as its front hands it to the driver. (`'v` is the request view's
 /// own: a view is invariant in it, having its body parsed once, whoever reads it first.)
-pub(super) struct Operation<'a, 'v> {
+pub(super) struct Protecting<'a, 'v> {
     /// The claim it asks for (with a continuation's wait, the other derivation's scope).
     pub ask: ClaimRequest<'a>,
     pub policy: &'a Arc<Policy>,
@@ -149,7 +149,7 @@ impl Settling {
 pub(super) async fn run<F: Front>(
     app: &App,
     route: &Route,
-    op: &Operation<'_, '_>,
+    op: &Protecting<'_, '_>,
     front: &mut F,
     trace: &mut Trace,
 ) -> Result<Done, ProxyError> {
@@ -176,13 +176,13 @@ pub(super) async fn run<F: Front>(
         )
         .await?;
         match reserved {
-            Reserved::Forward(claim, ticket) => {
+            Gated::Forward(claim, ticket) => {
                 trace.spend = Some(ticket.describe());
                 return Ok(execute(app, route, op, front, *claim, Some(ticket)));
             }
             // A person approved it while its claim was let go: claim again, as approved.
-            Reserved::Approved => approved = true,
-            Reserved::Refused(error) => {
+            Gated::Approved => approved = true,
+            Gated::Refused(error) => {
                 trace.spend = Some(error.slug().to_string());
                 return Err(front.spend_refusal(error));
             }
@@ -202,7 +202,7 @@ enum Claimed {
 async fn claim<F: Front>(
     app: &App,
     route: &Route,
-    op: &Operation<'_, '_>,
+    op: &Protecting<'_, '_>,
     front: &F,
     trace: &mut Trace,
 ) -> Result<Claimed, ProxyError> {
@@ -283,7 +283,7 @@ pub(super) fn found(
 fn execute<F: Front>(
     app: &App,
     route: &Route,
-    op: &Operation<'_, '_>,
+    op: &Protecting<'_, '_>,
     front: &mut F,
     mut claim: Claim,
     mut ticket: Option<Ticket>,

@@ -35,7 +35,7 @@ use super::answer;
 use super::claim::Claiming;
 use super::counted;
 use super::forward;
-use super::operation::{self, AfterSettle, Call, Done, Front, Operation, Priced};
+use super::operation::{self, AfterSettle, Call, Done, Front, Priced, Protecting};
 use super::outgoing::Outgoing;
 use super::read::{self, ReadRequest};
 use super::reconcile;
@@ -152,14 +152,14 @@ where
         let account = &op.scoped.identified.derived.account;
         counted::Marking::new(app, route, rules, &view, account, op.policy.retention)
     });
-    let operation = Operation {
+    let operation = Protecting {
         ask: op.request(route),
         policy: &op.policy,
         priced,
         view: &view,
         outgoing: &outgoing,
     };
-    let mut front = Rest {
+    let mut front = RestFront {
         app,
         route,
         op: &op,
@@ -213,7 +213,7 @@ async fn executed(
 }
 
 /// The REST front: what the driver asks of a request read whole and identified.
-struct Rest<'a> {
+struct RestFront<'a> {
     app: &'a App,
     route: &'a Arc<Route>,
     op: &'a Claiming,
@@ -227,7 +227,7 @@ struct Rest<'a> {
     key: Option<PassedDown>,
 }
 
-impl Front for Rest<'_> {
+impl Front for RestFront<'_> {
     fn call(&mut self, claim: &mut Claim) -> Call {
         let (app, route, tenant) = (self.app, self.route, self.view.tenant);
         // Only a request about to execute can be a re-run under a new key: a replay or a

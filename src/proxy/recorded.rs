@@ -19,7 +19,7 @@ use crate::idempotency::outcome::Outcome;
 use crate::idempotency::record::{Receipt, Record, State};
 use crate::idempotency::store::{Clock, Expiry, Store, StoreError};
 use crate::identity::scope::Place;
-use crate::mcp::recorded::{PriceFrom, Recorded, Records};
+use crate::mcp::recorded::{PriceFrom, RecordedObject, Records};
 use crate::outbound::upstream::UpstreamError;
 use crate::routes::RouteSpend;
 use crate::spend::budget::PriceError;
@@ -123,7 +123,7 @@ pub async fn keep(
     store: &dyn Store,
     scope: &str,
     route: &str,
-    made: &Recorded,
+    made: &RecordedObject,
     now_ms: u64,
     keep: Duration,
 ) -> Result<(), StoreError> {

@@ -345,8 +345,8 @@ impl crate::spend::gate::SpendEvents for crate::metrics::Metrics {
 }
 
 /// What the spend gate made of a capped request's claim.
-pub(super) enum Reserved {
-    /// Reserved under the ticket: forward the claim.
+pub(super) enum Gated {
+    /// Gated under the ticket: forward the claim.
     Forward(Box<Claim>, Ticket),
     /// Parked, and a person approved it. The claim was withdrawn while they decided (a
     /// wait must not hold it into a lapse): claim again, as approved.
@@ -370,7 +370,7 @@ pub(super) async fn reserve(
     claim: Claim,
     approved: bool,
     tool: Option<&ToolAsked>,
-) -> Result<Reserved, ProxyError> {
+) -> Result<Gated, ProxyError> {
     // Read before the claim moves into its guard (two short strings per capped request).
     let token = claim.token.as_str().to_owned();
     let replaces = claim.replaces().map(str::to_owned);
@@ -389,7 +389,7 @@ pub(super) async fn reserve(
     Ok(
         match admit(&app.spend, route, spend, plan, view, &at).await {
             Ok(Admission::Admitted(ticket)) => match unsent.forward() {
-                Some(claim) => Reserved::Forward(Box::new(claim), ticket),
+                Some(claim) => Gated::Forward(Box::new(claim), ticket),
                 None => {
                     return Err(ProxyError::BadRequest(
                         "internal: a claim went missing".into(),
@@ -400,13 +400,13 @@ pub(super) async fn reserve(
                 unsent.withdraw().await;
                 tracing::info!(route = %route.name, tool = tool.map(|t| t.call.name.as_str()), approval = %approval.id, "waits for a person's approval");
                 match app.spend.wait(&spend.budget, &approval).await {
-                    Ok(()) => Reserved::Approved,
-                    Err(refusal) => Reserved::Refused(SpendError::Refused(refusal)),
+                    Ok(()) => Gated::Approved,
+                    Err(refusal) => Gated::Refused(SpendError::Refused(refusal)),
                 }
             }
             Err(error) => {
                 unsent.withdraw().await;
-                Reserved::Refused(error)
+                Gated::Refused(error)
             }
         },
     )

@@ -56,7 +56,7 @@ enum Head {
 }
 
 /// The client's side of an exchange: where the call hands over the server's answer.
-pub(super) struct Waiting {
+pub(super) struct ClientSide {
     head: oneshot::Receiver<Head>,
     live: mpsc::Receiver<Bytes>,
     whole: oneshot::Receiver<(http::response::Parts, Bytes)>,
@@ -70,7 +70,7 @@ pub(super) fn prepare(
     request: Request<Body>,
     admitted: Option<Admitted>,
     answering: Answering,
-) -> (Call, Waiting) {
+) -> (Call, ClientSide) {
     let Answering { id, resume } = answering;
     let (head, head_rx) = oneshot::channel();
     let (live, live_rx) = mpsc::channel::<Bytes>(LIVE_EVENTS);
@@ -115,7 +115,7 @@ pub(super) fn prepare(
             .await
             .unwrap_or(Err(UpstreamError::Timeout(timeout)))
     });
-    let waiting = Waiting {
+    let waiting = ClientSide {
         head: head_rx,
         live: live_rx,
         whole: whole_rx,
@@ -126,10 +126,10 @@ pub(super) fn prepare(
 /// The answer to an executing call: an event stream at once (settled in the background), or
 /// the JSON body once the claim is settled. Returns it and what became of the claim.
 pub(super) async fn answer(
-    waiting: Waiting,
+    waiting: ClientSide,
     settling: Settling,
 ) -> (Result<Response<Body>, ProxyError>, RequestOutcome) {
-    let Waiting { head, live, whole } = waiting;
+    let ClientSide { head, live, whole } = waiting;
     if let Ok(Head::Streaming(mut parts)) = head.await {
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::CONTENT_LENGTH);

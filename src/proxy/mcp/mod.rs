@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use serde_json::Value;
 
 use super::admission::Admitted;
-use super::operation::{self, AfterSettle, Call, Done, Front, Operation, Priced};
+use super::operation::{self, AfterSettle, Call, Done, Front, Priced, Protecting};
 use super::outgoing::Outgoing;
 use super::trace::{outcome_of, Trace};
 use crate::http::body::{full, read_limited, stream, Body, BoxError};
@@ -63,7 +63,7 @@ where
     B::Error: Into<BoxError>,
 {
     let started = Instant::now();
-    let mut seen = Seen {
+    let mut seen = Learned {
         id: Value::Null,
         outcome: RequestOutcome::Rejected,
     };
@@ -89,7 +89,7 @@ where
 
 /// What `run` learns as the message is served: the id a refusal answers, and what became of
 /// the message (for the request count).
-struct Seen {
+struct Learned {
     id: Value,
     outcome: RequestOutcome,
 }
@@ -101,13 +101,13 @@ async fn serve<B>(
     req: Request<B>,
     path_and_query: &str,
     tenant: &str,
-    seen: &mut Seen,
+    seen: &mut Learned,
 ) -> Result<Response<Body>, ProxyError>
 where
     B: http_body::Body<Data = bytes::Bytes>,
     B::Error: Into<BoxError>,
 {
-    let Seen { id, outcome } = seen;
+    let Learned { id, outcome } = seen;
     let uri = route.upstream_uri(path_and_query).map_err(|e| {
         ProxyError::BadRequest(format!("the request path cannot be forwarded: {e}"))
     })?;
@@ -210,7 +210,7 @@ async fn run_protected(
         lookup_credentials: None,
         continuation: continues(message),
     };
-    let operation = Operation {
+    let operation = Protecting {
         ask,
         policy: &policy,
         priced: plan.as_ref().map(|c| Priced {
@@ -236,7 +236,7 @@ async fn run_protected(
         &arguments,
         policy.retention,
     );
-    let mut front = ToolCall {
+    let mut front = McpFront {
         app,
         route,
         tool: &call.tool,
@@ -291,7 +291,7 @@ async fn answered(
     route: &Route,
     p: &Protected<'_>,
     done: Done,
-    waiting: Option<exchange::Waiting>,
+    waiting: Option<exchange::ClientSide>,
 ) -> (Result<Response<Body>, ProxyError>, RequestOutcome) {
     match (done, waiting) {
         (Done::Replayed(receipt), _) => {
@@ -313,7 +313,7 @@ async fn answered(
 }
 
 /// The MCP front: what the driver asks of a protected tool call.
-struct ToolCall<'a> {
+struct McpFront<'a> {
     app: &'a App,
     route: &'a Arc<Route>,
     tool: &'a str,
@@ -323,10 +323,10 @@ struct ToolCall<'a> {
     /// Where a tool with `records` keeps what its result made, once settled.
     keeping: Option<recorded::Keeping>,
     /// Where the executing call's answer reaches the client.
-    waiting: Option<exchange::Waiting>,
+    waiting: Option<exchange::ClientSide>,
 }
 
-impl Front for ToolCall<'_> {
+impl Front for McpFront<'_> {
     fn call(&mut self, _claim: &mut Claim) -> Call {
         // MCP servers take no key: every attempt sends the call as it came.
         let request = self.outgoing.request(None);
