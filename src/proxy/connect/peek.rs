@@ -6,7 +6,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use crate::tls::client_hello::{self, ClientHello, Hello, MAX_HELLO_BYTES};
 
@@ -67,4 +68,41 @@ where
             return Peeked { bytes, seen };
         }
     }
+}
+
+/// A peek at a client that said nothing at first (a server-first protocol, or a client biding
+/// its time): the server's bytes pass to the client as they come, while the client's first
+/// bytes are read and kept, not forwarded, until they are a whole ClientHello or something
+/// else. `whole` bounds the wait; `io` comes back whole, with nothing of it lost.
+pub async fn peek_while_server_speaks<IO>(
+    io: IO,
+    upstream: &mut TcpStream,
+    whole: Duration,
+) -> (Peeked, IO)
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut client_reads, mut client_writes) = tokio::io::split(io);
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut server_open = true;
+    let peeked = {
+        let peeking = peek(&mut client_reads, std::future::pending(), whole);
+        tokio::pin!(peeking);
+        loop {
+            tokio::select! {
+                peeked = &mut peeking => break peeked,
+                // Reads are cancel-safe; a write, once begun, finishes before the next poll.
+                read = upstream.read(&mut buf), if server_open => match read {
+                    // The server closed its side: the splice (if any) passes that on.
+                    Ok(0) | Err(_) => server_open = false,
+                    Ok(n) => {
+                        if client_writes.write_all(&buf[..n]).await.is_err() {
+                            break Peeked { bytes: Vec::new(), seen: Seen::Closed };
+                        }
+                    }
+                },
+            }
+        }
+    };
+    (peeked, client_reads.unsplit(client_writes))
 }

@@ -22,6 +22,9 @@ pub struct ConnectPolicy {
     pub tunnel_hosts: HostPatterns,
     /// `tls.peek_timeout`: how long a tunnel waits for the client to speak first.
     pub peek_timeout: Duration,
+    /// `tls.server_first_ports`: where a capped deployment lets a silent client wait for the
+    /// server (whose bytes then flow while the client's first bytes are still judged).
+    pub server_first_ports: Vec<u16>,
     /// Where the routes' upstreams are, as DNS says now (cached).
     pub routed_addresses: RoutedAddresses,
     /// `None` when no CA is configured: CONNECT to a routed host is then refused.
@@ -52,6 +55,7 @@ impl ConnectPolicy {
             unknown_hosts: config.tls.unknown_hosts,
             tunnel_hosts: HostPatterns::new(&config.tls.tunnel_hosts),
             peek_timeout: config.tls.peek_timeout.0,
+            server_first_ports: config.tls.server_first_ports.clone(),
             routed_addresses: RoutedAddresses::default(),
             leaves,
             handshake_timeout: config.server.header_read_timeout.0,

@@ -18,6 +18,15 @@ impl<IO> Replay<IO> {
     pub fn new(front: Vec<u8>, io: IO) -> Replay<IO> {
         Replay { front, at: 0, io }
     }
+
+    /// Puts `read` back in front: bytes read through this connection after it was made,
+    /// which came before whatever of the old front is still unread.
+    pub fn put_back(mut self, mut read: Vec<u8>) -> Replay<IO> {
+        read.extend_from_slice(&self.front[self.at..]);
+        self.front = read;
+        self.at = 0;
+        self
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Replay<IO> {
