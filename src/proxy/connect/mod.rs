@@ -276,13 +276,13 @@ impl Tunnel {
             tracing::info!(target = %self.target, timeout = ?policy.peek_timeout, "the client sent nothing within tls.peek_timeout, and this port is not in tls.server_first_ports");
             return self.refuse(client, "silent_client").await;
         }
-        let whole = policy.tunnel_idle_timeout;
-        let (peeked, client) = peek_while_server_speaks(client, &mut upstream, whole).await;
+        let idle = policy.tunnel_idle_timeout;
+        let (peeked, client) = peek_while_server_speaks(client, &mut upstream, idle).await;
         let client = client.put_back(peeked.bytes);
         let splice = match &peeked.seen {
             Seen::Closed => return,
             Seen::Silence => {
-                tracing::debug!(target = %self.target, ?whole, "tunnel idle before the client spoke; closed");
+                tracing::debug!(target = %self.target, ?idle, "tunnel idle before the client spoke; closed");
                 return;
             }
             Seen::NotTls => "server_first",
