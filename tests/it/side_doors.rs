@@ -897,3 +897,63 @@ fn check_config_refuses_a_server_first_port_connect_cannot_reach() {
     ));
     assert!(ok, "{out}");
 }
+
+// ---------------------------------------------------------------------------------------
+// A route whose upstream shares the proxy's own address (a sidecar).
+
+/// A capped route with no `host`, its upstream on the proxy's own IP: an absolute-form
+/// request naming the proxy (`POST http://PROXY/pay/v1/charges`) is the base-URL request and
+/// capped like it; one naming another port of that IP is not the route's and is not
+/// forwarded with its prefix. No payment reaches the provider uncapped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absolute_form_requests_naming_the_proxy_are_base_url_requests() {
+    let provider = FakeProvider::start_with(ProviderOptions::default()).await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let text = config(
+        &store.url(),
+        &format!(
+            "[[routes]]\nname = \"pay\"\nprefix = \"/pay\"\nupstream = \"http://127.0.0.1:{}\"\nhonours_key = false\n[routes.spend]\noperations = [\"POST /v1/charges\"]\namount = [\"{{body.amount}}\"]\ncurrency = \"{{body.currency}}\"\nunit = \"minor\"\ncaps_currency = \"usd\"\nper_request = \"100.00\"\n",
+            provider.port()
+        ),
+    );
+    let proxy = Proxy::start(&text);
+    let charge = |target: String, key: &'static str| {
+        let addr = proxy.addr;
+        async move {
+            crate::common::client::send(
+                addr,
+                "POST",
+                &target,
+                &[
+                    ("idempotency-key", key),
+                    ("content-type", "application/json"),
+                ],
+                CHARGE,
+            )
+            .await
+            .expect("an answer")
+        }
+    };
+    let base = charge("/pay/v1/charges".into(), "base").await;
+    assert!(base.status >= 400, "{base:?}");
+    let own = charge(format!("http://{}/pay/v1/charges", proxy.addr), "own").await;
+    assert_eq!(own.status, base.status, "{own:?}");
+    assert_eq!(
+        own.header("x-idemproxy-error"),
+        base.header("x-idemproxy-error"),
+        "capped exactly as the base-URL request"
+    );
+    let other_port = proxy.addr.port().wrapping_add(1);
+    let other = charge(
+        format!("http://127.0.0.1:{other_port}/pay/v1/charges"),
+        "other",
+    )
+    .await;
+    assert!(other.status >= 400, "{other:?}");
+    assert_eq!(
+        provider.effects(),
+        0,
+        "a payment reached the provider uncapped: {:?}",
+        provider.received()
+    );
+}

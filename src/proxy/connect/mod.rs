@@ -19,20 +19,19 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use self::peek::{peek, peek_while_server_speaks, Seen};
-use self::policy::{ConnectError, ConnectTarget};
 use self::replay::Replay;
 use super::connection::ConnectionSlot;
 use crate::config::UnknownHosts;
 use crate::http::body::{empty, Body};
 use crate::metrics::RequestOutcome;
+use crate::proxy::egress_policy::side_doors;
+use crate::proxy::egress_policy::{ConnectError, ConnectTarget};
 use crate::proxy::App;
 use crate::tls::client_hello::ClientHello;
 
 pub mod intercept;
 pub mod peek;
-pub mod policy;
 pub mod replay;
-pub mod side_doors;
 pub mod tunnel;
 
 /// How long a blind tunnel may take to reach its target.
