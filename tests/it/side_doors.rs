@@ -760,7 +760,9 @@ async fn late_hello(
 
 /// On a capped deployment, a tunnel to an allowed host whose client says nothing past the
 /// peek timeout, then names the capped provider (served on the same edge), pays nothing: over
-/// an HTTP/1 CONNECT and over an HTTP/2 CONNECT stream.
+/// an HTTP/1 CONNECT and over an HTTP/2 CONNECT stream. (The listener now serves HTTP/1.1
+/// only, so the HTTP/2 attempt ends at its preface; the silent-client rule alone stopped it
+/// too, while the listener still served h2c.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silence_then_the_providers_name_pays_nothing() {
     let s = Setup::start(Deployment::Spend, "tunnel_hosts = [\"localhost\"]").await;
@@ -892,10 +894,16 @@ fn check_config_refuses_a_server_first_port_connect_cannot_reach() {
             && out.contains("tls.connect_ports"),
         "{out}"
     );
+    let capped = "[[routes]]\nname = \"stripe\"\nupstream = \"https://api.stripe.com\"\nprovider = \"stripe\"\n[routes.spend]\ncaps_currency = \"usd\"\nper_request = \"100.00\"\n";
     let (ok, out) = check_config(&format!(
-        "{store}[tls]\nconnect_ports = [443, 587]\nserver_first_ports = [587]\n"
+        "{store}[tls]\nconnect_ports = [443, 587]\nserver_first_ports = [587]\n{capped}"
     ));
     assert!(ok, "{out}");
+    assert!(
+        out.contains("sends nothing within tls.peek_timeout is refused")
+            && out.contains("speaks first: 587 (tls.server_first_ports)"),
+        "{out}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
