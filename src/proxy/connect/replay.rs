@@ -96,4 +96,16 @@ mod tests {
         r.read_to_end(&mut all).await.expect("read");
         assert_eq!(all, b"lo world");
     }
+
+    #[tokio::test]
+    async fn bytes_put_back_come_before_the_unread_front() {
+        let rest: &[u8] = b"!";
+        let mut r = Replay::new(b"abcdef".to_vec(), rest);
+        let mut first = [0u8; 2];
+        r.read_exact(&mut first).await.expect("read");
+        let mut r = r.put_back(first.to_vec());
+        let mut all = Vec::new();
+        r.read_to_end(&mut all).await.expect("read");
+        assert_eq!(all, b"abcdef!");
+    }
 }
