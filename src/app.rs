@@ -13,7 +13,7 @@ use crate::outbound::announce::Webhook;
 use crate::outbound::egress::Egress;
 use crate::outbound::upstream::{ClientOptions, UpstreamClient};
 use crate::proxy::admission::ForwardLimit;
-use crate::proxy::connect::policy::ConnectPolicy;
+use crate::proxy::egress_policy::ConnectPolicy;
 use crate::proxy::App;
 use crate::routes::{RouteTable, Routes};
 use crate::spend::gate::{Announcer, Gate};

@@ -346,6 +346,11 @@ pub struct TlsConfig {
     pub peek_timeout: Dur,
     /// Ports CONNECT may reach (intercepted or tunnelled); any other port is a 403.
     pub connect_ports: Vec<u16>,
+    /// Ports whose protocol has the server speak first (SMTP's 25 and 587, SSH's 22). Where a
+    /// route caps spend, a tunnel whose client stays silent past `peek_timeout` is refused
+    /// unless its port is listed here; on a listed port the server's bytes flow and the
+    /// client's first bytes are still judged before any is forwarded.
+    pub server_first_ports: Vec<u16>,
     /// A blind tunnel with no byte in either direction for this long is closed, so tunnels
     /// whose client vanished without a FIN do not pile up.
     pub tunnel_idle_timeout: Dur,
@@ -361,6 +366,7 @@ impl Default for TlsConfig {
             tunnel_with_spend: false,
             peek_timeout: Dur(Duration::from_secs(1)),
             connect_ports: vec![443],
+            server_first_ports: Vec::new(),
             tunnel_idle_timeout: Dur(Duration::from_secs(600)),
         }
     }
@@ -1124,6 +1130,14 @@ impl Config {
         }
         for (i, host) in self.tls.tunnel_hosts.iter().enumerate() {
             tunnel_host(host).map_err(|m| self.invalid(format!("tls.tunnel_hosts[{i}]"), m))?;
+        }
+        for (i, port) in self.tls.server_first_ports.iter().enumerate() {
+            if !self.tls.connect_ports.contains(port) {
+                return Err(self.invalid(
+                    format!("tls.server_first_ports[{i}]"),
+                    format!("port {port} is not in tls.connect_ports, so no CONNECT can reach it; add it there too, or remove it here"),
+                ));
+            }
         }
         if self.tls.unknown_hosts == Some(UnknownHosts::Tunnel) && !self.tls.tunnel_with_spend {
             if let Some(route) = self.routes.iter().find(|r| r.spend.is_some()) {

@@ -201,7 +201,7 @@ fn check_config(path: PathBuf) -> anyhow::Result<()> {
         eprintln!("{}: warning: {warning}", path.display());
     }
     println!("{}: OK ({} routes)", path.display(), config.routes.len());
-    println!("{}", idemproxy::proxy::connect::policy::summary(&config));
+    println!("{}", idemproxy::proxy::egress_policy::summary(&config));
     Ok(())
 }
 

@@ -224,7 +224,7 @@ impl Metrics {
         );
         r.register(
             "tunnels",
-            "Blind tunnels spliced, by what their client sent first: sni_match (a ClientHello naming the CONNECT host), sni_other (another unrouted name), no_sni, ech, not_tls, unparsed (no well-formed ClientHello within the bound), server_first (nothing within tls.peek_timeout)",
+            "Blind tunnels spliced, by what their client sent first: sni_match (a ClientHello naming the CONNECT host), sni_other (another unrouted name), no_sni, ech, not_tls, unparsed (no well-formed ClientHello within the bound), server_first (nothing within tls.peek_timeout, then first bytes that are not TLS)",
             self.tunnels.clone(),
         );
         r.register(

@@ -68,11 +68,14 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
                 } else {
                     80
                 });
+            // The proxy's own address first: a route whose upstream shares it (a sidecar)
+            // must not take the request with its prefix unstripped, past rules written for
+            // the upstream's paths.
+            if names_this_proxy(&req, host, port) {
+                return Ok(base_url(&app, req, &path_and_query, &tenant).await);
+            }
             match app.routes.by_host(host, port) {
                 Some(route) => to_route(&app, &route, req, &path_and_query, &tenant).await,
-                None if names_this_proxy(&req, host, port) => {
-                    base_url(&app, req, &path_and_query, &tenant).await
-                }
                 // A routed host on a port its route does not name: passing it through would
                 // bypass the route's idempotency checks (CONNECT refuses the same).
                 None if app.routes.on_other_port(host, port).is_some() => {

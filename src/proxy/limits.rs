@@ -60,10 +60,11 @@ impl FirstRequest {
 }
 
 /// Runs a connection, but closes it (`None`) when it has not delivered a whole request head
-/// within `limit` of opening. hyper-util sniffs the HTTP version before hyper's own header
-/// timeout starts, so a socket that sends nothing, or a partial `PRI * HTTP/2.0` preface, would
-/// otherwise hold its `max_connections` slot for as long as its client keeps it open. After
-/// the first request, hyper's header timeout guards every later one (HTTP/1.1).
+/// within `limit` of opening. On intercepted connections hyper-util sniffs the HTTP version
+/// before hyper's own header timeout starts, so a socket that sends nothing, or a partial
+/// `PRI * HTTP/2.0` preface, would otherwise stay open for as long as its client keeps it; on
+/// the listener it is a second guard beside hyper's. After the first request, hyper's header
+/// timeout guards every later one (HTTP/1.1).
 pub async fn first_request_within<F: Future>(
     conn: F,
     first: &FirstRequest,

@@ -12,6 +12,7 @@ pub mod connection;
 pub mod counted;
 pub mod dispatch;
 pub mod drain;
+pub mod egress_policy;
 pub mod error;
 mod forward;
 mod json_at;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::admission::ForwardLimit;
-use super::connect::policy::ConnectPolicy;
+use super::egress_policy::ConnectPolicy;
 use crate::auth::Tenants;
 use crate::idempotency::claims::Claims;
 use crate::identity::minted_keys::MintedKeys;

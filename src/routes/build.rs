@@ -49,7 +49,10 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
     let (host, port) = match &r.host {
         Some(h) => split_host_port(h)
             .ok_or_else(|| b.invalid("host", format!("`{h}` is not a host or host:port")))?,
-        None => (upstream.host.clone(), None),
+        // The upstream's host, on the port its URL names: another port of that host is
+        // another server, not this route's. A URL without a port matches any (as
+        // `http://api.example.com/...` sent to an https upstream does).
+        None => (upstream.host.clone(), upstream.authority.port_u16()),
     };
     let (key_field, pass_key, forward_key_limits) = b.key_passing()?;
     let identity = b.identity(key_field)?;

@@ -656,6 +656,71 @@ async fn slow_header_clients_are_cut_off_while_others_are_served() {
     assert!(served >= 5, "only {served} requests served meanwhile");
 }
 
+/// One POST over HTTP/2 with prior knowledge (h2c): the status, or where it broke off.
+async fn h2c_post(proxy: std::net::SocketAddr, key: &str, header: &str) -> Result<u16, String> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let tcp = tokio::net::TcpStream::connect(proxy)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("h2 handshake: {e}"))?;
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{proxy}/pay/v1/c"))
+        .header("idempotency-key", key)
+        .header("x-big", header)
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .map_err(|_| "no h2 answer within 10s".to_string())?
+        .map_err(|e| format!("h2 request: {e}"))?;
+    Ok(resp.status().as_u16())
+}
+
+/// The plain listener speaks HTTP/1.1 only: an HTTP/2 prior-knowledge preface (h2c) is not
+/// served at all, so no request (and no CONNECT stream) gets past `server.max_header_bytes`
+/// by coming as HTTP/2. A 12 KB header over a limit of 8 KiB is refused however it comes
+/// (431 over HTTP/1, no HTTP/2 connection), and nothing reaches the provider.
+async fn the_listener_serves_http1_only() {
+    let provider = FakeProvider::start().await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let proxy = start(
+        &config(
+            &store.url(),
+            "max_header_bytes = 8192",
+            &route("pay", provider.port(), ""),
+        ),
+        &[],
+    );
+    let big = "x".repeat(12 * 1024);
+    let r = send(
+        proxy.addr,
+        "POST",
+        "/pay/v1/c",
+        &[("idempotency-key", "h1-big"), ("x-big", &big)],
+        "{}",
+    )
+    .await
+    .expect("431 answer");
+    assert_eq!(r.status, 431);
+    let h2_big = h2c_post(proxy.addr, "h2-big", &big).await;
+    assert!(h2_big.is_err(), "HTTP/2 served a 12 KB header: {h2_big:?}");
+    let h2_small = h2c_post(proxy.addr, "h2-small", "small").await;
+    assert!(h2_small.is_err(), "HTTP/2 served: {h2_small:?}");
+    assert_eq!(provider.received().len(), 0);
+    // HTTP/1.1 on the same listener is served as always.
+    assert_eq!(
+        post(proxy.addr, "/pay/v1/c", Some("h1-small"), "{}")
+            .await
+            .status,
+        200
+    );
+}
+
 async fn oversized_heads_get_431_and_connections_are_capped() {
     let provider = FakeProvider::start().await;
     let store = StoreFixture::new(Backend::Sqlite);
@@ -1187,6 +1252,10 @@ mod single {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn oversized_heads_get_431_and_connections_are_capped() {
         super::oversized_heads_get_431_and_connections_are_capped().await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_listener_serves_http1_only() {
+        super::the_listener_serves_http1_only().await
     }
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tunnels_hold_their_connection_slot() {

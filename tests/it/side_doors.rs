@@ -16,12 +16,16 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::connect::{self, raw_attempt, Attempt, Hello};
+use crate::common::edge::{Edge, Origin, Site};
 use crate::common::pki::{self, ProxyCa, TestPki};
 use crate::common::provider::{FakeProvider, ProviderOptions};
 use crate::common::proxy::{config, metric, Proxy, StoreFixture};
 use crate::common::Backend;
 
 const HOST: &str = "api.fake.test";
+/// What the edge answers for the allowed site's name.
+const EDGE_SITE_ANSWER: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nConnection: close\r\n\r\nsite ok";
 /// 9,999.99 USD: over the route's per-request cap when it has one.
 const CHARGE: &str = r#"{"amount":999999,"currency":"usd"}"#;
 
@@ -39,6 +43,9 @@ struct Setup {
     site: FakeProvider,
     site_pki: TestPki,
     site_leaf: rustls::pki_types::CertificateDer<'static>,
+    /// A shared TLS edge serving `localhost` (an allowed site, answered by the edge) and
+    /// the provider's name (forwarded to the provider) on one address.
+    edge: Edge,
     ca: ProxyCa,
     client: Arc<rustls::ClientConfig>,
     proxy: Proxy,
@@ -50,7 +57,7 @@ struct Setup {
 
 impl Setup {
     /// `tls_extra` goes into `[tls]` (new settings only where a test needs them, so the
-    /// others run on the code before them too).
+    /// others run on the code before them too); `{edge}` in it stands for the edge's port.
     async fn start(deployment: Deployment, tls_extra: &str) -> Setup {
         let provider_pki = TestPki::new("fake provider CA");
         let names = [HOST, "localhost", "127.0.0.1"];
@@ -71,6 +78,23 @@ impl Setup {
             pki::server_config(site_leaf.clone(), site_key),
         )
         .await;
+        let edge = Edge::start(vec![
+            Site {
+                name: "localhost".into(),
+                tls: site_pki.server_config(&["localhost"]),
+                origin: Origin::Answer(EDGE_SITE_ANSWER),
+            },
+            Site {
+                name: HOST.into(),
+                tls: provider_pki.server_config(&[HOST]),
+                origin: Origin::Forward {
+                    addr: crate::common::loopback(provider.port()),
+                    name: HOST.into(),
+                    client: pki::client_config(&provider_pki.ca_path(), &[b"http/1.1"]),
+                },
+            },
+        ])
+        .await;
         let store = StoreFixture::new(Backend::Sqlite);
         let listen = crate::common::loopback(crate::common::free_port());
         let ca = ProxyCa::init(&format!("http://{listen}"));
@@ -84,10 +108,12 @@ impl Setup {
             provider_pki.ca_path().display().to_string(),
         );
         let ports = format!(
-            "connect_ports = [443, {}, {}, {}]\n{tls_extra}",
+            "connect_ports = [443, {}, {}, {}, {}]\n{}",
             provider.port(),
             twin.port(),
-            site.port()
+            site.port(),
+            edge.port(),
+            tls_extra.replace("{edge}", &edge.port().to_string()),
         );
         let text = config(
             &store.url(),
@@ -114,6 +140,7 @@ impl Setup {
             site,
             site_pki,
             site_leaf,
+            edge,
             ca,
             client,
             proxy,
@@ -372,9 +399,8 @@ async fn an_allowed_site_streams_untouched_on_a_spend_deployment() {
     assert_eq!(s.executed(), 0);
 }
 
-/// A server that speaks first (SMTP, SSH): the client sends nothing until it has the
-/// banner, so after a short peek the tunnel is spliced instead of waiting for a ClientHello.
-async fn server_speaks_first(deployment: Deployment) {
+/// A server that speaks first (SMTP): a banner, then it echoes what it gets. Its port.
+async fn smtp_server() -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -392,11 +418,20 @@ async fn server_speaks_first(deployment: Deployment) {
             });
         }
     });
+    port
+}
+
+/// A server that speaks first (SMTP, SSH): the client sends nothing until it has the
+/// banner, so after a short peek the server's bytes flow, and the client's first bytes (not
+/// TLS here) are judged and passed. A capped deployment needs the port listed as
+/// server-first.
+async fn server_speaks_first(deployment: Deployment) {
+    let port = smtp_server().await;
     let tls_extra = match deployment {
         Deployment::Plain => format!("connect_ports = [443, {port}]"),
-        Deployment::Spend => {
-            format!("connect_ports = [443, {port}]\ntunnel_hosts = [\"localhost\"]")
-        }
+        Deployment::Spend => format!(
+            "connect_ports = [443, {port}]\ntunnel_hosts = [\"localhost\"]\nserver_first_ports = [{port}]"
+        ),
     };
     let (proxy, _store, _ca) = start_bare(deployment, &tls_extra);
     let mut c = connect::connect(proxy.addr, &format!("localhost:{port}"))
@@ -435,7 +470,8 @@ fn start_bare(deployment: Deployment, tls_extra: &str) -> (Proxy, StoreFixture, 
             "{}\n[[routes]]\nname = \"fake\"\nupstream = \"https://{HOST}\"\nconnect_to = \"127.0.0.1:9\"\n{spend}\n[egress]\nallow = [\"127.0.0.1\"]\n",
             ca.tls_config(tls_extra)
         ),
-    );
+    )
+    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
     (Proxy::start(&text), store, ca)
 }
 
@@ -600,4 +636,332 @@ async fn smtp_relays_of_routed_email_providers_are_refused() {
             c.head
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// A client that says nothing past tls.peek_timeout, then sends a ClientHello: behind a shared
+// edge, the name in that hello decides whose server the tunnel reaches.
+
+/// Longer than the default tls.peek_timeout (1 s).
+const SILENCE: Duration = Duration::from_millis(1600);
+
+/// How the CONNECT is sent.
+#[derive(Clone, Copy, Debug)]
+enum Over {
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c), a CONNECT stream (RFC 9113 §8.5).
+    Http2,
+}
+
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// A tunnel to `authority` through the proxy, or why none opened.
+async fn open_tunnel(
+    proxy: std::net::SocketAddr,
+    authority: &str,
+    over: Over,
+) -> Result<Box<dyn Io>, String> {
+    match over {
+        Over::Http1 => {
+            let c = connect::connect(proxy, authority).await?;
+            if c.status != 200 {
+                return Err(format!("CONNECT answered {}", c.head));
+            }
+            Ok(Box::new(c.stream))
+        }
+        Over::Http2 => {
+            use hyper_util::rt::{TokioExecutor, TokioIo};
+            let tcp = tokio::net::TcpStream::connect(proxy)
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            let (mut send, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                    .await
+                    .map_err(|e| format!("h2 handshake: {e}"))?;
+            tokio::spawn(conn);
+            let req = http::Request::builder()
+                .method(http::Method::CONNECT)
+                .uri(authority)
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .map_err(|e| e.to_string())?;
+            let resp = tokio::time::timeout(Duration::from_secs(20), send.send_request(req))
+                .await
+                .map_err(|_| "no h2 CONNECT answer within 20s".to_string())?
+                .map_err(|e| format!("h2 CONNECT: {e}"))?;
+            if resp.status() != 200 {
+                return Err(format!("h2 CONNECT answered {}", resp.status()));
+            }
+            let upgraded = hyper::upgrade::on(resp)
+                .await
+                .map_err(|e| format!("h2 upgrade: {e}"))?;
+            Ok(Box::new(TokioIo::new(upgraded)))
+        }
+    }
+}
+
+/// What a late hello got: the answer, and who signed the certificate it was given.
+#[derive(Debug)]
+struct Late {
+    reply: crate::common::client::Reply,
+    issuer: String,
+}
+
+/// Opens a tunnel to `authority`, waits `silence`, then TLS for `sni` and one request: the
+/// charge when `sni` is the provider, `GET /` otherwise. The reply, or where it broke off.
+async fn late_hello(
+    s: &Setup,
+    authority: &str,
+    over: Over,
+    silence: Duration,
+    sni: &str,
+) -> Result<Late, String> {
+    let io = open_tunnel(s.proxy.addr, authority, over).await?;
+    tokio::time::sleep(silence).await;
+    let name =
+        rustls::pki_types::ServerName::try_from(sni.to_string()).map_err(|e| e.to_string())?;
+    let tls = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio_rustls::TlsConnector::from(s.client.clone()).connect(name, io),
+    )
+    .await
+    .map_err(|_| "TLS handshake timed out".to_string())?
+    .map_err(|e| format!("TLS handshake: {e}"))?;
+    let issuer = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|leaf| {
+            x509_parser::parse_x509_certificate(leaf)
+                .ok()
+                .map(|(_, c)| c.issuer().to_string())
+        })
+        .unwrap_or_default();
+    let key = format!("late-{over:?}-{sni}");
+    let (method, path, body) = if sni == HOST {
+        ("POST", "/v1/charges", CHARGE)
+    } else {
+        ("GET", "/", "")
+    };
+    let headers = [
+        ("Authorization", "Bearer sk_test_side"),
+        ("Idempotency-Key", key.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    let reply = tokio::time::timeout(
+        Duration::from_secs(20),
+        connect::request(tls, method, sni, path, &headers, body),
+    )
+    .await
+    .map_err(|_| "no answer within 20s".to_string())??;
+    Ok(Late { reply, issuer })
+}
+
+/// On a capped deployment, a tunnel to an allowed host whose client says nothing past the
+/// peek timeout, then names the capped provider (served on the same edge), pays nothing: over
+/// an HTTP/1 CONNECT and over an HTTP/2 CONNECT stream. (The listener now serves HTTP/1.1
+/// only, so the HTTP/2 attempt ends at its preface; the silent-client rule alone stopped it
+/// too, while the listener still served h2c.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silence_then_the_providers_name_pays_nothing() {
+    let s = Setup::start(Deployment::Spend, "tunnel_hosts = [\"localhost\"]").await;
+    let edge = format!("localhost:{}", s.edge.port());
+    // The edge is a real way to both names: the allowed site answers at once...
+    let site = late_hello(&s, &edge, Over::Http1, Duration::ZERO, "localhost")
+        .await
+        .expect("the allowed site through its tunnel");
+    assert_eq!(
+        (site.reply.status, &site.reply.body[..]),
+        (200, &b"site ok"[..])
+    );
+    // ...and an immediate hello for the provider is refused as documented.
+    let at_once = late_hello(&s, &edge, Over::Http1, Duration::ZERO, HOST).await;
+    assert!(at_once.is_err(), "{at_once:?}");
+    assert_eq!(s.executed(), 0);
+    for over in [Over::Http1, Over::Http2] {
+        let late = late_hello(&s, &edge, over, SILENCE, HOST).await;
+        assert!(
+            late.as_ref().map_or(true, |r| r.reply.status != 200),
+            "{over:?}: the provider answered: {late:?}"
+        );
+        assert_eq!(
+            s.executed(),
+            0,
+            "{over:?}: a payment went through the tunnel blind: {late:?}"
+        );
+    }
+    assert!(
+        metric(
+            &s.proxy,
+            "idemproxy_connect_refused_total{reason=\"silent_client\"}"
+        )
+        .await
+            >= 1.0
+    );
+}
+
+/// On a port the operator lists as server-first, a silent client is let through, but its
+/// first bytes are still judged: a late hello naming the provider is refused, one naming the
+/// allowed host reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_first_port_still_judges_the_clients_first_bytes() {
+    let s = Setup::start(
+        Deployment::Spend,
+        "tunnel_hosts = [\"localhost\"]\nserver_first_ports = [{edge}]",
+    )
+    .await;
+    let edge = format!("localhost:{}", s.edge.port());
+    let late = late_hello(&s, &edge, Over::Http1, SILENCE, HOST).await;
+    assert!(late.is_err(), "{late:?}");
+    assert_eq!(
+        s.executed(),
+        0,
+        "a late hello for the provider went through: {late:?}"
+    );
+    assert_eq!(
+        metric(
+            &s.proxy,
+            "idemproxy_connect_refused_total{reason=\"sni_mismatch\"}"
+        )
+        .await,
+        1.0
+    );
+    let site = late_hello(&s, &edge, Over::Http1, SILENCE, "localhost")
+        .await
+        .expect("a late hello for the allowed host");
+    assert_eq!(
+        (site.reply.status, &site.reply.body[..]),
+        (200, &b"site ok"[..])
+    );
+}
+
+/// Without spend caps, a late hello naming the routed host is that host's traffic, as an
+/// immediate one is: intercepted to the route, never spliced to the edge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_deployments_intercept_a_late_hello_for_a_routed_host() {
+    let s = Setup::start(Deployment::Plain, "").await;
+    let edge = format!("localhost:{}", s.edge.port());
+    let late = late_hello(&s, &edge, Over::Http1, SILENCE, HOST)
+        .await
+        .expect("intercepted to the route");
+    assert_eq!(late.reply.status, 200, "{late:?}");
+    assert!(
+        late.issuer.contains("idemproxy"),
+        "not the proxy's certificate, so not intercepted: {late:?}"
+    );
+    assert_eq!(s.provider.effects(), 1, "one charge, through the route");
+    assert_eq!(
+        metric(&s.proxy, "idemproxy_tunnels_total{hello=\"server_first\"}").await,
+        0.0
+    );
+}
+
+/// On a capped deployment, a server-first protocol on a port the operator did not list: the
+/// silent client is refused, and the server's banner never reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spend_deployments_refuse_a_silent_client_on_an_unlisted_port() {
+    let port = smtp_server().await;
+    let tls_extra = format!("connect_ports = [443, {port}]\ntunnel_hosts = [\"localhost\"]");
+    let (proxy, _store, _ca) = start_bare(Deployment::Spend, &tls_extra);
+    let mut c = connect::connect(proxy.addr, &format!("localhost:{port}"))
+        .await
+        .expect("connect");
+    assert_eq!(c.status, 200, "{}", c.head);
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), c.stream.read_to_end(&mut got)).await;
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    assert_eq!(
+        metric(
+            &proxy,
+            "idemproxy_connect_refused_total{reason=\"silent_client\"}"
+        )
+        .await,
+        1.0
+    );
+}
+
+#[test]
+fn check_config_refuses_a_server_first_port_connect_cannot_reach() {
+    let store = "[store]\nurl = \"sqlite://x.db\"\n";
+    let (ok, out) = check_config(&format!(
+        "{store}[tls]\nconnect_ports = [443, 587]\nserver_first_ports = [587, 25]\n"
+    ));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("tls.server_first_ports[1]")
+            && out.contains("idemproxy.toml")
+            && out.contains("tls.connect_ports"),
+        "{out}"
+    );
+    let capped = "[[routes]]\nname = \"stripe\"\nupstream = \"https://api.stripe.com\"\nprovider = \"stripe\"\n[routes.spend]\ncaps_currency = \"usd\"\nper_request = \"100.00\"\n";
+    let (ok, out) = check_config(&format!(
+        "{store}[tls]\nconnect_ports = [443, 587]\nserver_first_ports = [587]\n{capped}"
+    ));
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("sends nothing within tls.peek_timeout is refused")
+            && out.contains("speaks first: 587 (tls.server_first_ports)"),
+        "{out}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// A route whose upstream shares the proxy's own address (a sidecar).
+
+/// A capped route with no `host`, its upstream on the proxy's own IP: an absolute-form
+/// request naming the proxy (`POST http://PROXY/pay/v1/charges`) is the base-URL request and
+/// capped like it; one naming another port of that IP is not the route's and is not
+/// forwarded with its prefix. No payment reaches the provider uncapped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absolute_form_requests_naming_the_proxy_are_base_url_requests() {
+    let provider = FakeProvider::start_with(ProviderOptions::default()).await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let text = config(
+        &store.url(),
+        &format!(
+            "[[routes]]\nname = \"pay\"\nprefix = \"/pay\"\nupstream = \"http://127.0.0.1:{}\"\nhonours_key = false\n[routes.spend]\noperations = [\"POST /v1/charges\"]\namount = [\"{{body.amount}}\"]\ncurrency = \"{{body.currency}}\"\nunit = \"minor\"\ncaps_currency = \"usd\"\nper_request = \"100.00\"\n",
+            provider.port()
+        ),
+    );
+    let proxy = Proxy::start(&text);
+    let charge = |target: String, key: &'static str| {
+        let addr = proxy.addr;
+        async move {
+            crate::common::client::send(
+                addr,
+                "POST",
+                &target,
+                &[
+                    ("idempotency-key", key),
+                    ("content-type", "application/json"),
+                ],
+                CHARGE,
+            )
+            .await
+            .expect("an answer")
+        }
+    };
+    let base = charge("/pay/v1/charges".into(), "base").await;
+    assert!(base.status >= 400, "{base:?}");
+    let own = charge(format!("http://{}/pay/v1/charges", proxy.addr), "own").await;
+    assert_eq!(own.status, base.status, "{own:?}");
+    assert_eq!(
+        own.header("x-idemproxy-error"),
+        base.header("x-idemproxy-error"),
+        "capped exactly as the base-URL request"
+    );
+    let other_port = proxy.addr.port().wrapping_add(1);
+    let other = charge(
+        format!("http://127.0.0.1:{other_port}/pay/v1/charges"),
+        "other",
+    )
+    .await;
+    assert!(other.status >= 400, "{other:?}");
+    assert_eq!(
+        provider.effects(),
+        0,
+        "a payment reached the provider uncapped: {:?}",
+        provider.received()
+    );
 }

@@ -14,11 +14,11 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::LazyConfigAcceptor;
 
-use super::policy::ConnectTarget;
 use super::tunnel::{until_idle, Activity};
 use crate::http::body::Body;
 use crate::http::problem::Problem;
 use crate::proxy::drain::Requests;
+use crate::proxy::egress_policy::ConnectTarget;
 use crate::proxy::limits::{first_request_within, FirstRequest};
 use crate::proxy::routed;
 use crate::proxy::App;

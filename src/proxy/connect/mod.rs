@@ -18,21 +18,20 @@ use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use self::peek::{peek, Seen};
-use self::policy::{ConnectError, ConnectTarget};
+use self::peek::{peek, peek_while_server_speaks, Seen};
 use self::replay::Replay;
 use super::connection::ConnectionSlot;
 use crate::config::UnknownHosts;
 use crate::http::body::{empty, Body};
 use crate::metrics::RequestOutcome;
+use crate::proxy::egress_policy::side_doors;
+use crate::proxy::egress_policy::{ConnectError, ConnectTarget};
 use crate::proxy::App;
 use crate::tls::client_hello::ClientHello;
 
 pub mod intercept;
 pub mod peek;
-pub mod policy;
 pub mod replay;
-pub mod side_doors;
 pub mod tunnel;
 
 /// How long a blind tunnel may take to reach its target.
@@ -245,7 +244,7 @@ impl Tunnel {
     async fn tunnel(self, client: Client, seen: Seen, upstream: TcpStream) {
         let splice = match &seen {
             Seen::Closed => return,
-            Seen::Silence => "server_first",
+            Seen::Silence => return self.after_silence(client, upstream).await,
             Seen::NotTls if self.guarded => return self.refuse(client, "not_tls").await,
             Seen::NotTls => "not_tls",
             Seen::Malformed(_) if self.guarded => {
@@ -255,22 +254,64 @@ impl Tunnel {
             Seen::Hello(hello) => match self.judge(hello) {
                 Judged::Splice(label) => label,
                 Judged::Refuse(reason) => return self.close(client, reason, hello).await,
-                Judged::Intercept => {
-                    drop(upstream);
-                    let Some(name) = hello.server_name.clone() else {
-                        return;
-                    };
-                    return self.intercept_by_name(client, name).await;
-                }
+                Judged::Intercept => return self.intercept_hello(client, hello, upstream).await,
             },
         };
-        self.app.metrics.request("-", RequestOutcome::Tunnel);
-        self.app.metrics.tunnel(splice);
         if let Seen::Malformed(why) = seen {
             tracing::debug!(target = %self.target, why, "tunnel without a well-formed ClientHello");
         }
+        self.splice(client, upstream, splice).await
+    }
+
+    /// The client said nothing within the peek timeout. Where a route caps spend that is
+    /// refused, unless the operator lists the port as server-first (`tls.server_first_ports`):
+    /// a silent client could otherwise send, unjudged, a ClientHello naming a capped provider
+    /// that the tunnel host's address also serves (a shared CDN edge). Where it is let
+    /// through, the server's bytes flow while the client's first bytes are held and judged
+    /// by the same rules as an immediate ClientHello, before any of them is forwarded.
+    async fn after_silence(self, client: Client, mut upstream: TcpStream) {
+        let policy = &self.app.connect;
+        if self.guarded && !policy.server_first_ports.contains(&self.target.port) {
+            tracing::info!(target = %self.target, timeout = ?policy.peek_timeout, "the client sent nothing within tls.peek_timeout, and this port is not in tls.server_first_ports");
+            return self.refuse(client, "silent_client").await;
+        }
+        let idle = policy.tunnel_idle_timeout;
+        let (peeked, client) = peek_while_server_speaks(client, &mut upstream, idle).await;
+        let client = client.put_back(peeked.bytes);
+        let splice = match &peeked.seen {
+            Seen::Closed => return,
+            Seen::Silence => {
+                tracing::debug!(target = %self.target, ?idle, "tunnel idle before the client spoke; closed");
+                return;
+            }
+            Seen::NotTls => "server_first",
+            Seen::Malformed(_) if self.guarded => {
+                return self.refuse(client, "unparsed_hello").await
+            }
+            Seen::Malformed(_) => "unparsed",
+            Seen::Hello(hello) => match self.judge(hello) {
+                Judged::Splice(label) => label,
+                Judged::Refuse(reason) => return self.close(client, reason, hello).await,
+                Judged::Intercept => return self.intercept_hello(client, hello, upstream).await,
+            },
+        };
+        self.splice(client, upstream, splice).await
+    }
+
+    /// A blind tunnel, counted by what its client sent first.
+    async fn splice(self, client: Client, upstream: TcpStream, label: &'static str) {
+        self.app.metrics.request("-", RequestOutcome::Tunnel);
+        self.app.metrics.tunnel(label);
         let idle = self.app.connect.tunnel_idle_timeout;
         tunnel::run(client, upstream, self.target, idle).await
+    }
+
+    async fn intercept_hello(self, client: Client, hello: &ClientHello, upstream: TcpStream) {
+        drop(upstream);
+        let Some(name) = hello.server_name.clone() else {
+            return;
+        };
+        self.intercept_by_name(client, name).await
     }
 
     fn judge(&self, hello: &ClientHello) -> Judged {

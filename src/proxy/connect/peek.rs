@@ -6,7 +6,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use crate::tls::client_hello::{self, ClientHello, Hello, MAX_HELLO_BYTES};
 
@@ -67,4 +68,55 @@ where
             return Peeked { bytes, seen };
         }
     }
+}
+
+/// Bounds a first flight that has begun but never ends while the server keeps talking (the
+/// idle timeout covers a quiet server).
+const FIRST_FLIGHT_BOUND: Duration = Duration::from_secs(24 * 3600);
+
+/// A peek at a client that said nothing at first (a server-first protocol, or a client biding
+/// its time): the server's bytes pass to the client as they come, while the client's first
+/// bytes are read and kept, not forwarded, until they are a whole ClientHello or something
+/// else. Nothing from the server for `idle` ends it as [`Seen::Silence`], as an idle tunnel
+/// would end; `io` comes back whole, with nothing of it lost.
+pub async fn peek_while_server_speaks<IO>(
+    io: IO,
+    upstream: &mut TcpStream,
+    idle: Duration,
+) -> (Peeked, IO)
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut client_reads, mut client_writes) = tokio::io::split(io);
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut server_open = true;
+    let mut quiet_until = tokio::time::Instant::now() + idle;
+    let peeked = {
+        let peeking = peek(
+            &mut client_reads,
+            std::future::pending(),
+            FIRST_FLIGHT_BOUND,
+        );
+        tokio::pin!(peeking);
+        loop {
+            tokio::select! {
+                peeked = &mut peeking => break peeked,
+                // Reads are cancel-safe; a write, once begun, finishes before the next poll.
+                read = upstream.read(&mut buf), if server_open => match read {
+                    // The server closed its side: the splice (if any) passes that on.
+                    Ok(0) | Err(_) => server_open = false,
+                    Ok(n) => {
+                        if client_writes.write_all(&buf[..n]).await.is_err() {
+                            break Peeked { bytes: Vec::new(), seen: Seen::Closed };
+                        }
+                        quiet_until = tokio::time::Instant::now() + idle;
+                    }
+                },
+                () = tokio::time::sleep_until(quiet_until) => {
+                    break Peeked { bytes: Vec::new(), seen: Seen::Silence };
+                }
+            }
+        }
+    };
+    (peeked, client_reads.unsplit(client_writes))
 }

@@ -18,6 +18,15 @@ impl<IO> Replay<IO> {
     pub fn new(front: Vec<u8>, io: IO) -> Replay<IO> {
         Replay { front, at: 0, io }
     }
+
+    /// Puts `read` back in front: bytes read through this connection after it was made,
+    /// which came before whatever of the old front is still unread.
+    pub fn put_back(mut self, mut read: Vec<u8>) -> Replay<IO> {
+        read.extend_from_slice(&self.front[self.at..]);
+        self.front = read;
+        self.at = 0;
+        self
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Replay<IO> {
@@ -86,5 +95,17 @@ mod tests {
         let mut all = Vec::new();
         r.read_to_end(&mut all).await.expect("read");
         assert_eq!(all, b"lo world");
+    }
+
+    #[tokio::test]
+    async fn bytes_put_back_come_before_the_unread_front() {
+        let rest: &[u8] = b"!";
+        let mut r = Replay::new(b"abcdef".to_vec(), rest);
+        let mut first = [0u8; 2];
+        r.read_exact(&mut first).await.expect("read");
+        let mut r = r.put_back(first.to_vec());
+        let mut all = Vec::new();
+        r.read_to_end(&mut all).await.expect("read");
+        assert_eq!(all, b"abcdef!");
     }
 }

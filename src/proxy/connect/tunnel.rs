@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::policy::{ConnectError, ConnectTarget};
 use crate::outbound::egress::{Egress, EgressError};
+use crate::proxy::egress_policy::{ConnectError, ConnectTarget};
 
 /// The addresses a tunnel to `target` may use. This is the one place that decides where blind
 /// tunnels can go: the egress rules (allow-list, internal ranges refused) judge the resolved

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod connect;
+pub mod edge;
 pub mod fakes;
 pub mod pay;
 pub mod pki;

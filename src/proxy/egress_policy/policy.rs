@@ -22,6 +22,9 @@ pub struct ConnectPolicy {
     pub tunnel_hosts: HostPatterns,
     /// `tls.peek_timeout`: how long a tunnel waits for the client to speak first.
     pub peek_timeout: Duration,
+    /// `tls.server_first_ports`: where a capped deployment lets a silent client wait for the
+    /// server (whose bytes then flow while the client's first bytes are still judged).
+    pub server_first_ports: Vec<u16>,
     /// Where the routes' upstreams are, as DNS says now (cached).
     pub routed_addresses: RoutedAddresses,
     /// `None` when no CA is configured: CONNECT to a routed host is then refused.
@@ -52,6 +55,7 @@ impl ConnectPolicy {
             unknown_hosts: config.tls.unknown_hosts,
             tunnel_hosts: HostPatterns::new(&config.tls.tunnel_hosts),
             peek_timeout: config.tls.peek_timeout.0,
+            server_first_ports: config.tls.server_first_ports.clone(),
             routed_addresses: RoutedAddresses::default(),
             leaves,
             handshake_timeout: config.server.header_read_timeout.0,
@@ -92,7 +96,7 @@ pub fn summary(config: &Config) -> String {
     } else {
         config.tls.tunnel_hosts.join(", ")
     };
-    match (config.unknown_hosts(), capped) {
+    let doors = match (config.unknown_hosts(), capped) {
         (UnknownHosts::Deny, Some(route)) if config.tls.unknown_hosts.is_none() => format!(
             "CONNECT to hosts no route covers: refused, because route `{}` caps spend (an agent must not reach a payment provider by another name or address); tunnelled: {listed} (tls.tunnel_hosts). IP addresses and ClientHellos that hide or change the name are refused too.",
             route.name
@@ -105,7 +109,22 @@ pub fn summary(config: &Config) -> String {
             route.name
         ),
         (UnknownHosts::Tunnel, None) => "CONNECT to hosts no route covers: blind tunnel (tls.unknown_hosts = \"tunnel\"), except the routes' own upstream addresses and providers' SMTP relays.".to_string(),
+    };
+    if capped.is_none() {
+        return doors;
     }
+    let ports: Vec<String> = config
+        .tls
+        .server_first_ports
+        .iter()
+        .map(u16::to_string)
+        .collect();
+    let ports = if ports.is_empty() {
+        "none".to_string()
+    } else {
+        ports.join(", ")
+    };
+    format!("{doors} A tunnel whose client sends nothing within tls.peek_timeout is refused, except on ports where the server speaks first: {ports} (tls.server_first_ports).")
 }
 
 /// Why a CONNECT was refused.
