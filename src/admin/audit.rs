@@ -19,7 +19,12 @@ pub struct AuditEvent {
     /// `approval.approved`, `approval.first_approval`, `approval.denied`, `claim.released`,
     /// `claim.attested`, `spend.frozen`, `spend.unfrozen`.
     pub event: &'static str,
+    /// Who decided as people read it: the principal, with what its request said (`ana (as
+    /// ana@example.com)`), or what the shared token's request said.
     pub by: String,
+    /// Who decided as the admin listener authenticated them: the token's name (a console
+    /// session is its token's). Four eyes compares these.
+    pub principal: String,
     pub role: &'static str,
     /// Through the console or the JSON API.
     pub via: &'static str,
@@ -55,10 +60,15 @@ impl Audit {
         let line = serde_json::to_string(e).unwrap_or_default();
         tracing::info!(target: "idemproxy::audit", audit = %line, "{}", e.event);
         if let Some(hook) = &self.webhook {
+            let who = if e.by == e.principal {
+                e.by.clone()
+            } else {
+                format!("{} (token {})", e.by, e.principal)
+            };
             let text = format!(
                 "{} by {} ({}) on {} {}{}",
                 e.event,
-                e.by,
+                who,
                 e.role,
                 e.route,
                 e.subject,
@@ -109,6 +119,7 @@ pub fn about_approval(
     AuditEvent {
         event,
         by: by.to_string(),
+        principal: who.name.clone(),
         role: who.role.as_str(),
         via,
         at_ms,
@@ -139,6 +150,7 @@ pub fn about_claim(
             "claim.attested"
         },
         by: r.by.clone(),
+        principal: who.name.clone(),
         role: who.role.as_str(),
         via,
         at_ms: r.at_ms,
@@ -172,6 +184,7 @@ pub fn about_freeze(
     AuditEvent {
         event,
         by: by.to_string(),
+        principal: who.name.clone(),
         role: who.role.as_str(),
         via,
         at_ms,

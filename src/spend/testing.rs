@@ -33,6 +33,7 @@ pub fn approval(id: &str, t: u64) -> Approval {
         created_ms: t,
         expires_ms: t + 1_000,
         decided_by: None,
+        decided_principal: None,
         reason: None,
         decided_ms: None,
         first_approval: None,

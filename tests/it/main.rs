@@ -24,6 +24,7 @@ mod money;
 mod ops;
 mod parked_payments;
 mod postgres_store;
+mod principals;
 mod providers;
 mod readme;
 mod reconcile;

@@ -610,7 +610,8 @@ async fn freezes_stop_reservations_until_lifted(under: impl Into<Under>) {
     );
     let f = Freeze {
         target: target.clone(),
-        by: "oscar".into(),
+        by: "oscar (as oscar@example.com)".into(),
+        principal: Some("oscar".into()),
         reason: "loop".into(),
         at_ms: t,
     };
