@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::access::Principal;
 use crate::idempotency::record::ResolvedBy;
 use crate::outbound::announce::Webhook;
-use crate::spend::port::{Approval, FreezeTarget};
+use crate::spend::port::{Approval, FreezeTarget, OperatorSession};
 
 /// One decision.
 #[derive(Debug, Clone, Serialize)]
@@ -196,5 +196,34 @@ pub fn about_freeze(
         amount: None,
         bound_fingerprint: String::new(),
         detail: Some(FreezeTarget::describe(&target.key())),
+    }
+}
+
+/// An operator (`who`) ending another console session (`session.ended`): the subject is the
+/// session's id, the principal whose session it was is in `detail`.
+pub fn about_session(
+    who: &Principal,
+    via: &'static str,
+    at_ms: u64,
+    ended: &OperatorSession,
+) -> AuditEvent {
+    AuditEvent {
+        event: "session.ended",
+        by: who.name.clone(),
+        principal: who.name.clone(),
+        role: who.role.as_str(),
+        via,
+        at_ms,
+        why: None,
+        subject: ended.id.clone(),
+        route: "*".into(),
+        tenant: "*".into(),
+        run: None,
+        amount: None,
+        bound_fingerprint: String::new(),
+        detail: Some(format!(
+            "the console session of {} ({})",
+            ended.name, ended.role
+        )),
     }
 }

@@ -348,6 +348,36 @@ impl Freeze {
     }
 }
 
+/// A console login, kept in the store beside approvals and freezes (the other state people
+/// make on the admin listener) so that every proxy sharing the store sees it end: a session
+/// cookie is honoured only while its record is here. Logging out, or an operator ending it,
+/// deletes the record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorSession {
+    /// The cookie's random session id.
+    pub id: String,
+    /// The token's name (the session's principal), role, and tag (which token).
+    pub name: String,
+    pub role: String,
+    pub token_tag: String,
+    pub started_ms: u64,
+    pub expires_ms: u64,
+}
+
+impl OperatorSession {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<OperatorSession, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Corrupt(crate::idempotency::record::DecodeError(format!(
+                "a console session: {e}"
+            )))
+        })
+    }
+}
+
 /// What a freeze stops: every capped operation of a tenant (on every route), of one run of a
 /// tenant (runs are named by callers, so a run is always the tenant's), or of a route.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -466,6 +496,20 @@ pub trait SpendStore: Send + Sync + 'static {
 
     /// Every freeze in effect.
     async fn freezes(&self) -> Result<Vec<Freeze>, StoreError>;
+
+    /// Keeps a console session (replaces one with its id), and forgets sessions that expired
+    /// before `now_ms`.
+    async fn open_session(&self, s: &OperatorSession, now_ms: u64) -> Result<(), StoreError>;
+
+    /// The console session `id`, if it was opened and not ended (expired ones may linger:
+    /// the caller checks `expires_ms`). One read.
+    async fn operator_session(&self, id: &str) -> Result<Option<OperatorSession>, StoreError>;
+
+    /// Ends console session `id` on every proxy sharing the store; `false` when there was none.
+    async fn end_session(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Every console session kept (expired ones may linger until the next login).
+    async fn operator_sessions(&self) -> Result<Vec<OperatorSession>, StoreError>;
 }
 
 #[cfg(test)]

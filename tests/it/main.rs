@@ -8,6 +8,7 @@ mod common;
 mod chaos;
 mod console;
 mod console_browser;
+mod console_sessions;
 mod console_webdriver;
 mod core;
 mod deploy_files;

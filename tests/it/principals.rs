@@ -10,7 +10,7 @@ use crate::common::client::{send, Reply};
 use crate::common::provider::FakeProvider;
 use crate::common::proxy::{Proxy, StoreFixture};
 use crate::common::{eventually_async, Backend};
-use crate::console::{one_pending, pay, pay_route, start, token, Operator};
+use crate::console::{pay, pay_route, start, token, Operator};
 
 /// `POST /v1/approvals/approve` with `name`'s token, saying `by`.
 async fn api_approve(proxy: &Proxy, name: &str, id: &str, by: Option<&str>) -> Reply {
