@@ -50,8 +50,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 5: the index of pending approvals (counted without loading a body).
     PENDING,
     // 6: console sessions, so a logout ends a session on every proxy (ids carry the
-    // namespace).
-    "CREATE TABLE idemproxy_console_sessions (
+    // namespace). `IF NOT EXISTS`: a schema set back to an earlier version runs it again.
+    "CREATE TABLE IF NOT EXISTS idemproxy_console_sessions (
          id         text COLLATE \"C\" PRIMARY KEY,
          expires_at bigint NOT NULL,
          value      bytea NOT NULL
