@@ -51,6 +51,22 @@ pub struct Principal {
     pub token_tag: String,
 }
 
+impl Principal {
+    /// How a decision by this principal reads, given the `by` its request wrote: a named
+    /// token is its name, with what it said beside it (`ana (as ana@example.com)`); the
+    /// shared token is what it said, and `None` when it said nothing. The name itself is
+    /// recorded apart from this ([`Principal::name`]) and is what four eyes compares.
+    pub fn saying(&self, by: Option<&str>) -> Option<String> {
+        let by = by.map(str::trim).filter(|b| !b.is_empty());
+        match (by, self.shared) {
+            (Some(by), true) => Some(by.to_string()),
+            (None, true) => None,
+            (Some(by), false) if by != self.name => Some(format!("{} (as {by})", self.name)),
+            (_, false) => Some(self.name.clone()),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     name: String,
@@ -138,6 +154,19 @@ impl Access {
                     .map_err(|m| config.invalid(format!("admin.four_eyes_above[{i}]"), m))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if !four_eyes.is_empty() {
+            let approvers = admin
+                .tokens
+                .iter()
+                .filter(|t| Role::parse(&t.role).is_some_and(|r| r >= Role::Approver))
+                .count();
+            if approvers < 2 {
+                return Err(config.invalid(
+                    "admin.four_eyes_above",
+                    format!("asks two different approvers above it, and [[admin.tokens]] names {approvers} token(s) with role approver or operator: name at least two (the shared admin token cannot tell people apart, so it is never one of the two)"),
+                ));
+            }
+        }
         Ok(Access { entries, four_eyes })
     }
 
@@ -281,12 +310,69 @@ mod tests {
         );
     }
 
+    fn approvers(n: usize) -> String {
+        (0..n)
+            .map(|i| {
+                format!(
+                    "[[admin.tokens]]\nname = \"ap{i}\"\nrole = \"approver\"\nsha256 = \"{}\"\n",
+                    sha(&format!("secret-{i}"))
+                )
+            })
+            .collect()
+    }
+
     #[test]
     fn four_eyes_above_a_threshold_and_for_unlisted_currencies() {
-        let a = access("four_eyes_above = [\"1000.00 USD\"]\n").expect("valid");
+        let a = access(&format!(
+            "four_eyes_above = [\"1000.00 USD\"]\n{}",
+            approvers(2)
+        ))
+        .expect("valid");
         assert!(!a.needs_two("1000.00 USD"));
         assert!(a.needs_two("1000.01 USD"));
         assert!(a.needs_two("5.00 EUR"), "a currency the list does not name");
         assert!(!access("").expect("valid").needs_two("99999.00 USD"));
+    }
+
+    #[test]
+    fn four_eyes_needs_two_named_approvers() {
+        for n in [0, 1] {
+            let e = access(&format!(
+                "four_eyes_above = [\"1000.00 USD\"]\n{}",
+                approvers(n)
+            ))
+            .expect_err("fewer than two approvers");
+            let text = e.to_string();
+            assert!(
+                text.starts_with("t.toml: admin.four_eyes_above:") && text.contains("at least two"),
+                "{text}"
+            );
+        }
+        // A viewer is not an approver; an operator is.
+        let viewer = format!(
+            "four_eyes_above = [\"1000.00 USD\"]\n{}[[admin.tokens]]\nname = \"vic\"\nrole = \"viewer\"\nsha256 = \"{}\"\n",
+            approvers(1),
+            sha("vic")
+        );
+        assert!(access(&viewer).is_err());
+        let operator = viewer.replace("\"viewer\"", "\"operator\"");
+        assert!(access(&operator).is_ok());
+    }
+
+    #[test]
+    fn a_principal_says_who_it_is_beside_what_its_request_wrote() {
+        let a = access(&approvers(1)).expect("valid");
+        let ana = a.check("secret-0").expect("ap0");
+        assert_eq!(ana.saying(None).as_deref(), Some("ap0"));
+        assert_eq!(ana.saying(Some(" ap0 ")).as_deref(), Some("ap0"));
+        assert_eq!(ana.saying(Some("bob")).as_deref(), Some("ap0 (as bob)"));
+        let shared = Principal {
+            name: SHARED_NAME.into(),
+            role: Role::Operator,
+            shared: true,
+            token_tag: String::new(),
+        };
+        assert_eq!(shared.saying(Some("oscar")).as_deref(), Some("oscar"));
+        assert_eq!(shared.saying(Some("  ")), None);
     }
 }

@@ -65,13 +65,8 @@ pub(super) async fn handle(
         Ok(d) => d,
         Err(resp) => return resp,
     };
-    let by = match (&d.by, who.shared) {
-        (Some(by), true) if !by.trim().is_empty() => by.trim().to_string(),
-        (_, true) => {
-            return bad("by: say who decides (a name or an email); it is recorded");
-        }
-        (Some(by), false) if by.trim() != who.name => format!("{} (as {})", who.name, by.trim()),
-        (_, false) => who.name.clone(),
+    let Some(by) = who.saying(d.by.as_deref()) else {
+        return bad("by: say who decides (a name or an email); it is recorded");
     };
     let now = admin.app.claims.clock().now_ms();
     match decide(admin, who, &by, "api", &d.id, d.reason, to).await {
@@ -235,18 +230,21 @@ fn decision_on(
                 format!("Approval {id} ({}) needs two different approvers, and the shared admin token cannot tell people apart: approve with a named token ([[admin.tokens]]).", current.amount),
             ));
         }
+        // Four eyes counts who authenticated (a token, or a console session of that token),
+        // never the `by` a request wrote: one token is one approver whatever it says.
         match &current.first_approval {
-            Some(first) if first.by == by => {
+            Some(first) if first.who() == who.name => {
                 return Err(Problem::new(
                     StatusCode::CONFLICT,
                     "four-eyes",
-                    format!("Approval {id} ({}) needs a second approver other than {by}, who approved first: nothing was changed.", current.amount),
+                    format!("Approval {id} ({}) needs a second approver other than {}, who approved first (recorded as \"{}\"): the same token, through the API or the console, whatever `by` says, is the same approver. Nothing was changed.", current.amount, who.name, first.by),
                 ))
             }
             Some(_) => {}
             None => {
                 decided.first_approval = Some(FirstApproval {
                     by: by.to_string(),
+                    principal: Some(who.name.clone()),
                     at_ms: now,
                     reason,
                 });
@@ -256,6 +254,7 @@ fn decision_on(
     }
     decided.state = to;
     decided.decided_by = Some(by.to_string());
+    decided.decided_principal = Some(who.name.clone());
     decided.reason = reason;
     decided.decided_ms = Some(now);
     Ok((decided, false))
@@ -301,6 +300,7 @@ fn view(a: &Approval, now: u64) -> serde_json::Value {
         "created_ms": a.created_ms,
         "expires_ms": a.expires_ms,
         "decided_by": a.decided_by,
+        "decided_principal": a.decided_principal,
         "reason": a.reason,
         "decided_ms": a.decided_ms,
         "first_approval": a.first_approval,

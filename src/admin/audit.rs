@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::access::Principal;
 use crate::idempotency::record::ResolvedBy;
 use crate::outbound::announce::Webhook;
-use crate::spend::port::{Approval, FreezeTarget};
+use crate::spend::port::{Approval, FreezeTarget, OperatorSession};
 
 /// One decision.
 #[derive(Debug, Clone, Serialize)]
@@ -19,7 +19,12 @@ pub struct AuditEvent {
     /// `approval.approved`, `approval.first_approval`, `approval.denied`, `claim.released`,
     /// `claim.attested`, `spend.frozen`, `spend.unfrozen`.
     pub event: &'static str,
+    /// Who decided as people read it: the principal, with what its request said (`ana (as
+    /// ana@example.com)`), or what the shared token's request said.
     pub by: String,
+    /// Who decided as the admin listener authenticated them: the token's name (a console
+    /// session is its token's). Four eyes compares these.
+    pub principal: String,
     pub role: &'static str,
     /// Through the console or the JSON API.
     pub via: &'static str,
@@ -55,10 +60,15 @@ impl Audit {
         let line = serde_json::to_string(e).unwrap_or_default();
         tracing::info!(target: "idemproxy::audit", audit = %line, "{}", e.event);
         if let Some(hook) = &self.webhook {
+            let who = if e.by == e.principal {
+                e.by.clone()
+            } else {
+                format!("{} (token {})", e.by, e.principal)
+            };
             let text = format!(
                 "{} by {} ({}) on {} {}{}",
                 e.event,
-                e.by,
+                who,
                 e.role,
                 e.route,
                 e.subject,
@@ -109,6 +119,7 @@ pub fn about_approval(
     AuditEvent {
         event,
         by: by.to_string(),
+        principal: who.name.clone(),
         role: who.role.as_str(),
         via,
         at_ms,
@@ -139,6 +150,7 @@ pub fn about_claim(
             "claim.attested"
         },
         by: r.by.clone(),
+        principal: who.name.clone(),
         role: who.role.as_str(),
         via,
         at_ms: r.at_ms,
@@ -172,6 +184,7 @@ pub fn about_freeze(
     AuditEvent {
         event,
         by: by.to_string(),
+        principal: who.name.clone(),
         role: who.role.as_str(),
         via,
         at_ms,
@@ -183,5 +196,34 @@ pub fn about_freeze(
         amount: None,
         bound_fingerprint: String::new(),
         detail: Some(FreezeTarget::describe(&target.key())),
+    }
+}
+
+/// An operator (`who`) ending another console session (`session.ended`): the subject is the
+/// session's id, the principal whose session it was is in `detail`.
+pub fn about_session(
+    who: &Principal,
+    via: &'static str,
+    at_ms: u64,
+    ended: &OperatorSession,
+) -> AuditEvent {
+    AuditEvent {
+        event: "session.ended",
+        by: who.name.clone(),
+        principal: who.name.clone(),
+        role: who.role.as_str(),
+        via,
+        at_ms,
+        why: None,
+        subject: ended.id.clone(),
+        route: "*".into(),
+        tenant: "*".into(),
+        run: None,
+        amount: None,
+        bound_fingerprint: String::new(),
+        detail: Some(format!(
+            "the console session of {} ({})",
+            ended.name, ended.role
+        )),
     }
 }

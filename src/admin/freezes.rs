@@ -60,11 +60,8 @@ pub(super) async fn handle(
         },
         Err(e) => return bad(&format!("cannot read the request body: {e}")),
     };
-    let by = match (&order.by, who.shared) {
-        (Some(by), true) if !by.trim().is_empty() => by.trim().to_string(),
-        (_, true) => return bad("by: say who freezes (a name or an email); it is recorded"),
-        (Some(by), false) if by.trim() != who.name => format!("{} (as {})", who.name, by.trim()),
-        (_, false) => who.name.clone(),
+    let Some(by) = who.saying(order.by.as_deref()) else {
+        return bad("by: say who freezes (a name or an email); it is recorded");
     };
     match apply(admin, who, &by, "api", &order, freeze).await {
         Ok(v) => json(StatusCode::OK, &v),
@@ -95,6 +92,7 @@ pub(super) fn view(f: &Freeze) -> serde_json::Value {
         "target": f.target,
         "what": FreezeTarget::describe(&f.target),
         "by": f.by,
+        "principal": f.principal,
         "reason": f.reason,
         "at_ms": f.at_ms,
     })
@@ -188,6 +186,7 @@ pub(super) async fn apply(
         let f = Freeze {
             target: key.clone(),
             by: by.to_string(),
+            principal: Some(who.name.clone()),
             reason,
             at_ms: now,
         };

@@ -12,6 +12,7 @@ mod freezes;
 mod held_cache;
 mod keys;
 mod listener;
+mod live_sessions;
 pub mod session;
 mod throttle;
 mod traffic;
@@ -240,6 +241,10 @@ impl Admin {
                 Err(resp) => *resp,
                 Ok(who) => freezes::handle(&self, &who, req).await,
             },
+            (_, p) if p.starts_with("/v1/sessions") => match self.bearer(&req) {
+                Err(resp) => *resp,
+                Ok(who) => live_sessions::handle(&self, &who, req).await,
+            },
             (_, "/healthz" | "/readyz" | "/metrics") => problem(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
@@ -248,7 +253,7 @@ impl Admin {
             _ => problem(
                 StatusCode::NOT_FOUND,
                 "not-found",
-                "Admin endpoints: /healthz, /readyz, /metrics, /console/, /v1/keys (show, resolve, reconcile), /v1/approvals (approve, deny), /v1/freezes (freeze, unfreeze), /v1/reload.",
+                "Admin endpoints: /healthz, /readyz, /metrics, /console/, /v1/keys (show, resolve, reconcile), /v1/approvals (approve, deny), /v1/freezes (freeze, unfreeze), /v1/sessions (end), /v1/reload.",
             ),
         };
         Ok(resp)

@@ -1,7 +1,9 @@
 //! Console sessions: a token logs in once, then a signed cookie carries who it is. The
-//! cookie is an HMAC-SHA256-signed statement (name, role, which token, until when), so any
-//! replica holding the same session key accepts it and none needs the store; the CSRF token
-//! of every form is derived from the session the same way.
+//! cookie is an HMAC-SHA256-signed statement (name, role, which token, until when, a random
+//! session id), so any replica holding the same session key can check it; the CSRF token of
+//! every form is derived from the session the same way. The signature says the cookie was
+//! made here; whether the session is still open (not logged out, not ended by an operator)
+//! is the store's to say (`live_sessions`).
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -10,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::access::{Access, Principal, Role};
 use crate::config::{Config, ConfigError};
+use crate::spend::port::OperatorSession;
 
 pub const COOKIE: &str = "idemproxy_session";
 
@@ -46,11 +49,13 @@ struct Claims {
     s: String,
 }
 
-/// A live session.
+/// A session whose cookie checked out.
 #[derive(Debug, Clone)]
 pub struct Session {
     pub who: Principal,
     pub csrf: String,
+    /// The session's random id: what the store keeps it under.
+    pub id: String,
 }
 
 impl Sessions {
@@ -105,8 +110,9 @@ impl Sessions {
         self.ttl_ms
     }
 
-    /// A `Set-Cookie` value starting a session for `who`.
-    pub fn start(&self, who: &Principal, now_ms: u64) -> String {
+    /// A session for `who`: the `Set-Cookie` value, and the record the store must keep for
+    /// the cookie to be honoured.
+    pub fn start(&self, who: &Principal, now_ms: u64) -> (String, OperatorSession) {
         let claims = Claims {
             n: who.name.clone(),
             r: who.role.as_str().into(),
@@ -114,10 +120,21 @@ impl Sessions {
             e: now_ms.saturating_add(self.ttl_ms),
             s: URL_SAFE_NO_PAD.encode(rand::random::<[u8; 16]>()),
         };
+        let record = OperatorSession {
+            id: claims.s.clone(),
+            name: claims.n.clone(),
+            role: claims.r.clone(),
+            token_tag: claims.t.clone(),
+            started_ms: now_ms,
+            expires_ms: claims.e,
+        };
         // Serializing a struct of strings and numbers cannot fail.
         let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).unwrap_or_default());
         let tag = URL_SAFE_NO_PAD.encode(hmac::sign(&self.key, payload.as_bytes()).as_ref());
-        self.cookie(&format!("{payload}.{tag}"), self.ttl_ms / 1000)
+        (
+            self.cookie(&format!("{payload}.{tag}"), self.ttl_ms / 1000),
+            record,
+        )
     }
 
     /// A `Set-Cookie` value ending the session in this browser.
@@ -150,6 +167,7 @@ impl Sessions {
         Some(Session {
             who,
             csrf: self.csrf(&claims.s),
+            id: claims.s,
         })
     }
 
@@ -213,12 +231,16 @@ mod tests {
     fn a_session_holds_until_it_expires_and_only_with_its_signature() {
         let (s, a) = setup("session_ttl = \"1h\"\n");
         let ana = a.check("ana-secret").expect("ana");
-        let set = s.start(&ana, 1_000);
+        let (set, record) = s.start(&ana, 1_000);
         assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"));
         assert!(!set.contains("Secure"));
         let cookie = value(&set);
         let live = s.check(&cookie, &a, 2_000).expect("live");
         assert_eq!(live.who.name, "ana");
+        assert_eq!(
+            (live.id.as_str(), record.expires_ms),
+            (record.id.as_str(), 3_601_000)
+        );
         assert!(s.check(&cookie, &a, 1_000 + 3_600_000).is_none(), "expired");
         // Another role written into the payload breaks the signature.
         let (payload, tag) = cookie
@@ -242,8 +264,8 @@ mod tests {
     fn the_csrf_token_belongs_to_the_session() {
         let (s, a) = setup("");
         let ana = a.check("ana-secret").expect("ana");
-        let one = s.check(&value(&s.start(&ana, 0)), &a, 1).expect("one");
-        let two = s.check(&value(&s.start(&ana, 0)), &a, 1).expect("two");
+        let one = s.check(&value(&s.start(&ana, 0).0), &a, 1).expect("one");
+        let two = s.check(&value(&s.start(&ana, 0).0), &a, 1).expect("two");
         assert_ne!(one.csrf, two.csrf);
         assert!(csrf_matches(&one.csrf, &one.csrf.clone()));
         assert!(!csrf_matches(&one.csrf, &two.csrf));

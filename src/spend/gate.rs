@@ -656,6 +656,7 @@ fn fresh_approval(
         created_ms: now,
         expires_ms: now.saturating_add(budget.approval_expires.as_millis() as u64),
         decided_by: None,
+        decided_principal: None,
         reason: None,
         decided_ms: None,
         first_approval: None,

@@ -176,8 +176,14 @@ pub struct Approval {
     pub state: ApprovalState,
     pub created_ms: u64,
     pub expires_ms: u64,
+    /// Who decided, as people read it: the principal's name, with what a named token's
+    /// request said in `by` (`ana (as ana@example.com)`), or the `by` of the shared token.
     #[serde(default)]
     pub decided_by: Option<String>,
+    /// Who decided, as the admin listener authenticated them (the token's name, also for a
+    /// console session of that token). Absent on decisions of releases before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_principal: Option<String>,
     #[serde(default)]
     pub reason: Option<String>,
     #[serde(default)]
@@ -211,10 +217,28 @@ pub struct ToolCall {
 /// Who approved first when an approval needs two people, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FirstApproval {
+    /// As people read it (see [`Approval::decided_by`]).
     pub by: String,
+    /// As the admin listener authenticated them: what four eyes compares. `None` on a
+    /// first approval stored by a release before it was kept (see [`FirstApproval::who`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
     pub at_ms: u64,
     #[serde(default)]
     pub reason: Option<String>,
+}
+
+impl FirstApproval {
+    /// The principal who approved first. A record from a release that did not keep it has
+    /// only `by`, which that release wrote as the token's name, or as `name (as what the
+    /// request said)`: the name is the part before ` (as `. (The shared token never gave a
+    /// first approval, so every such `by` starts with a named token's name.)
+    pub fn who(&self) -> &str {
+        match &self.principal {
+            Some(p) => p,
+            None => self.by.split(" (as ").next().unwrap_or(&self.by),
+        }
+    }
 }
 
 /// A request under an approval's operation that differs from the one the approval shows.
@@ -300,7 +324,12 @@ impl Waiting {
 pub struct Freeze {
     /// What is frozen, as [`FreezeTarget::key`] names it (`tenant:acme`).
     pub target: String,
+    /// As people read it (see [`Approval::decided_by`]).
     pub by: String,
+    /// As the admin listener authenticated them. `None` on freezes stored by a release
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
     pub reason: String,
     pub at_ms: u64,
 }
@@ -314,6 +343,36 @@ impl Freeze {
         serde_json::from_slice(bytes).map_err(|e| {
             StoreError::Corrupt(crate::idempotency::record::DecodeError(format!(
                 "a freeze: {e}"
+            )))
+        })
+    }
+}
+
+/// A console login, kept in the store beside approvals and freezes (the other state people
+/// make on the admin listener) so that every proxy sharing the store sees it end: a session
+/// cookie is honoured only while its record is here. Logging out, or an operator ending it,
+/// deletes the record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorSession {
+    /// The cookie's random session id.
+    pub id: String,
+    /// The token's name (the session's principal), role, and tag (which token).
+    pub name: String,
+    pub role: String,
+    pub token_tag: String,
+    pub started_ms: u64,
+    pub expires_ms: u64,
+}
+
+impl OperatorSession {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<OperatorSession, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Corrupt(crate::idempotency::record::DecodeError(format!(
+                "a console session: {e}"
             )))
         })
     }
@@ -437,4 +496,49 @@ pub trait SpendStore: Send + Sync + 'static {
 
     /// Every freeze in effect.
     async fn freezes(&self) -> Result<Vec<Freeze>, StoreError>;
+
+    /// Keeps a console session (replaces one with its id), and forgets sessions that expired
+    /// before `now_ms`.
+    async fn open_session(&self, s: &OperatorSession, now_ms: u64) -> Result<(), StoreError>;
+
+    /// The console session `id`, if it was opened and not ended (expired ones may linger:
+    /// the caller checks `expires_ms`). One read.
+    async fn operator_session(&self, id: &str) -> Result<Option<OperatorSession>, StoreError>;
+
+    /// Ends console session `id` on every proxy sharing the store; `false` when there was none.
+    async fn end_session(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Every console session kept (expired ones may linger until the next login).
+    async fn operator_sessions(&self) -> Result<Vec<OperatorSession>, StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_the_release_before_principals_still_read() {
+        // A pending approval's first approval and a freeze as the previous release wrote them.
+        let first: FirstApproval =
+            serde_json::from_str(r#"{"by":"ana (as ben)","at_ms":5,"reason":null}"#)
+                .expect("an old first approval");
+        assert_eq!((first.principal.as_deref(), first.who()), (None, "ana"));
+        let plain: FirstApproval =
+            serde_json::from_str(r#"{"by":"ana","at_ms":5}"#).expect("an old first approval");
+        assert_eq!(plain.who(), "ana");
+        let f =
+            Freeze::decode(br#"{"target":"tenant:acme","by":"oscar","reason":"loop","at_ms":1}"#)
+                .expect("an old freeze");
+        assert_eq!(f.principal, None);
+        // A new one names its principal, whatever `by` says.
+        let new = FirstApproval {
+            by: "ana (as ben)".into(),
+            principal: Some("ana".into()),
+            at_ms: 5,
+            reason: None,
+        };
+        let back: FirstApproval =
+            serde_json::from_slice(&serde_json::to_vec(&new).expect("json")).expect("read back");
+        assert_eq!(back.who(), "ana");
+    }
 }

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::port::{
-    decide, opening, updating, Approval, ApprovalState, Freeze, Opened, Reservation, Reserved,
-    SpendStore, Waiting,
+    decide, opening, updating, Approval, ApprovalState, Freeze, Opened, OperatorSession,
+    Reservation, Reserved, SpendStore, Waiting,
 };
 use crate::idempotency::store::StoreError;
 
@@ -33,6 +33,7 @@ pub fn approval(id: &str, t: u64) -> Approval {
         created_ms: t,
         expires_ms: t + 1_000,
         decided_by: None,
+        decided_principal: None,
         reason: None,
         decided_ms: None,
         first_approval: None,
@@ -53,6 +54,7 @@ struct Inner {
     counters: HashMap<String, HashMap<String, (i64, u64)>>,
     approvals: HashMap<String, Approval>,
     freezes: HashMap<String, Freeze>,
+    sessions: HashMap<String, OperatorSession>,
 }
 
 impl MemorySpend {
@@ -193,6 +195,27 @@ impl SpendStore for MemorySpend {
     async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
         let mut all: Vec<_> = self.lock().freezes.values().cloned().collect();
         all.sort_by(|a, b| a.target.cmp(&b.target));
+        Ok(all)
+    }
+
+    async fn open_session(&self, s: &OperatorSession, now_ms: u64) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        inner.sessions.retain(|_, k| k.expires_ms > now_ms);
+        inner.sessions.insert(s.id.clone(), s.clone());
+        Ok(())
+    }
+
+    async fn operator_session(&self, id: &str) -> Result<Option<OperatorSession>, StoreError> {
+        Ok(self.lock().sessions.get(id).cloned())
+    }
+
+    async fn end_session(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.lock().sessions.remove(id).is_some())
+    }
+
+    async fn operator_sessions(&self) -> Result<Vec<OperatorSession>, StoreError> {
+        let mut all: Vec<_> = self.lock().sessions.values().cloned().collect();
+        all.sort_by_key(|s| s.started_ms);
         Ok(all)
     }
 }

@@ -14,7 +14,9 @@ use super::seal::{self, Sealer};
 use crate::idempotency::record::{Fence, Record, State};
 use crate::idempotency::store::{Expiry, SettleSink, Store, StoreError};
 use crate::metrics::{Metrics, StoreOp};
-use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting};
+use crate::spend::port::{
+    Approval, Freeze, Opened, OperatorSession, Reservation, Reserved, SpendStore, Waiting,
+};
 
 /// Every store operation, as the metrics label it. (`Approvals` stays last: it sizes the
 /// table of series.)
@@ -36,10 +38,11 @@ enum Op {
     Approvals,
     Pending,
     Freeze,
+    Session,
 }
 
 impl Op {
-    const COUNT: usize = Op::Freeze as usize + 1;
+    const COUNT: usize = Op::Session as usize + 1;
 
     fn label(self) -> &'static str {
         match self {
@@ -59,6 +62,7 @@ impl Op {
             Op::Approvals => "approvals",
             Op::Pending => "pending",
             Op::Freeze => "freeze",
+            Op::Session => "session",
         }
     }
 }
@@ -263,6 +267,24 @@ impl<S: SpendStore + ?Sized> SpendStore for Guard<S> {
     async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
         self.call(Op::Freeze, self.inner.freezes()).await
     }
+
+    async fn open_session(&self, s: &OperatorSession, now_ms: u64) -> Result<(), StoreError> {
+        self.call(Op::Session, self.inner.open_session(s, now_ms))
+            .await
+    }
+
+    async fn operator_session(&self, id: &str) -> Result<Option<OperatorSession>, StoreError> {
+        self.call(Op::Session, self.inner.operator_session(id))
+            .await
+    }
+
+    async fn end_session(&self, id: &str) -> Result<bool, StoreError> {
+        self.call(Op::Session, self.inner.end_session(id)).await
+    }
+
+    async fn operator_sessions(&self) -> Result<Vec<OperatorSession>, StoreError> {
+        self.call(Op::Session, self.inner.operator_sessions()).await
+    }
 }
 
 #[cfg(test)]
@@ -342,6 +364,21 @@ mod tests {
                 Ok(false)
             }
             async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
+                Ok(vec![])
+            }
+            async fn open_session(&self, _: &OperatorSession, _: u64) -> Result<(), StoreError> {
+                Ok(())
+            }
+            async fn operator_session(
+                &self,
+                _: &str,
+            ) -> Result<Option<OperatorSession>, StoreError> {
+                Ok(None)
+            }
+            async fn end_session(&self, _: &str) -> Result<bool, StoreError> {
+                Ok(false)
+            }
+            async fn operator_sessions(&self) -> Result<Vec<OperatorSession>, StoreError> {
                 Ok(vec![])
             }
         }

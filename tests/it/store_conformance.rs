@@ -15,8 +15,8 @@ use idemproxy::idempotency::testing::MemoryStore;
 use idemproxy::spend::budget::{Attempt, Budget, BudgetText, Cost, Price, Spender};
 use idemproxy::spend::money::{Currency, Money};
 use idemproxy::spend::port::{
-    ApprovalState, CapName, Counter, Freeze, FreezeTarget, Opened, Reservation, Reserved,
-    SpendStore,
+    ApprovalState, CapName, Counter, Freeze, FreezeTarget, Opened, OperatorSession, Reservation,
+    Reserved, SpendStore,
 };
 use idemproxy::spend::testing::{approval, MemorySpend};
 use idemproxy::store::{self, Expiry, Guard, Sealer, SettleSink, Store, Stores};
@@ -610,7 +610,8 @@ async fn freezes_stop_reservations_until_lifted(under: impl Into<Under>) {
     );
     let f = Freeze {
         target: target.clone(),
-        by: "oscar".into(),
+        by: "oscar (as oscar@example.com)".into(),
+        principal: Some("oscar".into()),
         reason: "loop".into(),
         at_ms: t,
     };
@@ -740,7 +741,47 @@ async fn calendar_day_windows_start_at_midnight_in_their_zone(under: impl Into<U
     ));
 }
 
+/// A console session is kept until ended (once), and a login forgets the expired ones.
+async fn console_sessions_are_kept_until_ended(under: impl Into<Under>) {
+    let subject = Subject::new(under);
+    let s = subject.spend().await;
+    let tag = std::process::id();
+    let session = |id: &str, expires_ms: u64| OperatorSession {
+        id: format!("{id}-{tag}"),
+        name: "ana".into(),
+        role: "approver".into(),
+        token_tag: "00ff".into(),
+        started_ms: 1_000,
+        expires_ms,
+    };
+    let old = session("old", 2_000);
+    let live = session("live", 9_000);
+    s.open_session(&old, 1_000).await.expect("open");
+    s.open_session(&live, 3_000).await.expect("open");
+    assert_eq!(
+        s.operator_session(&live.id).await.expect("read"),
+        Some(live.clone())
+    );
+    assert_eq!(
+        s.operator_session(&old.id).await.expect("read"),
+        None,
+        "expired before the next login: forgotten"
+    );
+    let ids: Vec<String> = s
+        .operator_sessions()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|k| k.id)
+        .collect();
+    assert!(ids.contains(&live.id) && !ids.contains(&old.id), "{ids:?}");
+    assert!(s.end_session(&live.id).await.expect("end"));
+    assert!(!s.end_session(&live.id).await.expect("end again"));
+    assert_eq!(s.operator_session(&live.id).await.expect("read"), None);
+}
+
 every_store_and_memory!(
+    console_sessions_are_kept_until_ended,
     receipts_sealed_before_sealed_receipts_had_a_type_still_replay,
     receipts_are_sealed_at_rest_and_open_with_the_key,
     spend_counts_once_per_attempt_within_its_window,

@@ -5,6 +5,7 @@
 
 mod mask;
 mod pages;
+mod sessions_page;
 mod views;
 
 use std::collections::HashMap;
@@ -48,7 +49,22 @@ pub(super) async fn handle(admin: &Admin, req: Request<Incoming>, peer: IpAddr) 
         .filter_map(|v| v.to_str().ok())
         .collect::<Vec<_>>()
         .join("; ");
-    let session = admin.sessions.check(&cookie, &admin.access, now);
+    // The signature says the cookie was made here; the store says the session is still open.
+    let session = match admin.sessions.check(&cookie, &admin.access, now) {
+        Some(s) => match super::live_sessions::live(admin, s, now).await {
+            Ok(s) => s,
+            Err(e) => {
+                return pages::message(
+                    None,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Store unavailable",
+                    &format!("{e}: the session cannot be checked; try again."),
+                    "/console/",
+                )
+            }
+        },
+        None => None,
+    };
     if method == Method::GET {
         let Some(session) = session else {
             if req.uri().query().is_some_and(|q| q.contains("fragment=1")) {
@@ -62,6 +78,7 @@ pub(super) async fn handle(admin: &Admin, req: Request<Incoming>, peer: IpAddr) 
             "/console/keys" => pages::keys(admin, &session, &query).await,
             "/console/overview" => pages::overview(admin, &session).await,
             "/console/spend" => pages::spend(admin, &session, &query).await,
+            "/console/sessions" => sessions_page::list(admin, &session, &query).await,
             _ => pages::message(
                 Some(&session),
                 StatusCode::NOT_FOUND,
@@ -116,11 +133,8 @@ async fn act(
         );
     }
     match path {
-        "/console/logout" => {
-            let mut resp = redirect("/console/login");
-            set_cookie(&mut resp, &admin.sessions.end());
-            resp
-        }
+        "/console/logout" => logout(admin, &session).await,
+        "/console/sessions/end" => sessions_page::end(admin, &session, &form).await,
         "/console/approvals/decide" => pages::decide(admin, &session, &form).await,
         "/console/held/release" => pages::resolve(admin, &session, &form, false).await,
         "/console/held/attest" => pages::resolve(admin, &session, &form, true).await,
@@ -134,6 +148,23 @@ async fn act(
             "/console/",
         ),
     }
+}
+
+/// Ends the session in the store (every proxy refuses its cookie from now on) and in this
+/// browser.
+async fn logout(admin: &Admin, session: &Session) -> Response<Body> {
+    let mut resp = match admin.app.spend.store().end_session(&session.id).await {
+        Ok(_) => redirect("/console/login"),
+        Err(e) => pages::message(
+            None,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Not logged out everywhere",
+            &format!("{e}: the cookie is cleared in this browser, but the session could not be ended in the store; log in and out again when the store is back, or ask an operator to end it."),
+            "/console/login",
+        ),
+    };
+    set_cookie(&mut resp, &admin.sessions.end());
+    resp
 }
 
 /// Checks a token, starts a session. Failed attempts per client address are limited.
@@ -167,9 +198,18 @@ async fn login(admin: &Admin, req: Request<Incoming>, peer: IpAddr) -> Response<
     match admin.access.check(token) {
         Some(who) => {
             tracing::info!(target: "idemproxy::audit", by = %who.name, role = who.role.as_str(), "console login");
-            let mut resp = redirect("/console/");
-            set_cookie(&mut resp, &admin.sessions.start(&who, now));
-            resp
+            match super::live_sessions::open(admin, &who, now).await {
+                Ok(cookie) => {
+                    let mut resp = redirect("/console/");
+                    set_cookie(&mut resp, &cookie);
+                    resp
+                }
+                Err(e) => pages::login(
+                    admin,
+                    Some(&format!("{e}: no session can be started; try again.")),
+                    StatusCode::SERVICE_UNAVAILABLE,
+                ),
+            }
         }
         None => {
             admin.throttle.failed(peer, now);

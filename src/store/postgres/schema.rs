@@ -49,6 +49,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
     FREEZES,
     // 5: the index of pending approvals (counted without loading a body).
     PENDING,
+    // 6: console sessions, so a logout ends a session on every proxy (ids carry the
+    // namespace). `IF NOT EXISTS`: a schema set back to an earlier version runs it again.
+    "CREATE TABLE IF NOT EXISTS idemproxy_console_sessions (
+         id         text COLLATE \"C\" PRIMARY KEY,
+         expires_at bigint NOT NULL,
+         value      bytea NOT NULL
+     );",
 ];
 
 /// Schema step 3: the attempt index and the two functions every reservation and release is.

@@ -12,7 +12,9 @@ use super::connection::unavailable;
 use super::schema::NOW;
 use super::PostgresStore;
 use crate::idempotency::store::StoreError;
-use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting};
+use crate::spend::port::{
+    Approval, Freeze, Opened, OperatorSession, Reservation, Reserved, SpendStore, Waiting,
+};
 use crate::store::approvals::{self, Cells};
 
 impl PostgresStore {
@@ -31,6 +33,10 @@ impl PostgresStore {
 
     fn freeze_key(&self, target: &str) -> String {
         format!("{}:{target}", self.namespace)
+    }
+
+    fn session_key(&self, id: &str) -> String {
+        format!("{}:{id}", self.namespace)
     }
 }
 
@@ -277,6 +283,67 @@ impl SpendStore for PostgresStore {
             .map_err(unavailable)?;
         rows.iter()
             .map(|r| Freeze::decode(&r.get::<_, Vec<u8>>(0)))
+            .collect()
+    }
+
+    async fn open_session(&self, s: &OperatorSession, now_ms: u64) -> Result<(), StoreError> {
+        let client = self.conn.client().await?;
+        let prefix = format!("{}:", self.namespace);
+        client
+            .execute(
+                "DELETE FROM idemproxy_console_sessions WHERE starts_with(id, $1) AND expires_at <= $2",
+                &[&prefix, &(now_ms as i64)],
+            )
+            .await
+            .map_err(unavailable)?;
+        client
+            .execute(
+                "INSERT INTO idemproxy_console_sessions (id, expires_at, value) VALUES ($1, $2, $3)
+                 ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at, value = excluded.value",
+                &[&self.session_key(&s.id), &(s.expires_ms as i64), &s.encode()],
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn operator_session(&self, id: &str) -> Result<Option<OperatorSession>, StoreError> {
+        let client = self.conn.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT value FROM idemproxy_console_sessions WHERE id = $1",
+                &[&self.session_key(id)],
+            )
+            .await
+            .map_err(unavailable)?;
+        row.map(|r| OperatorSession::decode(&r.get::<_, Vec<u8>>(0)))
+            .transpose()
+    }
+
+    async fn end_session(&self, id: &str) -> Result<bool, StoreError> {
+        let client = self.conn.client().await?;
+        let gone = client
+            .execute(
+                "DELETE FROM idemproxy_console_sessions WHERE id = $1",
+                &[&self.session_key(id)],
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(gone > 0)
+    }
+
+    async fn operator_sessions(&self) -> Result<Vec<OperatorSession>, StoreError> {
+        let client = self.conn.client().await?;
+        let prefix = format!("{}:", self.namespace);
+        let rows = client
+            .query(
+                "SELECT value FROM idemproxy_console_sessions WHERE starts_with(id, $1) ORDER BY expires_at",
+                &[&prefix],
+            )
+            .await
+            .map_err(unavailable)?;
+        rows.iter()
+            .map(|r| OperatorSession::decode(&r.get::<_, Vec<u8>>(0)))
             .collect()
     }
 }

@@ -12,7 +12,9 @@ use async_trait::async_trait;
 use super::connection::{Effect, Lua};
 use super::RedisStore;
 use crate::idempotency::store::{now_ms, StoreError};
-use crate::spend::port::{Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting};
+use crate::spend::port::{
+    Approval, Freeze, Opened, OperatorSession, Reservation, Reserved, SpendStore, Waiting,
+};
 use crate::store::approvals::{self, Cells};
 
 // A counter is three keys under `PREFIX .. name`: `:win` (sorted set: the attempts reserved
@@ -243,6 +245,11 @@ impl RedisStore {
     fn freezes_key(&self) -> String {
         format!("{}freezes", self.spend_prefix())
     }
+
+    /// Console sessions: one hash, session id → the session.
+    fn sessions_key(&self) -> String {
+        self.conn.key("console_sessions")
+    }
 }
 
 /// Approvals are fields of one hash, swapped by a script that compares the bytes read.
@@ -422,6 +429,51 @@ impl SpendStore for RedisStore {
             .map(|r| Freeze::decode(r))
             .collect::<Result<Vec<_>, _>>()?;
         all.sort_by(|a, b| a.target.cmp(&b.target));
+        Ok(all)
+    }
+
+    async fn open_session(&self, s: &OperatorSession, now_ms: u64) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(self.sessions_key()).arg(&s.id).arg(s.encode());
+        let _: i64 = self.conn.query(cmd, Effect::Wrote).await?;
+        let expired: Vec<String> = self
+            .operator_sessions()
+            .await?
+            .into_iter()
+            .filter(|k| k.expires_ms <= now_ms)
+            .map(|k| k.id)
+            .collect();
+        if !expired.is_empty() {
+            let mut cmd = redis::cmd("HDEL");
+            cmd.arg(self.sessions_key()).arg(&expired);
+            let _: i64 = self.conn.query(cmd, Effect::Wrote).await?;
+        }
+        Ok(())
+    }
+
+    async fn operator_session(&self, id: &str) -> Result<Option<OperatorSession>, StoreError> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(self.sessions_key()).arg(id);
+        let raw: Option<Vec<u8>> = self.conn.query(cmd, Effect::Read).await?;
+        raw.as_deref().map(OperatorSession::decode).transpose()
+    }
+
+    async fn end_session(&self, id: &str) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(self.sessions_key()).arg(id);
+        let gone: i64 = self.conn.query(cmd, Effect::Wrote).await?;
+        Ok(gone > 0)
+    }
+
+    async fn operator_sessions(&self) -> Result<Vec<OperatorSession>, StoreError> {
+        let mut cmd = redis::cmd("HVALS");
+        cmd.arg(self.sessions_key());
+        let raw: Vec<Vec<u8>> = self.conn.query(cmd, Effect::Read).await?;
+        let mut all = raw
+            .iter()
+            .map(|r| OperatorSession::decode(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        all.sort_by_key(|k| k.started_ms);
         Ok(all)
     }
 }

@@ -10,7 +10,8 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use super::SqliteStore;
 use crate::idempotency::store::StoreError;
 use crate::spend::port::{
-    decide, opening, updating, Approval, Freeze, Opened, Reservation, Reserved, SpendStore, Waiting,
+    decide, opening, updating, Approval, Freeze, Opened, OperatorSession, Reservation, Reserved,
+    SpendStore, Waiting,
 };
 
 /// A spend operation, as the writer thread runs it.
@@ -26,6 +27,22 @@ pub(super) enum Op {
     Unfreeze { target: String },
     Freezes,
     Pending { now_ms: u64 },
+    Session(SessionOp),
+}
+
+/// A console session's operation (see [`SpendStore::open_session`]).
+pub(super) enum SessionOp {
+    Open {
+        session: OperatorSession,
+        now_ms: u64,
+    },
+    Get {
+        id: String,
+    },
+    End {
+        id: String,
+    },
+    List,
 }
 
 pub(super) enum Reply {
@@ -70,6 +87,11 @@ pub(super) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
          CREATE TABLE IF NOT EXISTS spend_freezes (
              target TEXT PRIMARY KEY,
              value  BLOB NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS console_sessions (
+             id         TEXT PRIMARY KEY,
+             expires_at INTEGER NOT NULL,
+             value      BLOB NOT NULL
          );
          CREATE TABLE IF NOT EXISTS approvals (
              id         TEXT PRIMARY KEY,
@@ -357,6 +379,38 @@ pub(super) fn apply(tx: &Transaction<'_>, op: Op) -> rusqlite::Result<Reply> {
                 .query_map([], |row| row.get(0))?
                 .collect::<rusqlite::Result<_>>()?,
         ),
+        Op::Session(op) => session_op(tx, op)?,
+    })
+}
+
+/// The console sessions' operations (see [`SpendStore::open_session`]).
+fn session_op(tx: &Transaction<'_>, op: SessionOp) -> rusqlite::Result<Reply> {
+    Ok(match op {
+        SessionOp::Open { session, now_ms } => {
+            tx.prepare_cached("DELETE FROM console_sessions WHERE expires_at <= ?1")?
+                .execute(params![now_ms as i64])?;
+            tx.prepare_cached(
+                "INSERT INTO console_sessions (id, expires_at, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(id) DO UPDATE SET expires_at = excluded.expires_at, value = excluded.value",
+            )?
+            .execute(params![session.id, session.expires_ms as i64, session.encode()])?;
+            Reply::Unfrozen(true)
+        }
+        SessionOp::Get { id } => Reply::Found(
+            tx.prepare_cached("SELECT value FROM console_sessions WHERE id = ?1")?
+                .query_row(params![id], |row| row.get(0))
+                .optional()?,
+        ),
+        SessionOp::End { id } => Reply::Unfrozen(
+            tx.prepare_cached("DELETE FROM console_sessions WHERE id = ?1")?
+                .execute(params![id])?
+                > 0,
+        ),
+        SessionOp::List => Reply::Listed(
+            tx.prepare_cached("SELECT value FROM console_sessions ORDER BY expires_at")?
+                .query_map([], |row| row.get(0))?
+                .collect::<rusqlite::Result<_>>()?,
+        ),
     })
 }
 
@@ -454,6 +508,44 @@ impl SpendStore for SqliteStore {
     async fn freezes(&self) -> Result<Vec<Freeze>, StoreError> {
         match self.spend(Op::Freezes).await? {
             Reply::Listed(rows) => rows.iter().map(|raw| Freeze::decode(raw)).collect(),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn open_session(&self, s: &OperatorSession, now_ms: u64) -> Result<(), StoreError> {
+        let op = Op::Session(SessionOp::Open {
+            session: s.clone(),
+            now_ms,
+        });
+        match self.spend(op).await? {
+            Reply::Unfrozen(_) => Ok(()),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn operator_session(&self, id: &str) -> Result<Option<OperatorSession>, StoreError> {
+        match self
+            .spend(Op::Session(SessionOp::Get { id: id.into() }))
+            .await?
+        {
+            Reply::Found(raw) => raw.as_deref().map(OperatorSession::decode).transpose(),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn end_session(&self, id: &str) -> Result<bool, StoreError> {
+        match self
+            .spend(Op::Session(SessionOp::End { id: id.into() }))
+            .await?
+        {
+            Reply::Unfrozen(found) => Ok(found),
+            _ => Err(mismatched()),
+        }
+    }
+
+    async fn operator_sessions(&self) -> Result<Vec<OperatorSession>, StoreError> {
+        match self.spend(Op::Session(SessionOp::List)).await? {
+            Reply::Listed(rows) => rows.iter().map(|r| OperatorSession::decode(r)).collect(),
             _ => Err(mismatched()),
         }
     }
