@@ -9,13 +9,13 @@ use http::{Request, Response};
 
 use super::admission::Admitted;
 use super::answer;
-use super::operation::Call;
 use super::outgoing::Outgoing;
 use crate::http::body::{stream, Body};
 use crate::http::headers::strip_hop_by_hop;
 use crate::idempotency::claims::{Claim, Claims};
 use crate::idempotency::policy::Policy;
 use crate::metrics::InFlight;
+use crate::idempotency::record::Receipt;
 use crate::outbound::upstream;
 use crate::proxy::error::ProxyError;
 use crate::proxy::App;
@@ -52,6 +52,10 @@ impl Drop for Unsent {
         }
     }
 }
+
+/// The provider call one attempt makes, run in the claim's own task (`operation`).
+pub(super) type Call =
+    futures_util::future::BoxFuture<'static, Result<Receipt, upstream::UpstreamError>>;
 
 /// The provider call of a request forwarded under its claim, read whole as a receipt within
 /// the route's deadline; the forward slot is held until it ends, also when the client went

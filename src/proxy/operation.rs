@@ -48,8 +48,7 @@ use crate::request::Request as Read;
 use crate::routes::{Route, RouteSpend};
 use crate::spend::gate::Ticket;
 
-/// The provider call one attempt makes, run in the claim's own task.
-pub(super) type Call = BoxFuture<'static, Result<Receipt, UpstreamError>>;
+pub(super) use super::forward::Call;
 
 /// An identified operation, as its front hands it to the driver. (`'v` is the request view's
 /// own: a view is invariant in it, having its body parsed once, whoever reads it first.)

@@ -1,6 +1,6 @@
 //! Every refusal the proxy answers itself on a route, declared once — its status, its slug
 //! (the problem type's last segment, and the code in a provider's error shape) and its title —
-//! whichever part raises it (`ProxyError`, `SpendError`). The advice, which reads the error's
+//! whichever part raises it (`ProxyError`, `SpendError`, `ConnectError`). The advice, which reads the error's
 //! own fields, stays with each error.
 
 use http::StatusCode;
@@ -60,6 +60,14 @@ kinds! {
     APPROVAL_PENDING = CONFLICT, "approval-pending", "Waiting for a person's approval";
     APPROVAL_DENIED = FORBIDDEN, "approval-denied", "A person denied this payment";
     APPROVAL_MISMATCH = CONFLICT, "approval-mismatch", "Not what the person approved";
+    BAD_CONNECT_TARGET = BAD_REQUEST, "bad-connect-target", "Bad CONNECT target";
+    CONNECT_PORT = FORBIDDEN, "connect-port-forbidden", "CONNECT port not allowed";
+    CONNECT_HOST = FORBIDDEN, "connect-host-forbidden", "CONNECT host not allowed";
+    CONNECT_ADDRESS = FORBIDDEN, "connect-address-forbidden", "CONNECT to an address not allowed";
+    CONNECT_ROUTED_ADDRESS = FORBIDDEN, "connect-routed-address", "CONNECT to a routed provider's address";
+    CONNECT_SIDE_DOOR = FORBIDDEN, "connect-provider-side-door", "CONNECT to a provider's side door";
+    NO_CA = FORBIDDEN, "interception-not-configured", "HTTPS interception not configured";
+    TUNNEL_UNREACHABLE = BAD_GATEWAY, "tunnel-target-unreachable", "Tunnel target unreachable";
 }
 
 #[cfg(test)]

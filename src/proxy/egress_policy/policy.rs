@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::proxy::refusals::{self, Kind};
 use http::{Response, StatusCode, Uri};
 
 use super::side_doors::{HostPatterns, RoutedAddresses};
@@ -167,38 +168,29 @@ pub enum ConnectError {
 }
 
 impl ConnectError {
-    pub fn status(&self) -> StatusCode {
+    /// Its status, slug and title, declared once in `proxy::refusals`.
+    pub fn kind(&self) -> &'static Kind {
         match self {
-            ConnectError::BadTarget(_) => StatusCode::BAD_REQUEST,
-            ConnectError::PortNotAllowed(_)
-            | ConnectError::HostDenied(_)
-            | ConnectError::HostNotListed(_)
-            | ConnectError::AddressLiteral(_)
-            | ConnectError::RoutedAddress { .. }
-            | ConnectError::SideDoor { .. }
-            | ConnectError::NoCa { .. }
-            | ConnectError::EgressRefused(_)
-            | ConnectError::RouteOnOtherPort { .. } => StatusCode::FORBIDDEN,
-            ConnectError::Unreachable { .. } => StatusCode::BAD_GATEWAY,
+            ConnectError::BadTarget(_) => &refusals::BAD_CONNECT_TARGET,
+            ConnectError::PortNotAllowed(_) | ConnectError::RouteOnOtherPort { .. } => {
+                &refusals::CONNECT_PORT
+            }
+            ConnectError::HostDenied(_) | ConnectError::HostNotListed(_) => &refusals::CONNECT_HOST,
+            ConnectError::AddressLiteral(_) => &refusals::CONNECT_ADDRESS,
+            ConnectError::RoutedAddress { .. } => &refusals::CONNECT_ROUTED_ADDRESS,
+            ConnectError::SideDoor { .. } => &refusals::CONNECT_SIDE_DOOR,
+            ConnectError::NoCa { .. } => &refusals::NO_CA,
+            ConnectError::EgressRefused(_) => &refusals::EGRESS_REFUSED,
+            ConnectError::Unreachable { .. } => &refusals::TUNNEL_UNREACHABLE,
         }
     }
 
+    pub fn status(&self) -> StatusCode {
+        self.kind().status
+    }
+
     pub fn slug(&self) -> &'static str {
-        match self {
-            ConnectError::BadTarget(_) => "bad-connect-target",
-            ConnectError::PortNotAllowed(_) | ConnectError::RouteOnOtherPort { .. } => {
-                "connect-port-forbidden"
-            }
-            ConnectError::HostDenied(_) | ConnectError::HostNotListed(_) => {
-                "connect-host-forbidden"
-            }
-            ConnectError::AddressLiteral(_) => "connect-address-forbidden",
-            ConnectError::RoutedAddress { .. } => "connect-routed-address",
-            ConnectError::SideDoor { .. } => "connect-provider-side-door",
-            ConnectError::NoCa { .. } => "interception-not-configured",
-            ConnectError::EgressRefused(_) => "egress-refused",
-            ConnectError::Unreachable { .. } => "tunnel-target-unreachable",
-        }
+        self.kind().slug
     }
 
     /// The metric label: a small fixed set, so a scrape never grows with the hosts asked for.
@@ -219,21 +211,7 @@ impl ConnectError {
     }
 
     pub fn title(&self) -> &'static str {
-        match self {
-            ConnectError::BadTarget(_) => "Bad CONNECT target",
-            ConnectError::PortNotAllowed(_) | ConnectError::RouteOnOtherPort { .. } => {
-                "CONNECT port not allowed"
-            }
-            ConnectError::HostDenied(_) | ConnectError::HostNotListed(_) => {
-                "CONNECT host not allowed"
-            }
-            ConnectError::AddressLiteral(_) => "CONNECT to an address not allowed",
-            ConnectError::RoutedAddress { .. } => "CONNECT to a routed provider's address",
-            ConnectError::SideDoor { .. } => "CONNECT to a provider's side door",
-            ConnectError::NoCa { .. } => "HTTPS interception not configured",
-            ConnectError::EgressRefused(_) => "Destination not allowed",
-            ConnectError::Unreachable { .. } => "Tunnel target unreachable",
-        }
+        self.kind().title
     }
 
     pub fn into_response(self) -> Response<Body> {
