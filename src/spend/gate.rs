@@ -648,7 +648,7 @@ fn fresh_approval(
         currency: currency.to_string(),
         method: ask.method.to_string(),
         path: ask.path.to_string(),
-        body: super::redact::card_data(ask.body),
+        body: crate::redact::body(ask.body),
         body_sealed: false,
         why: why.to_string(),
         fingerprint: ask.binding.to_string(),

@@ -14,6 +14,5 @@ pub mod gate;
 mod gate_tests;
 pub mod money;
 pub mod port;
-pub mod redact;
 #[cfg(any(test, feature = "test-store"))]
 pub mod testing;
