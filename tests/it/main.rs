@@ -27,6 +27,7 @@ mod postgres_store;
 mod providers;
 mod readme;
 mod reconcile;
+mod redaction;
 mod redis_topologies;
 mod request_reader;
 mod sdk_examples;

@@ -97,7 +97,7 @@ impl ApprovalView {
                     ago(now, f.at_ms),
                     f.reason
                         .as_deref()
-                        .map(|r| format!(" ({r})"))
+                        .map(|r| format!(" ({})", crate::redact::text(r)))
                         .unwrap_or_default()
                 )
             }),
@@ -272,7 +272,8 @@ fn item(at_ms: u64, what: &str, by: Option<String>, why: Option<String>) -> Hist
         at_ms,
         what: what.to_string(),
         by,
-        why,
+        // What a person typed (a reason) may hold what nobody else may read.
+        why: why.as_deref().map(crate::redact::text),
     }
 }
 
