@@ -347,7 +347,7 @@ fn assignments(s: &str) -> String {
         }
         let stop = |from: usize| {
             s[from..]
-                .find(|c: char| matches!(c, '&' | '"' | ',' | ';' | '}' | ']' | '\n' | ' '))
+                .find(['&', '"', ',', ';', '}', ']', '\n', ' '])
                 .map_or(s.len(), |e| from + e)
         };
         let mut value_end = stop(j);
