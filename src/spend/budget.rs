@@ -9,7 +9,7 @@ use jiff::tz::TimeZone;
 use rust_decimal::Decimal;
 
 use super::caps::{Caps, Measure, Over, ScopeLimits};
-pub use super::caps::{Spender, Window, TOOL_COUNTER};
+pub use super::caps::{Spender, Window};
 pub use super::cost::{Cost, OnUnpriced, Price, Pricing};
 use super::money::{Currency, Money, MoneyError, Unit};
 use super::port::{CapName, Counter, FreezeTarget, Reservation};

@@ -994,6 +994,11 @@ mod budget_tests {
             assert_eq!(counter.name, cap.name, "{key}");
         }
         assert_eq!(shown.len(), b.caps.iter().count(), "{shown:?}");
+        // Metrics see every cap too (each at 0 from the start).
+        let names = b.cap_names();
+        for name in crate::spend::caps::CapName::ALL {
+            assert!(names.contains(&name.as_str()), "{names:?} misses {name:?}");
+        }
         // Both thresholds reach the reservation; approved, none does.
         assert_eq!(reserved.approvals.len(), 2);
         assert!(b
