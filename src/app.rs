@@ -62,9 +62,10 @@ impl Parts {
         })
         .map_err(|e| config.invalid("server", e.to_string()))?;
         let admin = AdminSettings::from_config(config)?;
-        approvals_can_be_decided(config, &admin)?;
+        let routes = Routes::build(config)?;
+        approvals_can_be_decided(config, &routes, &admin)?;
         Ok(Parts {
-            routes: Routes::build(config)?,
+            routes,
             connect: ConnectPolicy::build(config)?,
             tenants: Tenants::build(config)?,
             egress,
@@ -81,19 +82,13 @@ impl Parts {
 /// A route that parks payments for a person's approval needs the admin listener and its
 /// token, through which people decide: without them a parked payment can never go out, and
 /// the agent waiting on it is stuck.
-fn approvals_can_be_decided(config: &Config, admin: &AdminSettings) -> Result<(), ConfigError> {
-    let with_approvals = config.routes.iter().enumerate().find_map(|(i, r)| {
-        let spend = r.spend.as_ref()?;
-        let field = match (
-            &spend.approve_above,
-            &spend.approve_run_above,
-            spend.unpriced.as_deref(),
-        ) {
-            (Some(_), _, _) => "approve_above",
-            (None, Some(_), _) => "approve_run_above",
-            (None, None, Some("approve")) => "unpriced",
-            (None, None, _) => return None,
-        };
+fn approvals_can_be_decided(
+    config: &Config,
+    routes: &Routes,
+    admin: &AdminSettings,
+) -> Result<(), ConfigError> {
+    let with_approvals = routes.all().iter().enumerate().find_map(|(i, r)| {
+        let field = r.spend.as_ref()?.budget.parks()?;
         Some(format!("routes[{i}] ({}).spend.{field}", r.name))
     });
     let Some(field) = with_approvals else {
@@ -116,6 +111,15 @@ fn approvals_can_be_decided(config: &Config, admin: &AdminSettings) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// Every cap of every route in the spend metrics, at 0 until it refuses something.
+pub fn spend_metrics(metrics: &Metrics, routes: &Routes) {
+    for r in routes.all() {
+        if let Some(spend) = &r.spend {
+            metrics.spend_caps(&r.name, &spend.budget.cap_names());
+        }
+    }
 }
 
 /// The approvals webhook's URL and a client for it (the operator's own endpoint: not
@@ -180,6 +184,7 @@ pub fn assemble(
             metrics.clone(),
         ))
     };
+    spend_metrics(&metrics, &parts.routes);
     let app = App {
         routes: RouteTable::new(parts.routes),
         claims,

@@ -42,6 +42,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod providers;
 pub mod proxy;
+pub mod redact;
 pub mod reload;
 pub mod request;
 pub mod routes;

@@ -130,7 +130,10 @@ fn drain<W: Write>(shared: &Shared, mut out: W) {
         drop(q);
         shared.taken.notify_all();
         // A log that cannot be written has nowhere to report it; the lines are dropped.
-        let _ = out.write_all(&batch).and_then(|()| out.flush());
+        // Off the request path: every line is redacted here, whichever part logged it.
+        let _ = out
+            .write_all(&crate::redact::log(&batch))
+            .and_then(|()| out.flush());
         batch.clear();
     }
 }

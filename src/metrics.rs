@@ -190,7 +190,7 @@ impl Metrics {
         );
         r.register(
             "spend_refused",
-            "Payments refused by a spend cap, by route and cap (per_request, per_run, per_tenant)",
+            "Payments refused by a spend cap, by route and cap (per_request, per_run, per_tenant, count_per_run, …, and frozen); every cap a route has is shown from the start",
             self.spend_refused.clone(),
         );
         r.register(
@@ -313,6 +313,19 @@ impl Metrics {
                 ("currency".into(), currency.into()),
             ])
             .inc_by(amount);
+    }
+
+    /// The spend refusals and shadowed decisions a route's caps can count, each shown at 0
+    /// from the start: an alert on a cap exists before the first refusal does.
+    pub fn spend_caps(&self, route: &str, caps: &[&'static str]) {
+        for cap in caps {
+            let labels = vec![
+                ("route".into(), route.into()),
+                ("cap".into(), (*cap).into()),
+            ];
+            drop(self.spend_refused.get_or_create(&labels));
+            drop(self.spend_shadow.get_or_create(&labels));
+        }
     }
 
     pub fn spend_refused(&self, route: &str, cap: &'static str) {

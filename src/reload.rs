@@ -69,6 +69,7 @@ impl Reloader {
                 sections,
             });
         }
+        app::spend_metrics(&self.app.metrics, &parts.routes);
         self.app.routes.replace(parts.routes);
         if let Some(warning) = app::interception_warning(&config, self.app.connect.leaves.is_some())
         {

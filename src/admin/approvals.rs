@@ -274,16 +274,18 @@ pub(super) fn state_name(a: &Approval, now: u64) -> &'static str {
 /// What an approver sees: the payment and the request body — never a credential (none is
 /// kept).
 fn view(a: &Approval, now: u64) -> serde_json::Value {
-    let body = match std::str::from_utf8(&a.body) {
+    // Redacted again as shown: approvals an earlier release stored went through an older list.
+    let shown = crate::redact::body(&a.body);
+    let body = match std::str::from_utf8(&shown) {
         Ok(text) => serde_json::json!({"text": text}),
         Err(_) => {
-            serde_json::json!({"base64": base64::engine::general_purpose::STANDARD.encode(&a.body)})
+            serde_json::json!({"base64": base64::engine::general_purpose::STANDARD.encode(&shown)})
         }
     };
     // A tool call: its tool, whose call it is, and its canonical arguments (the body).
     let tool = a.tool.as_ref().map(|t| {
-        let arguments = serde_json::from_slice::<serde_json::Value>(&a.body)
-            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&a.body).into()));
+        let arguments = serde_json::from_slice::<serde_json::Value>(&shown)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&shown).into()));
         serde_json::json!({"name": t.name, "account": t.account, "arguments": arguments})
     });
     serde_json::json!({
@@ -294,14 +296,14 @@ fn view(a: &Approval, now: u64) -> serde_json::Value {
         "tenant": a.tenant,
         "run": a.run,
         "amount": a.amount,
-        "request": format!("{} {}", a.method, a.path),
+        "request": crate::redact::text(&format!("{} {}", a.method, a.path)),
         "body": body,
         "why": a.why,
         "created_ms": a.created_ms,
         "expires_ms": a.expires_ms,
         "decided_by": a.decided_by,
         "decided_principal": a.decided_principal,
-        "reason": a.reason,
+        "reason": a.reason.as_deref().map(crate::redact::text),
         "decided_ms": a.decided_ms,
         "first_approval": a.first_approval,
     })

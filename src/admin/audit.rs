@@ -57,6 +57,14 @@ impl Audit {
     }
 
     pub fn record(&self, e: &AuditEvent) {
+        // What a person typed (a reason, a pasted response) is kept for months and read by
+        // finance: a card number or a key typed into it is redacted like anywhere else.
+        let redacted = AuditEvent {
+            why: e.why.as_deref().map(crate::redact::text),
+            detail: e.detail.as_deref().map(crate::redact::text),
+            ..e.clone()
+        };
+        let e = &redacted;
         let line = serde_json::to_string(e).unwrap_or_default();
         tracing::info!(target: "idemproxy::audit", audit = %line, "{}", e.event);
         if let Some(hook) = &self.webhook {

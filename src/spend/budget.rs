@@ -8,6 +8,8 @@ use std::time::Duration;
 use jiff::tz::TimeZone;
 use rust_decimal::Decimal;
 
+use super::caps::{Caps, Measure, Over, ScopeLimits};
+pub use super::caps::{Spender, Window};
 pub use super::cost::{Cost, OnUnpriced, Price, Pricing};
 use super::money::{Currency, Money, MoneyError, Unit};
 use super::port::{CapName, Counter, FreezeTarget, Reservation};
@@ -78,25 +80,19 @@ pub struct Budget {
     pub on_unpriced: OnUnpriced,
     pub caps_currency: Currency,
     rates: BTreeMap<Currency, Decimal>,
+    /// Limits of one request alone (nothing is counted for them): above `per_request` it
+    /// is refused, above `approve_above` a person approves it.
     pub per_request: Option<Money>,
-    pub per_run: Option<Money>,
-    pub per_tenant: Option<Money>,
-    pub per_route: Option<Money>,
-    pub count_per_run: Option<i64>,
-    pub count_per_tenant: Option<i64>,
-    pub count_per_route: Option<i64>,
+    pub approve_above: Option<Money>,
+    /// Every budget a request counts against ([`Caps`]).
+    pub caps: Caps,
     pub tenant_window: Window,
     pub run_window: Window,
     pub route_window: Window,
     /// Where a calendar day starts and ends.
     pub time_zone: TimeZone,
-    pub approve_above: Option<Money>,
-    pub approve_run_above: Option<Money>,
-    pub approve_tenant_above: Option<Money>,
     pub approval_wait: Duration,
     pub approval_expires: Duration,
-    /// Count caps of one operation (an MCP tool) of the route, beside the route-wide ones.
-    pub tool_counts: BTreeMap<String, ToolCounts>,
 }
 
 /// Executions of one operation (an MCP tool, by name) per run, tenant and route, each in the
@@ -182,6 +178,46 @@ impl Budget {
                 )
             })?,
         };
+        let minor = |name: &str, v| money(name, v).map(|m| m.map(|m| m.minor));
+        let run = ScopeLimits {
+            money: minor("per_run", t.per_run)?,
+            count: t.count_per_run.map(i64::from),
+            approve_above: minor("approve_run_above", t.approve_run_above)?,
+        };
+        let tenant = ScopeLimits {
+            money: minor("per_tenant", t.per_tenant)?,
+            count: t.count_per_tenant.map(i64::from),
+            approve_above: minor("approve_tenant_above", t.approve_tenant_above)?,
+        };
+        let route = ScopeLimits {
+            money: minor("per_route", t.per_route)?,
+            count: t.count_per_route.map(i64::from),
+            approve_above: None,
+        };
+        let tools: Vec<(String, [Option<i64>; 3])> = t
+            .tool_counts
+            .iter()
+            .map(|(tool, c)| {
+                let n = |v: Option<u32>| v.map(i64::from);
+                (
+                    tool.clone(),
+                    [n(c.per_run), n(c.per_tenant), n(c.per_route)],
+                )
+            })
+            .collect();
+        let budgets = Caps::build(
+            |over| match over {
+                Over::Run => run.clone(),
+                Over::Tenant => tenant.clone(),
+                Over::Route => route.clone(),
+            },
+            |over| match over {
+                Over::Run => run_window,
+                Over::Tenant => tenant_window,
+                Over::Route => route_window,
+            },
+            &tools,
+        );
         let b = Budget {
             amounts: vec![spec],
             exponents,
@@ -189,22 +225,14 @@ impl Budget {
             caps_currency: caps,
             rates,
             per_request: money("per_request", t.per_request)?,
-            per_run: money("per_run", t.per_run)?,
-            per_tenant: money("per_tenant", t.per_tenant)?,
-            per_route: money("per_route", t.per_route)?,
-            count_per_run: t.count_per_run.map(i64::from),
-            count_per_tenant: t.count_per_tenant.map(i64::from),
-            count_per_route: t.count_per_route.map(i64::from),
+            approve_above: money("approve_above", t.approve_above)?,
+            caps: budgets,
             tenant_window,
             run_window,
             route_window,
             time_zone,
-            approve_above: money("approve_above", t.approve_above)?,
-            approve_run_above: money("approve_run_above", t.approve_run_above)?,
-            approve_tenant_above: money("approve_tenant_above", t.approve_tenant_above)?,
             approval_wait: t.approval_wait,
             approval_expires: t.approval_expires,
-            tool_counts: t.tool_counts.clone(),
         };
         b.check_limits()?;
         Ok(b)
@@ -236,28 +264,56 @@ impl Budget {
 
     /// Money caps or thresholds: every request needs a price.
     pub fn limits_money(&self) -> bool {
-        [
-            self.per_request,
-            self.per_run,
-            self.per_tenant,
-            self.per_route,
-            self.approve_above,
-            self.approve_run_above,
-            self.approve_tenant_above,
-        ]
-        .iter()
-        .any(Option::is_some)
+        self.per_request.is_some()
+            || self.approve_above.is_some()
+            || self
+                .caps
+                .iter()
+                .any(|c| c.measure == Measure::Money && c.limits())
+    }
+
+    /// Every name a refusal or a shadowed decision of this route can carry (metrics).
+    pub fn cap_names(&self) -> Vec<&'static str> {
+        let mut names = Vec::new();
+        let mut add = |n: CapName| {
+            if !names.contains(&n.as_str()) {
+                names.push(n.as_str());
+            }
+        };
+        if self.per_request.is_some() {
+            add(CapName::PerRequest);
+        }
+        // A person's approval skipped in shadow mode is counted under the run's threshold.
+        if self.approve_above.is_some() || self.on_unpriced == OnUnpriced::Approve {
+            add(CapName::ApproveRunAbove);
+        }
+        for cap in self.caps.iter() {
+            if cap.limit.is_some() {
+                add(cap.name);
+            }
+            if cap.approve_above.is_some() {
+                add(cap.approval_name());
+            }
+        }
+        names
+    }
+
+    /// The setting that can park a request for a person, if any (the first of them): a
+    /// route with one needs someone able to decide.
+    pub fn parks(&self) -> Option<&'static str> {
+        if self.approve_above.is_some() {
+            return Some("approve_above");
+        }
+        if let Some(cap) = self.caps.iter().find(|c| c.approve_above.is_some()) {
+            return Some(cap.approval_name().as_str());
+        }
+        (self.on_unpriced == OnUnpriced::Approve).then_some("unpriced")
     }
 
     fn limits_count(&self) -> bool {
-        [
-            self.count_per_run,
-            self.count_per_tenant,
-            self.count_per_route,
-        ]
-        .iter()
-        .any(Option::is_some)
-            || !self.tool_counts.is_empty()
+        self.caps
+            .iter()
+            .any(|c| c.measure != Measure::Money && c.limits())
     }
 
     /// Another way to read an amount (a catalogue row's own fields); its number for
@@ -377,10 +433,9 @@ impl Budget {
         })
     }
 
-    /// The reservation of attempt `token`: on the run's, the tenant's and the route's
-    /// budgets of money (when priced) and of executions (when capped), each in its window.
+    /// The reservation of attempt `token`: on every cap of the route that applies to it —
+    /// money when priced, executions, the tool's own executions — each in its window.
     pub fn reservation(&self, at: &Attempt<'_>, approved: bool, now_ms: u64) -> Reservation {
-        let since = |w: Window| self.since(w, now_ms);
         let who = at.who;
         let amount = match at.cost {
             Cost::Priced(p) => Some(p.counted.minor),
@@ -388,112 +443,24 @@ impl Budget {
         };
         let mut counters = Vec::new();
         let mut approvals = Vec::new();
-        if let Some(amount) = amount {
-            let money = [
-                (
-                    who.run_counter(),
-                    self.per_run,
-                    self.run_window,
-                    CapName::PerRun,
-                    self.approve_run_above,
-                ),
-                (
-                    who.tenant_counter(),
-                    self.per_tenant,
-                    self.tenant_window,
-                    CapName::PerTenant,
-                    self.approve_tenant_above,
-                ),
-            ];
-            for (key, cap, window, name, above) in money {
-                if let Some(above) = above.filter(|_| !approved) {
-                    approvals.push((counters.len(), above.minor));
-                }
-                counters.push(Counter {
-                    key,
-                    cap: cap.map(|m| m.minor),
-                    since_ms: since(window),
-                    add: amount,
-                    name,
-                });
-            }
-            if let Some(cap) = self.per_route {
-                counters.push(Counter {
-                    key: who.route_counter(),
-                    cap: Some(cap.minor),
-                    since_ms: since(self.route_window),
-                    add: amount,
-                    name: CapName::PerRoute,
-                });
-            }
-        }
-        let counts = [
-            (
-                self.count_per_run,
-                who.run_counter(),
-                self.run_window,
-                CapName::CountPerRun,
-            ),
-            (
-                self.count_per_tenant,
-                who.tenant_counter(),
-                self.tenant_window,
-                CapName::CountPerTenant,
-            ),
-            (
-                self.count_per_route,
-                who.route_counter(),
-                self.route_window,
-                CapName::CountPerRoute,
-            ),
-        ];
-        for (cap, key, window, name) in counts {
-            if let Some(cap) = cap {
-                counters.push(Counter {
-                    key: format!("{key}/executions"),
-                    cap: Some(cap),
-                    since_ms: since(window),
-                    add: 1,
-                    name,
-                });
-            }
-        }
-        // The tool's own: its executions alone, under a key of their own (same hash tag).
-        if let Some((tool, caps)) = at
-            .tool
-            .and_then(|t| self.tool_counts.get(t).map(|c| (t, c)))
+        for cap in self
+            .caps
+            .iter()
+            .filter(|c| c.applies(amount.is_some(), at.tool))
         {
-            let own = [
-                (
-                    caps.per_run,
-                    who.run_counter(),
-                    self.run_window,
-                    CapName::CountPerRun,
-                ),
-                (
-                    caps.per_tenant,
-                    who.tenant_counter(),
-                    self.tenant_window,
-                    CapName::CountPerTenant,
-                ),
-                (
-                    caps.per_route,
-                    who.route_counter(),
-                    self.route_window,
-                    CapName::CountPerRoute,
-                ),
-            ];
-            for (cap, key, window, name) in own {
-                if let Some(cap) = cap {
-                    counters.push(Counter {
-                        key: format!("{key}/executions{TOOL_COUNTER}{tool}"),
-                        cap: Some(i64::from(cap)),
-                        since_ms: since(window),
-                        add: 1,
-                        name,
-                    });
-                }
+            if let Some(above) = cap.approve_above.filter(|_| !approved) {
+                approvals.push((counters.len(), above));
             }
+            counters.push(Counter {
+                key: cap.key(who),
+                cap: cap.limit,
+                since_ms: self.since(cap.window, now_ms),
+                add: match cap.measure {
+                    Measure::Money => amount.unwrap_or(0),
+                    Measure::Count | Measure::ToolCount(_) => 1,
+                },
+                name: cap.name,
+            });
         }
         Reservation {
             token: at.token.to_string(),
@@ -537,59 +504,24 @@ impl Budget {
 
     /// The cap a counter of [`Budget::reservation`] has, as money (for refusals).
     pub fn limit_of(&self, name: CapName) -> Option<Money> {
-        match name {
-            CapName::PerRequest => self.per_request,
-            CapName::PerRun => self.per_run,
-            CapName::PerTenant => self.per_tenant,
-            CapName::PerRoute => self.per_route,
-            CapName::ApproveRunAbove => self.approve_run_above,
-            CapName::ApproveTenantAbove => self.approve_tenant_above,
-            CapName::CountPerRun | CapName::CountPerTenant | CapName::CountPerRoute => None,
-        }
+        let minor = match name {
+            CapName::PerRequest => return self.per_request,
+            CapName::ApproveRunAbove => self.caps.of(Over::Run, &Measure::Money)?.approve_above,
+            CapName::ApproveTenantAbove => {
+                self.caps.of(Over::Tenant, &Measure::Money)?.approve_above
+            }
+            name if name.counts() => None,
+            name => self.caps.named(name)?.limit,
+        }?;
+        Some(Money::new(minor, self.caps_currency))
     }
 
     /// A count cap's limit (for refusals).
     pub fn count_limit_of(&self, name: CapName) -> Option<i64> {
-        match name {
-            CapName::CountPerRun => self.count_per_run,
-            CapName::CountPerTenant => self.count_per_tenant,
-            CapName::CountPerRoute => self.count_per_route,
-            _ => None,
-        }
-    }
-}
-
-/// How long spend counts against a cap: a rolling duration, or the calendar day (in the
-/// route's time zone) the request is made in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Window {
-    Rolling(Duration),
-    CalendarDay,
-}
-
-impl Window {
-    /// `calendar-day`, or a duration like `24h` or `30m`.
-    pub fn parse(text: &str) -> Result<Window, String> {
-        let t = text.trim();
-        if t.eq_ignore_ascii_case("calendar-day") || t.eq_ignore_ascii_case("calendar_day") {
-            return Ok(Window::CalendarDay);
-        }
-        match humantime::parse_duration(t) {
-            Ok(d) if !d.is_zero() => Ok(Window::Rolling(d)),
-            Ok(_) => Err("a window must be longer than 0".into()),
-            Err(e) => Err(format!(
-                "`{text}` is not a duration like 30m or 24h, nor \"calendar-day\": {e}"
-            )),
-        }
-    }
-
-    /// The longest this window spans: how long a reservation in it must be kept (a
-    /// calendar day is 25 hours on the day clocks go back).
-    pub fn longest(self) -> Duration {
-        match self {
-            Window::Rolling(d) => d,
-            Window::CalendarDay => Duration::from_secs(25 * 3600),
-        }
+        self.caps
+            .iter()
+            .find(|c| c.name == name && c.measure == Measure::Count)?
+            .limit
     }
 }
 
@@ -613,34 +545,6 @@ pub struct Attempt<'a> {
     pub enforce: bool,
     /// The MCP tool it calls: its own count caps apply too.
     pub tool: Option<&'a str>,
-}
-
-/// What a tool's own execution counter's key holds before the tool's name.
-pub const TOOL_COUNTER: &str = "/tool/";
-
-/// Whose budgets a request counts against.
-#[derive(Debug, Clone, Copy)]
-pub struct Spender<'a> {
-    pub route: &'a str,
-    pub tenant: &'a str,
-    pub run: &'a str,
-}
-
-impl Spender<'_> {
-    // Both counters of a request share the `{route/tenant}` hash tag, so a Redis Cluster
-    // keeps them in one slot and one script can check them together.
-    pub fn run_counter(&self) -> String {
-        format!("{{{}/{}}}/run/{}", self.route, self.tenant, self.run)
-    }
-
-    pub fn tenant_counter(&self) -> String {
-        format!("{{{}/{}}}/tenant", self.route, self.tenant)
-    }
-
-    /// Every tenant's spend on the route.
-    pub fn route_counter(&self) -> String {
-        format!("{{{}}}/route", self.route)
-    }
 }
 
 /// The first amount expression of `spec` the request has every field of.

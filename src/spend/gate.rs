@@ -440,10 +440,13 @@ impl Gate {
                 .and_then(|c| c.cap)
                 .or(budget.count_limit_of(name))
                 .unwrap_or(0);
-            // A tool's own counter says whose executions it counts.
+            // A tool's own cap says whose executions it counts.
             let of = counter
-                .and_then(|c| c.key.split_once(super::budget::TOOL_COUNTER))
-                .map(|(_, tool)| format!(" of {tool}"))
+                .and_then(|k| budget.caps.iter().find(|c| c.key(&ask.who) == k.key))
+                .and_then(|c| match &c.measure {
+                    super::caps::Measure::ToolCount(tool) => Some(format!(" of {tool}")),
+                    _ => None,
+                })
                 .unwrap_or_default();
             return self.over(
                 ask,
@@ -648,7 +651,7 @@ fn fresh_approval(
         currency: currency.to_string(),
         method: ask.method.to_string(),
         path: ask.path.to_string(),
-        body: super::redact::card_data(ask.body),
+        body: crate::redact::body(ask.body),
         body_sealed: false,
         why: why.to_string(),
         fingerprint: ask.binding.to_string(),

@@ -1,4 +1,5 @@
-//! Spend control in front of irreversible calls: what a request costs (`budget`), the
+//! Spend control in front of irreversible calls: what a request costs (`budget`), the caps
+//! it counts against as one list (`caps`), the
 //! budgets and approvals it must pass (`gate`), in money that is never rounded down
 //! (`money`), over a store port every claim store also implements (`port`).
 //!
@@ -6,12 +7,12 @@
 
 pub mod binding;
 pub mod budget;
+pub mod caps;
 pub mod cost;
 pub mod gate;
 #[cfg(test)]
 mod gate_tests;
 pub mod money;
 pub mod port;
-pub mod redact;
 #[cfg(any(test, feature = "test-store"))]
 pub mod testing;

@@ -6,6 +6,8 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use super::caps::CapName;
+use super::caps::{Over, Spender};
 use crate::idempotency::store::StoreError;
 
 /// One budget a request counts against: money or executions, of a run, a tenant or the
@@ -21,44 +23,6 @@ pub struct Counter {
     /// What this request adds: its amount (minor units) on a money counter, 1 on a count.
     pub add: i64,
     pub name: CapName,
-}
-
-/// Which budget a refusal is about, as the configuration names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CapName {
-    PerRequest,
-    PerRun,
-    PerTenant,
-    PerRoute,
-    CountPerRun,
-    CountPerTenant,
-    CountPerRoute,
-    ApproveRunAbove,
-    ApproveTenantAbove,
-}
-
-impl CapName {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CapName::PerRequest => "per_request",
-            CapName::PerRun => "per_run",
-            CapName::PerTenant => "per_tenant",
-            CapName::PerRoute => "per_route",
-            CapName::CountPerRun => "count_per_run",
-            CapName::CountPerTenant => "count_per_tenant",
-            CapName::CountPerRoute => "count_per_route",
-            CapName::ApproveRunAbove => "approve_run_above",
-            CapName::ApproveTenantAbove => "approve_tenant_above",
-        }
-    }
-
-    /// A cap on executions, not money.
-    pub fn counts(self) -> bool {
-        matches!(
-            self,
-            CapName::CountPerRun | CapName::CountPerTenant | CapName::CountPerRoute
-        )
-    }
 }
 
 /// Reserve for one attempt (`token`) on every counter, atomically, in one store round trip.
@@ -397,19 +361,27 @@ impl FreezeTarget {
         }
     }
 
-    /// Every target that covers a request of `tenant`'s `run` on `route`.
-    pub fn covering(route: &str, tenant: &str, run: &str) -> Vec<String> {
-        [
-            FreezeTarget::Route(route.to_string()),
-            FreezeTarget::Tenant(tenant.to_string()),
-            FreezeTarget::Run {
-                tenant: tenant.to_string(),
-                run: run.to_string(),
+    /// What stops the budgets over `over` of `who`: a freeze has the scopes a cap has.
+    pub fn of(over: Over, who: &Spender<'_>) -> FreezeTarget {
+        match over {
+            Over::Run => FreezeTarget::Run {
+                tenant: who.tenant.to_string(),
+                run: who.run.to_string(),
             },
-        ]
-        .iter()
-        .map(FreezeTarget::key)
-        .collect()
+            Over::Tenant => FreezeTarget::Tenant(who.tenant.to_string()),
+            Over::Route => FreezeTarget::Route(who.route.to_string()),
+        }
+    }
+
+    /// Every target that covers a request of `tenant`'s `run` on `route`, the broadest
+    /// first (the one a refusal names when several are frozen).
+    pub fn covering(route: &str, tenant: &str, run: &str) -> Vec<String> {
+        let who = Spender { route, tenant, run };
+        Over::ALL
+            .iter()
+            .rev()
+            .map(|o| FreezeTarget::of(*o, &who).key())
+            .collect()
     }
 
     /// For people: `the tenant acme`, `the run r1 of acme`, `the route stripe`.

@@ -31,6 +31,7 @@ mod principals;
 mod providers;
 mod readme;
 mod reconcile;
+mod redaction;
 mod redis_topologies;
 mod request_reader;
 mod sdk_examples;

@@ -981,6 +981,25 @@ fn approvals_nobody_can_decide_are_refused_at_start() {
     );
 }
 
+/// Every threshold that parks a payment needs someone to decide it, the tenant's too: a
+/// route with `approve_tenant_above` alone and no admin listener would leave the payment
+/// that reaches it parked for good.
+#[test]
+fn a_tenant_threshold_nobody_can_decide_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = stripe_config_with_spend(dir.path(), "approve_tenant_above = \"500.00\"");
+    let env = [("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)];
+    let out = idemproxy(&["check-config", "--config"], &path, &env);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("idemproxy.toml")
+            && err.contains("spend.approve_tenant_above")
+            && err.contains("server.admin_listen"),
+        "{err}"
+    );
+}
+
 #[test]
 fn an_amount_written_as_a_number_says_how_to_write_it() {
     let dir = tempfile::tempdir().expect("tempdir");

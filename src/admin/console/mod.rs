@@ -3,7 +3,6 @@
 //! binary (a strict Content-Security-Policy says so); a session cookie carries the login and
 //! every form carries a CSRF token derived from it.
 
-mod mask;
 mod pages;
 mod sessions_page;
 mod views;

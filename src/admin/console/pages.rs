@@ -600,6 +600,7 @@ impl FreezeRow {
 }
 
 /// One budget to show: its label, its counter, its cap (money or executions) and window.
+#[derive(Debug)]
 struct Wanted {
     label: String,
     key: String,
@@ -609,8 +610,69 @@ struct Wanted {
     target: FreezeTarget,
 }
 
-/// The tenant budgets of one route, and the budgets of these runs on it: money caps and,
-/// beside them, count caps (executions).
+/// Every budget of a route to show, from its one list of caps: each cap over a tenant for
+/// every tenant, over a run for every run named, over the route once. A money budget that
+/// only counts (no limit of its own) is shown where the route limits money at all.
+fn wanted(
+    route: &str,
+    b: &crate::spend::budget::Budget,
+    tenants: &[String],
+    runs: &[(String, String)],
+) -> Vec<Wanted> {
+    use crate::spend::caps::{Measure, Over};
+    let mut out = Vec::new();
+    let shown = b
+        .caps
+        .iter()
+        .filter(|c| c.limits() || (c.measure == Measure::Money && b.limits_money()));
+    for cap in shown {
+        let whose: Vec<(String, Spender<'_>)> = match cap.over {
+            Over::Tenant => tenants
+                .iter()
+                .map(|t| {
+                    let who = Spender {
+                        route,
+                        tenant: t,
+                        run: "",
+                    };
+                    (format!("tenant {t}"), who)
+                })
+                .collect(),
+            Over::Run => runs
+                .iter()
+                .map(|(t, run)| {
+                    let who = Spender {
+                        route,
+                        tenant: t,
+                        run,
+                    };
+                    (format!("run {run} of {t}"), who)
+                })
+                .collect(),
+            Over::Route => {
+                let who = Spender {
+                    route,
+                    tenant: "",
+                    run: "",
+                };
+                vec![("every tenant".to_string(), who)]
+            }
+        };
+        for (label, who) in whose {
+            out.push(Wanted {
+                label: format!("{label}{}", cap.what()),
+                key: cap.key(&who),
+                cap: cap.limit,
+                counts: cap.measure != Measure::Money,
+                window: cap.window,
+                target: FreezeTarget::of(cap.over, &who),
+            });
+        }
+    }
+    out
+}
+
+/// The budgets of one route ([`wanted`]) with what each holds now.
 async fn route_budgets(
     admin: &Admin,
     route: &str,
@@ -620,95 +682,7 @@ async fn route_budgets(
     now: u64,
     freezes: &[Freeze],
 ) -> Result<Vec<BudgetRow>, crate::idempotency::store::StoreError> {
-    let mut wanted = Vec::new();
-    let mut both = |label: String,
-                    key: String,
-                    money: Option<Money>,
-                    count: Option<i64>,
-                    window,
-                    target: FreezeTarget| {
-        if money.is_some() || count.is_none() {
-            wanted.push(Wanted {
-                label: label.clone(),
-                key: key.clone(),
-                cap: money.map(|m| m.minor),
-                counts: false,
-                window,
-                target: target.clone(),
-            });
-        }
-        if let Some(n) = count {
-            wanted.push(Wanted {
-                label: format!("{label}, executions"),
-                key: format!("{key}/executions"),
-                cap: Some(n),
-                counts: true,
-                window,
-                target,
-            });
-        }
-    };
-    for t in tenants {
-        let who = Spender {
-            route,
-            tenant: t,
-            run: "",
-        };
-        both(
-            format!("tenant {t}"),
-            who.tenant_counter(),
-            b.per_tenant,
-            b.count_per_tenant,
-            b.tenant_window,
-            FreezeTarget::Tenant(t.clone()),
-        );
-    }
-    for (t, run) in runs {
-        let who = Spender {
-            route,
-            tenant: t,
-            run,
-        };
-        both(
-            format!("run {run} of {t}"),
-            who.run_counter(),
-            b.per_run,
-            b.count_per_run,
-            b.run_window,
-            FreezeTarget::Run {
-                tenant: t.clone(),
-                run: run.clone(),
-            },
-        );
-    }
-    if b.per_route.is_some() || b.count_per_route.is_some() {
-        let who = Spender {
-            route,
-            tenant: "",
-            run: "",
-        };
-        let target = FreezeTarget::Route(route.to_string());
-        if b.per_route.is_some() {
-            wanted.push(Wanted {
-                label: "every tenant".into(),
-                key: who.route_counter(),
-                cap: b.per_route.map(|m| m.minor),
-                counts: false,
-                window: b.route_window,
-                target: target.clone(),
-            });
-        }
-        if let Some(n) = b.count_per_route {
-            wanted.push(Wanted {
-                label: "every tenant, executions".into(),
-                key: format!("{}/executions", who.route_counter()),
-                cap: Some(n),
-                counts: true,
-                window: b.route_window,
-                target,
-            });
-        }
-    }
+    let wanted = wanted(route, b, tenants, runs);
     let mut rows = Vec::new();
     for w in wanted {
         // What the gate counts: since the window's start (a rolling span, or midnight).
@@ -904,5 +878,132 @@ pub async fn freeze(
             &p.detail,
             "/console/spend",
         ),
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use super::{wanted, Spender};
+    use crate::spend::budget::{Attempt, Budget, BudgetText, Cost, Price, ToolCounts};
+    use crate::spend::caps::{Measure, Over};
+    use crate::spend::money::{Currency, Money};
+
+    /// A section that sets every cap there is: money, executions and one tool's executions,
+    /// over the run, the tenant and the route, and both thresholds.
+    fn every_cap() -> Budget {
+        let rates = BTreeMap::new();
+        let all = ToolCounts {
+            per_run: Some(2),
+            per_tenant: Some(3),
+            per_route: Some(4),
+        };
+        let tools = BTreeMap::from([("create_refund".to_string(), all)]);
+        let amount = ["{body.amount}".to_string()];
+        Budget::parse(&BudgetText {
+            amount: &amount,
+            currency: "usd",
+            unit: "minor",
+            caps_currency: "usd",
+            rates: &rates,
+            per_request: Some("10.00"),
+            per_run: Some("20.00"),
+            per_tenant: Some("30.00"),
+            per_route: Some("40.00"),
+            count_per_run: Some(5),
+            count_per_tenant: Some(6),
+            count_per_route: Some(7),
+            tenant_window: "1h",
+            run_window: "2h",
+            route_window: "calendar-day",
+            time_zone: None,
+            approve_above: Some("8.00"),
+            approve_run_above: Some("15.00"),
+            approve_tenant_above: Some("25.00"),
+            approval_wait: Duration::from_secs(1),
+            approval_expires: Duration::from_secs(60),
+            exponents: &[],
+            on_unpriced: Default::default(),
+            tool_counts: &tools,
+        })
+        .expect("every cap")
+    }
+
+    /// Every kind of cap, walked through the one list: the budgets page shows each, under
+    /// the counter the reservation counts it on, with the same cap and window. A cap added
+    /// to the list is seen by both, or this fails.
+    #[test]
+    fn the_budgets_page_and_the_reservation_see_every_cap() {
+        let b = every_cap();
+        let mut kinds: Vec<(Over, u8)> = b
+            .caps
+            .iter()
+            .map(|c| {
+                let m = match &c.measure {
+                    Measure::Money => 0,
+                    Measure::Count => 1,
+                    Measure::ToolCount(_) => 2,
+                };
+                (c.over, m)
+            })
+            .collect();
+        kinds.sort();
+        let expected: Vec<(Over, u8)> = Over::ALL
+            .iter()
+            .flat_map(|o| (0..3).map(move |m| (*o, m)))
+            .collect();
+        assert_eq!(kinds, expected, "one cap of each kind over each scope");
+
+        let who = Spender {
+            route: "pay",
+            tenant: "acme",
+            run: "r1",
+        };
+        let shown = wanted(
+            "pay",
+            &b,
+            &["acme".to_string()],
+            &[("acme".to_string(), "r1".to_string())],
+        );
+        let usd = Currency::parse("usd").expect("usd");
+        let cost = Cost::Priced(Price {
+            asked: Money::new(100, usd),
+            counted: Money::new(100, usd),
+        });
+        let attempt = Attempt {
+            token: "t",
+            who: &who,
+            cost: &cost,
+            replaces: None,
+            enforce: true,
+            tool: Some("create_refund"),
+        };
+        let reserved = b.reservation(&attempt, false, 10_000_000);
+        assert_eq!(reserved.counters.len(), b.caps.iter().count());
+        for cap in b.caps.iter() {
+            let key = cap.key(&who);
+            let row = shown.iter().find(|w| w.key == key);
+            let row = row.unwrap_or_else(|| panic!("the budgets page misses {cap:?}: {shown:?}"));
+            assert_eq!((row.cap, row.window), (cap.limit, cap.window), "{key}");
+            assert_eq!(row.counts, cap.measure != Measure::Money, "{key}");
+            let counter = reserved.counters.iter().find(|c| c.key == key);
+            let counter = counter.unwrap_or_else(|| panic!("the reservation misses {key}"));
+            assert_eq!(counter.cap, cap.limit, "{key}");
+            assert_eq!(counter.name, cap.name, "{key}");
+        }
+        assert_eq!(shown.len(), b.caps.iter().count(), "{shown:?}");
+        // Metrics see every cap too (each at 0 from the start).
+        let names = b.cap_names();
+        for name in crate::spend::caps::CapName::ALL {
+            assert!(names.contains(&name.as_str()), "{names:?} misses {name:?}");
+        }
+        // Both thresholds reach the reservation; approved, none does.
+        assert_eq!(reserved.approvals.len(), 2);
+        assert!(b
+            .reservation(&attempt, true, 10_000_000)
+            .approvals
+            .is_empty());
     }
 }

@@ -1,6 +1,5 @@
 //! What the pages show, as plain strings: the templates escape every one of them.
 
-use super::mask;
 use crate::admin::audit::approval_fingerprint;
 use crate::admin::session::Session;
 use crate::idempotency::record::{Record, State};
@@ -60,7 +59,7 @@ pub struct ApprovalView {
 
 impl ApprovalView {
     pub fn of(a: &Approval, now: u64) -> ApprovalView {
-        let (body, masked) = mask::for_approver(&a.body);
+        let (body, masked) = crate::redact::for_person(&a.body);
         ApprovalView {
             id: a.id.clone(),
             amount: if a.amount.is_empty() {
@@ -75,7 +74,7 @@ impl ApprovalView {
             expires_in: until(now, a.expires_ms),
             why: a.why.clone(),
             method: a.method.clone(),
-            path: a.path.clone(),
+            path: crate::redact::text(&a.path),
             fingerprint: approval_fingerprint(a),
             body,
             masked,
@@ -98,7 +97,7 @@ impl ApprovalView {
                     ago(now, f.at_ms),
                     f.reason
                         .as_deref()
-                        .map(|r| format!(" ({r})"))
+                        .map(|r| format!(" ({})", crate::redact::text(r)))
                         .unwrap_or_default()
                 )
             }),
@@ -175,7 +174,7 @@ impl RecordView {
     pub fn of(scope: &str, r: &Record, approval: Option<&Approval>) -> RecordView {
         let history = history(r, approval);
         let receipt = r.body.receipt.as_ref().map(|rc| {
-            let (body, _) = mask::for_approver(&rc.body);
+            let (body, _) = crate::redact::for_person(&rc.body);
             ReceiptView {
                 status: rc.status,
                 bytes: rc.body.len(),
@@ -273,7 +272,8 @@ fn item(at_ms: u64, what: &str, by: Option<String>, why: Option<String>) -> Hist
         at_ms,
         what: what.to_string(),
         by,
-        why,
+        // What a person typed (a reason) may hold what nobody else may read.
+        why: why.as_deref().map(crate::redact::text),
     }
 }
 
