@@ -313,27 +313,40 @@ impl Gate {
                                 .into(),
                         )));
                     };
-                    let threshold = budget
-                        .limit_of(name)
-                        .map(|m| m.to_string())
-                        .unwrap_or_default();
-                    let whose = match name {
-                        CapName::ApproveTenantAbove => format!("the tenant {}", ask.who.tenant),
-                        _ => format!("the run {}", ask.who.run),
-                    };
-                    let why = format!(
-                        "{whose} has spent {} here; with {} it would pass {} {threshold}",
-                        Money::new(spent, budget.caps_currency),
-                        p.asked,
-                        name.as_str()
-                    );
-                    match self.approval(budget, ask, Some(p), why).await? {
+                    match self.over_threshold(budget, ask, name, spent, p).await? {
                         Decided::Approved => approved = true,
                         Decided::Parked(a) => return Ok(Admission::Parked(a)),
                     }
                 }
             }
         }
+    }
+
+    /// A run's or tenant's spend would pass its approval threshold (`name`) with this
+    /// payment: a person decides, told what was spent and what this adds.
+    async fn over_threshold(
+        &self,
+        budget: &Budget,
+        ask: &Charge<'_>,
+        name: CapName,
+        spent: i64,
+        p: Price,
+    ) -> Result<Decided, Refusal> {
+        let threshold = budget
+            .limit_of(name)
+            .map(|m| m.to_string())
+            .unwrap_or_default();
+        let whose = match name {
+            CapName::ApproveTenantAbove => format!("the tenant {}", ask.who.tenant),
+            _ => format!("the run {}", ask.who.run),
+        };
+        let why = format!(
+            "{whose} has spent {} here; with {} it would pass {} {threshold}",
+            Money::new(spent, budget.caps_currency),
+            p.asked,
+            name.as_str()
+        );
+        self.approval(budget, ask, Some(p), why).await
     }
 
     fn admitted(
