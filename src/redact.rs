@@ -122,21 +122,30 @@ pub fn text(s: &str) -> String {
 /// Log bytes, line by line: [`text`] over each line that could hold a secret ([`suspect`]);
 /// the others, nearly all, are passed through as they are without a copy.
 pub fn log(bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    if !bytes.split(|b| *b == b'\n').any(suspect) {
-        return std::borrow::Cow::Borrowed(bytes);
-    }
-    let mut out = Vec::with_capacity(bytes.len());
-    for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
-        if i > 0 {
-            out.push(b'\n');
-        }
+    // Each line is looked at once; nothing is copied until the first suspect line.
+    let mut out: Option<Vec<u8>> = None;
+    let mut start = 0;
+    for line in bytes.split(|b| *b == b'\n') {
+        let end = start + line.len();
         if suspect(line) {
-            out.extend_from_slice(text(&String::from_utf8_lossy(line)).as_bytes());
-        } else {
-            out.extend_from_slice(line);
+            let o = out.get_or_insert_with(|| {
+                let mut o = Vec::with_capacity(bytes.len());
+                o.extend_from_slice(&bytes[..start]);
+                o
+            });
+            o.extend_from_slice(text(&String::from_utf8_lossy(line)).as_bytes());
+        } else if let Some(o) = out.as_mut() {
+            o.extend_from_slice(line);
         }
+        if let (Some(o), true) = (out.as_mut(), end < bytes.len()) {
+            o.push(b'\n');
+        }
+        start = end + 1;
     }
-    std::borrow::Cow::Owned(out)
+    match out {
+        Some(o) => std::borrow::Cow::Owned(o),
+        None => std::borrow::Cow::Borrowed(bytes),
+    }
 }
 
 /// One pass over the bytes: whether [`text`] could change anything — a run of 13 digits
@@ -537,6 +546,17 @@ mod tests {
             log(plain.as_bytes()),
             std::borrow::Cow::Borrowed(_)
         ));
+        // In a batch, only the suspect line changes; every other byte and newline stays.
+        let batch = format!("{plain}x api_key=abc y\n{plain}");
+        let redacted = log(batch.as_bytes());
+        let redacted = String::from_utf8_lossy(&redacted);
+        let lines: Vec<&str> = redacted.split('\n').collect();
+        assert_eq!(lines.len(), 4, "{redacted}");
+        assert_eq!(
+            (lines[0], lines[2], lines[3]),
+            (plain.trim_end(), plain.trim_end(), "")
+        );
+        assert!(!lines[1].contains("abc"), "{redacted}");
     }
 
     #[test]
