@@ -153,6 +153,11 @@ async fn post(app: &App, path: &str, headers: &[(&str, &str)], body: &str) -> An
         as_sent: None,
     };
     let resp = pipeline::run(app, &route, req, target, DEFAULT_TENANT).await;
+    answer_of(resp).await
+}
+
+/// A response read whole, as a client gets it.
+async fn answer_of(resp: Response<Body>) -> Answer {
     let (parts, body) = resp.into_parts();
     let body = read_limited(body, 1 << 20)
         .await
@@ -362,16 +367,7 @@ mod mcp_front {
         let (route, rest) = app.routes.by_prefix("/tools/mcp").expect("the MCP route");
         let rules = route.mcp.as_ref().expect("MCP rules");
         let resp = super::super::mcp::run(app, &route, rules, req, rest, DEFAULT_TENANT).await;
-        let (parts, body) = resp.into_parts();
-        let body = read_limited(body, 1 << 20)
-            .await
-            .map_err(|e| e.to_string())
-            .expect("the whole answer");
-        Answer {
-            status: parts.status.as_u16(),
-            headers: parts.headers,
-            body,
-        }
+        answer_of(resp).await
     }
 
     fn json(a: &Answer) -> serde_json::Value {

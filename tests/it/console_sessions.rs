@@ -151,23 +151,7 @@ async fn an_operator_ends_another_session(backend: Backend) {
     assert_eq!(provider.effects(), 0);
 }
 
-macro_rules! on_every_store {
-    ($($backend:ident),*) => {$(
-        #[allow(non_snake_case)]
-        mod $backend {
-            use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_logged_out_session_is_refused_on_another_proxy() {
-                super::a_logged_out_session_is_refused_on_another_proxy(Backend::$backend).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn an_operator_ends_another_session() {
-                super::an_operator_ends_another_session(Backend::$backend).await
-            }
-        }
-    )*};
-}
-
-on_every_store!(Sqlite, Redis, Postgres);
+crate::three_stores!(
+    a_logged_out_session_is_refused_on_another_proxy,
+    an_operator_ends_another_session,
+);

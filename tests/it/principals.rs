@@ -370,23 +370,7 @@ fn check_config_refuses_four_eyes_without_two_named_approvers() {
     );
 }
 
-macro_rules! on_every_store {
-    ($($backend:ident),*) => {$(
-        #[allow(non_snake_case)]
-        mod $backend {
-            use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_second_approval_by_the_same_principal_is_refused_whatever_by_says() {
-                super::a_second_approval_by_the_same_principal_is_refused_whatever_by_says(Backend::$backend).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_freeze_records_the_principal_whatever_by_says() {
-                super::a_freeze_records_the_principal_whatever_by_says(Backend::$backend).await
-            }
-        }
-    )*};
-}
-
-on_every_store!(Sqlite, Redis, Postgres);
+crate::three_stores!(
+    a_second_approval_by_the_same_principal_is_refused_whatever_by_says,
+    a_freeze_records_the_principal_whatever_by_says,
+);

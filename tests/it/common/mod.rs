@@ -135,6 +135,21 @@ macro_rules! both_backends {
     };
 }
 
+/// Runs one async test body on each kind of store — SQLite, Redis, PostgreSQL:
+/// `three_stores!(name);` expects `async fn name(backend: Backend)` in the same file.
+#[macro_export]
+macro_rules! three_stores {
+    ($($name:ident),* $(,)?) => {
+        $crate::both_backends!($($name),*);
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name($crate::common::Backend::Postgres).await }
+            )*
+        }
+    };
+}
+
 /// Runs one async test body against every store: `every_store!(name);` expects
 /// `async fn name(backend: Backend)` in the same file.
 #[macro_export]
