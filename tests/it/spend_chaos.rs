@@ -2,8 +2,9 @@
 //! the edge of their caps, mixed with adversarial traffic — a finished payment replayed under
 //! a new run, the same key with another amount (422), keyless payments, and a held payment
 //! taken over with a changed body — while the proxy is SIGKILLed and restarted and the store
-//! restarted (Redis: killed and started again on its append-only file; SQLite: the file lives
-//! in the proxy, so every proxy kill is one). A person approves or denies what waits for
+//! restarted (Redis: killed and started again on its append-only file; PostgreSQL: crashed
+//! and recovered from its write-ahead log; SQLite: the file lives in the proxy, so every
+//! proxy kill is one). A person approves or denies what waits for
 //! approval. Every payment body names its tenant, run and a unique reference, so the fake
 //! provider's effects are the truth the run is judged on.
 //!
@@ -371,6 +372,11 @@ async fn spend_chaos(backend: Backend) {
                     if let Some(r) = store.redis.as_mut() {
                         r.restart();
                         store_restarts += 1;
+                    } else if let Some(p) = store.postgres.as_mut() {
+                        // A crash (immediate shutdown, no checkpoint) and recovery from WAL.
+                        p.crash();
+                        p.start_again();
+                        store_restarts += 1;
                     }
                 }
                 proxy.restart();
@@ -556,4 +562,9 @@ async fn spend_chaos_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn spend_chaos_on_redis() {
     spend_chaos(Backend::Redis).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spend_chaos_on_postgres() {
+    spend_chaos(Backend::Postgres).await
 }
