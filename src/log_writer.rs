@@ -14,8 +14,16 @@
 //! Lines are never dropped: a caller that finds more than [`MAX_QUEUED`] bytes waiting blocks
 //! until the thread has taken them (back-pressure, as the writer before). The guard writes
 //! what is left when it is dropped.
+//!
+//! The thread puts every line through the one redactor (`redact::log`) before it writes
+//! it, except the protected request's own line (logged whole only outside any span): it is
+//! composed by `proxy::log_line` from config names, the proxy's own words, numbers and
+//! caller-derived values it has already redacted, and scanning it again cost more CPU
+//! than the rest of a replay but SHA-256.
 
+use std::borrow::Cow;
 use std::io::Write;
+use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -34,6 +42,8 @@ pub const WRITE_AT: usize = 64 << 10;
 #[derive(Default)]
 struct Queue {
     bytes: Vec<u8>,
+    /// Where in `bytes` lines already redacted at their source lie (in order, apart).
+    redacted: Vec<Range<usize>>,
     /// The writer thread is asleep waiting for bytes: the next append wakes it.
     idle: bool,
     /// The writer thread is letting lines gather: an append that fills the queue past
@@ -57,12 +67,20 @@ impl Shared {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn append(&self, bytes: &[u8]) {
+    fn append(&self, bytes: &[u8], redacted: bool) {
         let mut q = self.lock();
         while q.bytes.len() >= MAX_QUEUED && !q.closed {
             q = self.taken.wait(q).unwrap_or_else(PoisonError::into_inner);
         }
+        let start = q.bytes.len();
         q.bytes.extend_from_slice(bytes);
+        if redacted {
+            let end = q.bytes.len();
+            match q.redacted.last_mut() {
+                Some(last) if last.end == start => last.end = end,
+                _ => q.redacted.push(start..end),
+            }
+        }
         let wake = std::mem::take(&mut q.idle)
             || (q.bytes.len() >= WRITE_AT && std::mem::take(&mut q.gathering));
         drop(q);
@@ -76,6 +94,8 @@ impl Shared {
 #[derive(Clone)]
 pub struct LogWriter {
     shared: Arc<Shared>,
+    /// What this writer gets was redacted where it was composed (see the module's doc).
+    redacted: bool,
 }
 
 /// Owns the writer thread: dropping it writes what is queued and stops the thread.
@@ -94,6 +114,7 @@ pub fn spawn<W: Write + Send + 'static>(out: W) -> std::io::Result<(LogWriter, L
     Ok((
         LogWriter {
             shared: shared.clone(),
+            redacted: false,
         },
         LogGuard {
             shared,
@@ -104,6 +125,7 @@ pub fn spawn<W: Write + Send + 'static>(out: W) -> std::io::Result<(LogWriter, L
 
 fn drain<W: Write>(shared: &Shared, mut out: W) {
     let mut batch = Vec::new();
+    let mut redacted = Vec::new();
     loop {
         let mut q = shared.lock();
         while q.bytes.is_empty() && !q.closed {
@@ -127,14 +149,17 @@ fn drain<W: Write>(shared: &Shared, mut out: W) {
             return; // closed, and nothing left
         }
         std::mem::swap(&mut q.bytes, &mut batch);
+        std::mem::swap(&mut q.redacted, &mut redacted);
         drop(q);
         shared.taken.notify_all();
         // A log that cannot be written has nowhere to report it; the lines are dropped.
-        // Off the request path: every line is redacted here, whichever part logged it.
+        // Off the request path: every line not redacted at its source is redacted here,
+        // whichever part logged it.
         let _ = out
-            .write_all(&crate::redact::log(&batch))
+            .write_all(&redact_rest(&batch, &redacted))
             .and_then(|()| out.flush());
         batch.clear();
+        redacted.clear();
     }
 }
 
@@ -151,7 +176,7 @@ impl Drop for LogGuard {
 
 impl Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.shared.append(buf);
+        self.shared.append(buf, self.redacted);
         Ok(buf.len())
     }
 
@@ -166,6 +191,45 @@ impl<'a> MakeWriter<'a> for LogWriter {
     fn make_writer(&'a self) -> Self::Writer {
         self.clone()
     }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        // `proxy::log_line` logs its whole line with this field only outside any span (a
+        // span's fields would join the line unredacted); this runs inside the subscriber's
+        // dispatch, where the current span cannot be asked.
+        let redacted = meta
+            .fields()
+            .field(crate::redact::REDACTED_LINE_FIELD)
+            .is_some();
+        LogWriter {
+            shared: self.shared.clone(),
+            redacted,
+        }
+    }
+}
+
+/// The batch with every line not redacted at its source put through the redactor.
+fn redact_rest<'b>(batch: &'b [u8], redacted: &[Range<usize>]) -> Cow<'b, [u8]> {
+    let mut out: Option<Vec<u8>> = None;
+    let mut at = 0;
+    let end = batch.len()..batch.len();
+    for done in redacted.iter().chain(std::iter::once(&end)) {
+        match crate::redact::log(&batch[at..done.start]) {
+            Cow::Owned(changed) => {
+                let o = out.get_or_insert_with(|| batch[..at].to_vec());
+                o.extend_from_slice(&changed);
+            }
+            Cow::Borrowed(same) => {
+                if let Some(o) = out.as_mut() {
+                    o.extend_from_slice(same);
+                }
+            }
+        }
+        if let Some(o) = out.as_mut() {
+            o.extend_from_slice(&batch[done.clone()]);
+        }
+        at = done.end;
+    }
+    out.map_or(Cow::Borrowed(batch), Cow::Owned)
 }
 
 #[cfg(test)]
@@ -302,5 +366,45 @@ mod tests {
         waiter.join().expect("waiter");
         drop(guard);
         assert_eq!(sink.got.lock().expect("sink").len(), 2 + MAX_QUEUED + 2);
+    }
+
+    #[test]
+    fn a_line_redacted_at_its_source_is_not_scanned_again() {
+        assert_eq!(
+            crate::redact::REDACTED_LINE_FIELD,
+            "idemproxy_protected_request"
+        );
+        let sink = Sink::default();
+        let (writer, guard) = spawn(sink.clone()).expect("thread");
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(writer)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            // What only the marked line's composer may do: the writer passes it as it is.
+            tracing::info!(idemproxy_protected_request = %"note=sk_live_unscanned");
+            tracing::info!(other = %"sk_live_scannedone", "any other line");
+        });
+        drop(guard);
+        let got = String::from_utf8(sink.got.lock().expect("sink").clone()).expect("utf-8");
+        assert_eq!(got.lines().count(), 2, "{got}");
+        assert!(got.contains("sk_live_unscanned"), "{got}");
+        assert!(!got.contains("sk_live_scannedone"), "{got}");
+    }
+
+    #[test]
+    fn lines_around_a_redacted_one_are_each_redacted_in_place() {
+        let batch = b"a key=sk_live_first\nmarked sk_live_kept\nb key=sk_live_last\n";
+        let marked = 20..40;
+        assert_eq!(&batch[marked.clone()], b"marked sk_live_kept\n");
+        let out = String::from_utf8(redact_rest(batch, &[marked]).into_owned()).expect("utf-8");
+        assert!(out.contains("marked sk_live_kept\n"), "{out}");
+        assert!(
+            !out.contains("sk_live_first") && !out.contains("sk_live_last"),
+            "{out}"
+        );
+        assert_eq!(out.lines().count(), 3, "{out}");
+        let whole = std::slice::from_ref(&(0..6));
+        assert!(matches!(redact_rest(b"plain\n", whole), Cow::Borrowed(_)));
     }
 }

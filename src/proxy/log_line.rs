@@ -19,8 +19,9 @@ use tracing_subscriber::fmt::FormatFields;
 /// Where the line has always come from: filters name it (`idemproxy::proxy::trace=warn`).
 const TARGET: &str = "idemproxy::proxy::trace";
 
-/// The field that holds the whole line; no other event has it.
-const LINE_FIELD: &str = "idemproxy_protected_request";
+/// The field that holds the whole line; no other event has it. The log writer takes a line
+/// with it as already redacted, so every caller-derived value is redacted here.
+const LINE_FIELD: &str = crate::redact::REDACTED_LINE_FIELD;
 
 /// Set once the subscriber formats fields with [`LineFields`] (`write_lines_whole`).
 static WHOLE: AtomicBool = AtomicBool::new(false);
@@ -50,7 +51,9 @@ pub struct Line<'a> {
 
 impl Line<'_> {
     pub fn log(&self) {
-        if WHOLE.load(Ordering::Relaxed) {
+        // Inside a span, the span's fields join the line: it then goes as fields, and the log
+        // writer scans it like any other line (the whole line is taken as redacted).
+        if WHOLE.load(Ordering::Relaxed) && tracing::Span::current().is_none() {
             self.log_whole();
         } else {
             self.log_fields();
@@ -94,12 +97,14 @@ impl fmt::Display for Line<'_> {
         f.write_str(self.route)?;
         f.write_str(" tenant=")?;
         f.write_str(self.tenant)?;
+        // The scope and the operation are derived from the caller's request; the rest is
+        // the operator's names, the proxy's own words and numbers.
         f.write_str(" scope=")?;
-        f.write_str(self.scope)?;
+        f.write_str(&crate::redact::log_value(self.scope))?;
         f.write_str(" key_source=")?;
         quoted(f, self.key_source)?;
         f.write_str(" operation=")?;
-        quoted(f, self.operation)?;
+        quoted(f, &crate::redact::log_value(self.operation))?;
         f.write_str(" outcome=")?;
         f.write_str(self.outcome)?;
         if let Some(why) = self.unprotected {
@@ -122,6 +127,60 @@ impl fmt::Display for Line<'_> {
         }
         f.write_str(" total_ms=")?;
         f.write_str(n.format(self.total_ms))
+    }
+}
+
+/// The line of one MCP tool call (`proxy::mcp`), composed whole as [`Line`] is: the same
+/// bytes as its fields, the caller-derived values (scope, tool) redacted here.
+pub struct ToolCallLine<'a> {
+    pub route: &'a str,
+    pub tenant: &'a str,
+    pub scope: &'a str,
+    pub tool: &'a str,
+    pub key_source: &'a str,
+    pub outcome: &'a str,
+}
+
+/// Where the tool call's line has always come from.
+const TOOL_CALL_TARGET: &str = "idemproxy::proxy::mcp";
+
+impl ToolCallLine<'_> {
+    pub fn log(&self) {
+        if WHOLE.load(Ordering::Relaxed) && tracing::Span::current().is_none() {
+            tracing::info!(target: TOOL_CALL_TARGET, idemproxy_protected_request = %self);
+        } else {
+            self.log_fields();
+        }
+    }
+
+    fn log_fields(&self) {
+        tracing::info!(
+            target: TOOL_CALL_TARGET,
+            route = %self.route,
+            tenant = %self.tenant,
+            scope = %self.scope,
+            tool = %self.tool,
+            key_source = self.key_source,
+            outcome = self.outcome,
+            "a tool call"
+        );
+    }
+}
+
+impl fmt::Display for ToolCallLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a tool call route=")?;
+        f.write_str(self.route)?;
+        f.write_str(" tenant=")?;
+        f.write_str(self.tenant)?;
+        f.write_str(" scope=")?;
+        f.write_str(&crate::redact::log_value(self.scope))?;
+        f.write_str(" tool=")?;
+        f.write_str(&crate::redact::log_value(self.tool))?;
+        f.write_str(" key_source=")?;
+        quoted(f, self.key_source)?;
+        f.write_str(" outcome=")?;
+        quoted(f, self.outcome)
     }
 }
 
@@ -345,6 +404,78 @@ mod tests {
         let fields = written(false, emit);
         assert_eq!(fields.lines().count(), 4, "{fields}");
         assert_eq!(written(true, emit), fields);
+    }
+
+    #[test]
+    fn caller_derived_values_are_redacted_where_the_line_is_composed() {
+        let line = Line {
+            operation: "tools/call refund sk_live_0123456789abcdef",
+            scope: "idem:t:4242424242424242",
+            ..lines().remove(0)
+        };
+        let whole = line.to_string();
+        assert!(!whole.contains("sk_live_0123456789abcdef"), "{whole}");
+        assert!(!whole.contains("4242424242424242"), "{whole}");
+        assert!(
+            whole.contains(" route=") && whole.contains(" status="),
+            "{whole}"
+        );
+    }
+
+    #[test]
+    fn inside_a_span_the_line_goes_as_fields_and_is_scanned() {
+        write_lines_whole();
+        let out = Captured::default();
+        let (writer, guard) = crate::log_writer::spawn(out.clone()).expect("log thread");
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(writer)
+            .fmt_fields(LineFields)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("conn", peer = %"sk_live_inaspan");
+            let _in = span.enter();
+            lines()[0].log();
+        });
+        drop(guard);
+        let text = out.text();
+        assert!(text.contains("protected request route=stripe"), "{text}");
+        assert!(!text.contains("sk_live_inaspan"), "{text}");
+    }
+
+    #[test]
+    fn the_tool_call_line_reads_as_tracing_writes_it() {
+        for tool in [
+            "refund",
+            "quote\"back\\slash\ttab\u{1b}[31m",
+            "ünïcode tool",
+        ] {
+            let line = ToolCallLine {
+                route: "mcp",
+                tenant: "default",
+                scope:
+                    "mcp:default:d842740001cc0f366d23676ca4d58e84ddbb70de5fb2e26f8042dd91d0bd9f45",
+                tool,
+                key_source: "arguments",
+                outcome: "replayed",
+            };
+            let fields = written(false, || line.log_fields());
+            let whole = written(
+                true,
+                || tracing::info!(target: TOOL_CALL_TARGET, idemproxy_protected_request = %line),
+            );
+            assert!(fields.contains("a tool call route=mcp"), "{fields}");
+            assert_eq!(whole, fields);
+        }
+        let secret = ToolCallLine {
+            route: "mcp",
+            tenant: "default",
+            scope: "s",
+            tool: "sk_live_0123456789abcdef",
+            key_source: "arguments",
+            outcome: "executed",
+        };
+        assert!(!secret.to_string().contains("sk_live_0123456789abcdef"));
     }
 
     #[test]

@@ -254,7 +254,15 @@ async fn run_protected(
     let done = done.inspect_err(|e| *outcome = outcome_of(e))?;
     let answer = answered(app, route, p, done, front.waiting.take()).await;
     *outcome = answer.1;
-    tracing::info!(route = %route.name, tenant = %p.tenant, %scope, tool = %call.tool, key_source = call.source.as_str(), outcome = outcome.as_str(), "a tool call");
+    super::log_line::ToolCallLine {
+        route: &route.name,
+        tenant: p.tenant,
+        scope: &scope,
+        tool: &call.tool,
+        key_source: call.source.as_str(),
+        outcome: outcome.as_str(),
+    }
+    .log();
     answer.0
 }
 
