@@ -8,7 +8,7 @@
 //! other's calls — and per tenant and account (accounts may see other tools), for a while,
 //! and dropped when the server says its list changed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -34,8 +34,25 @@ type Listed = (Instant, BTreeMap<String, bool>);
 #[derive(Default)]
 pub struct Annotations {
     lists: Mutex<HashMap<String, Listed>>,
-    /// Endpoints whose refused probe was logged already (logged once each).
-    refusals_logged: Mutex<HashSet<String>>,
+    /// The last refused probe of each endpoint (its first one is logged), for the console.
+    refusals: Mutex<HashMap<String, Refusal>>,
+}
+
+/// Most bytes of a server's answer kept with a refusal.
+const ANSWER_KEPT: usize = 512;
+
+/// An endpoint whose server refused the proxy's `tools/list`: while it does, every tool there is
+/// claimed, so a read-only tool is answered from a receipt. The operator sees these on the
+/// console.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub endpoint: String,
+    /// When it was first and last refused (ms since the epoch), and how many times.
+    pub first_ms: u64,
+    pub last_ms: u64,
+    pub count: u64,
+    /// What the server answered the last time, redacted and cut at `ANSWER_KEPT` bytes.
+    pub answer: String,
 }
 
 /// The key one list is kept under. The endpoint comes first, so `forget(endpoint)` drops every
@@ -49,16 +66,66 @@ pub fn listed_for(endpoint: &str, tenant: &str, account: &str) -> String {
 }
 
 impl Annotations {
-    /// Whether this is the first refused probe of `endpoint` (then it is logged); at most
-    /// `MAX_LISTS` endpoints are remembered, then each refusal counts as a first again.
-    pub fn first_refusal(&self, endpoint: &str) -> bool {
-        let Ok(mut logged) = self.refusals_logged.lock() else {
+    /// Keeps that the server at `endpoint` refused the probe with `answer` at `now_ms`;
+    /// returns whether it is the first refusal since the endpoint last answered (then it is
+    /// logged). At most `MAX_LISTS` endpoints are kept: the one refused longest ago goes.
+    pub fn refused(&self, endpoint: &str, answer: &str, now_ms: u64) -> bool {
+        let Ok(mut refusals) = self.refusals.lock() else {
             return true;
         };
-        if logged.len() >= MAX_LISTS {
-            logged.clear();
+        let mut answer = crate::redact::text(answer);
+        if answer.len() > ANSWER_KEPT {
+            let mut cut = ANSWER_KEPT;
+            while !answer.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            answer.truncate(cut);
+            answer.push('…');
         }
-        logged.insert(endpoint.to_string())
+        if let Some(r) = refusals.get_mut(endpoint) {
+            r.last_ms = now_ms;
+            r.count += 1;
+            r.answer = answer;
+            return false;
+        }
+        if refusals.len() >= MAX_LISTS {
+            if let Some(oldest) = refusals
+                .values()
+                .min_by_key(|r| r.last_ms)
+                .map(|r| r.endpoint.clone())
+            {
+                refusals.remove(&oldest);
+            }
+        }
+        refusals.insert(
+            endpoint.to_string(),
+            Refusal {
+                endpoint: endpoint.to_string(),
+                first_ms: now_ms,
+                last_ms: now_ms,
+                count: 1,
+                answer,
+            },
+        );
+        true
+    }
+
+    /// The server at `endpoint` answered the probe: it no longer refuses.
+    pub fn answered(&self, endpoint: &str) {
+        if let Ok(mut refusals) = self.refusals.lock() {
+            refusals.remove(endpoint);
+        }
+    }
+
+    /// The endpoints refusing the probe now, the most recent first.
+    pub fn refusals(&self) -> Vec<Refusal> {
+        let mut all: Vec<Refusal> = self
+            .refusals
+            .lock()
+            .map(|r| r.values().cloned().collect())
+            .unwrap_or_default();
+        all.sort_by_key(|r| std::cmp::Reverse(r.last_ms));
+        all
     }
 
     /// Whether the list for `who` says `tool` is read-only; `None`: no fresh list.
@@ -173,8 +240,25 @@ mod tests {
             listed_for("https://h/a|1:b", "c", "d"),
             listed_for("https://h/a", "b|1:c", "d")
         );
-        assert!(a.first_refusal("https://h:443/mcp"));
-        assert!(!a.first_refusal("https://h:443/mcp"));
-        assert!(a.first_refusal("https://h:443/other"));
+        assert!(a.refused("https://h:443/mcp", "the server answered 400", 1_000));
+        assert!(!a.refused(
+            "https://h:443/mcp",
+            "the server answered 401: Bearer sk_live_abcdefghijklmnop",
+            2_000
+        ));
+        assert!(a.refused("https://h:443/other", "timed out", 1_500));
+        let seen = a.refusals();
+        assert_eq!(seen.len(), 2);
+        let mcp = &seen[0];
+        assert_eq!(
+            (mcp.endpoint.as_str(), mcp.first_ms, mcp.last_ms, mcp.count),
+            ("https://h:443/mcp", 1_000, 2_000, 2)
+        );
+        assert!(mcp.answer.starts_with("the server answered 401"), "{mcp:?}");
+        assert!(!mcp.answer.contains("sk_live_abcdefghijklmnop"), "{mcp:?}");
+        // Answered once more: no longer refusing, and a later refusal is a first again.
+        a.answered("https://h:443/mcp");
+        assert_eq!(a.refusals().len(), 1);
+        assert!(a.refused("https://h:443/mcp", "400", 3_000));
     }
 }

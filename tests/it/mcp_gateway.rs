@@ -318,4 +318,35 @@ async fn a_refused_annotation_probe_is_counted_and_every_tool_stays_protected() 
         .metric("idemproxy_mcp_annotation_probes_refused_total{route=\"tools-mcp\"}")
         .await;
     assert!(refused >= 1.0, "the refused probe is counted: {refused}");
+
+    // The console's overview says which endpoint refused, when, and what the server answered,
+    // its credential masked.
+    let mut operator = crate::console::Operator::new(w.proxy.admin.expect("admin listener"));
+    let login = operator
+        .post("/console/login", &[("token", "worker-test-admin-token")])
+        .await;
+    operator.cookie = login
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next().map(String::from));
+    let page = operator.get("/console/overview").await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    let html = page.text();
+    let section = html
+        .split("MCP servers refusing the annotation probe")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no refused probe on the overview: {html}"));
+    for part in [
+        "tools-mcp",
+        HOST,
+        "/mcp",
+        "UTC",
+        "400",
+        "tools/list is refused here",
+    ] {
+        assert!(section.contains(part), "{part}: {section}");
+    }
+    assert!(
+        !html.contains("sk_live_probe0secret0value0123"),
+        "the server's answer is redacted: {section}"
+    );
 }

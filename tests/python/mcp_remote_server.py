@@ -341,7 +341,8 @@ def refusing_probe(inner):
             if not message.get("more_body"):
                 break
         if b'"tools/list"' in body and b'"idemproxy-probe-' in body:
-            said = b'{"error":"tools/list is refused here"}'
+            # A careless server echoes a credential in its error: the proxy must not show it.
+            said = b'{"error":"tools/list is refused here","key":"sk_live_probe0secret0value0123"}'
             await send({"type": "http.response.start", "status": 400, "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(said)).encode())]})

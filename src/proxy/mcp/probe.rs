@@ -43,11 +43,15 @@ pub(super) async fn protection(
     let who = protect::listed_for(&endpoint, tenant, &call.account);
     if !rules.annotations.has(&who) {
         match probe(app, route, call, parts, uri).await {
-            Ok(tools) => rules.annotations.remember(&who, tools),
+            Ok(tools) => {
+                rules.annotations.answered(&endpoint);
+                rules.annotations.remember(&who, tools)
+            }
             Err(e) => {
                 app.metrics.mcp_probe_refused(&route.name);
-                if rules.annotations.first_refusal(&endpoint) {
-                    tracing::warn!(route = %route.name, %endpoint, answer = %e, "the MCP server refused the proxy's tools/list (trust_annotations): every tool of this endpoint is protected, its read-only tools answered from receipts; logged once per endpoint, counted in idemproxy_mcp_annotation_probes_refused_total");
+                let now = app.claims.clock().now_ms();
+                if rules.annotations.refused(&endpoint, &e, now) {
+                    tracing::warn!(route = %route.name, %endpoint, answer = %e, "the MCP server refused the proxy's tools/list (trust_annotations): every tool of this endpoint is protected, its read-only tools answered from receipts; logged once per endpoint, counted in idemproxy_mcp_annotation_probes_refused_total, shown on the console's overview");
                 } else {
                     tracing::debug!(route = %route.name, %endpoint, answer = %e, "the server's tool list could not be read: the call is protected");
                 }
