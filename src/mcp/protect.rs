@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// How long a server's tool list is believed.
-const FRESH_FOR: Duration = Duration::from_secs(300);
+/// How long a server's tool list is believed at most; a list whose `ttlMs` (2026-07-28) is
+/// shorter is believed that long.
+pub const FRESH_FOR: Duration = Duration::from_secs(300);
 /// At most this many lists are kept; the oldest go first.
 const MAX_LISTS: usize = 1024;
 
@@ -27,8 +28,9 @@ pub enum Protection {
     ReadOnly(&'static str),
 }
 
-/// One server's tools, each with whether it is annotated read-only, and when it was read.
-type Listed = (Instant, BTreeMap<String, bool>);
+/// One server's tools, each with whether it is annotated read-only, when it was read and how
+/// long it is believed.
+type Listed = (Instant, Duration, BTreeMap<String, bool>);
 
 /// The read-only annotations servers gave, per (endpoint, tenant, account).
 #[derive(Default)]
@@ -131,44 +133,52 @@ impl Annotations {
     /// Whether the list for `who` says `tool` is read-only; `None`: no fresh list.
     pub fn read_only(&self, who: &str, tool: &str) -> Option<bool> {
         let lists = self.lists.lock().ok()?;
-        let (at, tools) = lists.get(who)?;
-        if at.elapsed() > FRESH_FOR {
+        let (at, fresh_for, tools) = lists.get(who)?;
+        if at.elapsed() >= *fresh_for {
             return None;
         }
         Some(tools.get(tool).copied().unwrap_or(false))
     }
 
-    pub fn has(&self, who: &str) -> bool {
-        self.lists
-            .lock()
-            .ok()
-            .and_then(|l| l.get(who).map(|(at, _)| at.elapsed() <= FRESH_FOR))
-            .unwrap_or(false)
-    }
-
-    /// Keeps what a whole (every page) `tools/list` said.
-    pub fn remember(&self, who: &str, tools: BTreeMap<String, bool>) {
+    /// Keeps what a whole (every page) `tools/list` said, for `fresh_for` (at most
+    /// `FRESH_FOR`; zero keeps nothing: the server said its list is stale at once).
+    pub fn remember(&self, who: &str, tools: BTreeMap<String, bool>, fresh_for: Duration) {
+        let fresh_for = fresh_for.min(FRESH_FOR);
+        if fresh_for.is_zero() {
+            return;
+        }
         if let Ok(mut lists) = self.lists.lock() {
             if lists.len() >= MAX_LISTS {
                 if let Some(oldest) = lists
                     .iter()
-                    .min_by_key(|(_, (at, _))| *at)
+                    .min_by_key(|(_, (at, _, _))| *at)
                     .map(|(k, _)| k.clone())
                 {
                     lists.remove(&oldest);
                 }
             }
-            lists.insert(who.to_string(), (Instant::now(), tools));
+            lists.insert(who.to_string(), (Instant::now(), fresh_for, tools));
         }
     }
 
-    /// The server said its tools changed (`notifications/tools/list_changed`): every list of
-    /// this server (`prefix`) is forgotten.
-    pub fn forget(&self, prefix: &str) {
+    /// The server at `endpoint` said its tools changed (`notifications/tools/list_changed`):
+    /// every tenant's and account's list of that endpoint is forgotten.
+    pub fn forget(&self, endpoint: &str) {
+        let prefix = format!("{}:{endpoint}|", endpoint.len());
         if let Ok(mut lists) = self.lists.lock() {
-            lists.retain(|k, _| !k.starts_with(prefix));
+            lists.retain(|k, _| !k.starts_with(&prefix));
         }
     }
+}
+
+/// How long a `tools/list` page says it may be kept: its `ttlMs` (2026-07-28); `None` when it
+/// says nothing (2025 revisions), then `FRESH_FOR`. `cacheScope` needs no reading: lists are
+/// kept per account whatever it says, which `private` requires and `public` allows.
+pub fn page_ttl(result: &Value) -> Option<Duration> {
+    result
+        .get("ttlMs")
+        .and_then(Value::as_u64)
+        .map(Duration::from_millis)
 }
 
 /// The tools of one `tools/list` page, each with whether it says `readOnlyHint: true`, and the
@@ -220,12 +230,45 @@ mod tests {
     #[test]
     fn unknown_tools_and_forgotten_lists_are_not_read_only() {
         let a = Annotations::default();
-        a.remember("srv|acct", BTreeMap::from([("get".to_string(), true)]));
-        assert_eq!(a.read_only("srv|acct", "get"), Some(true));
-        assert_eq!(a.read_only("srv|acct", "other"), Some(false));
-        assert_eq!(a.read_only("srv|else", "get"), None);
-        a.forget("srv|");
-        assert_eq!(a.read_only("srv|acct", "get"), None);
+        let get = || BTreeMap::from([("get".to_string(), true)]);
+        let (mine, theirs) = (
+            listed_for("https://h:443/mcp", "t", "acct"),
+            listed_for("https://h:443/mcp", "t", "else"),
+        );
+        let other = listed_for("https://h:443/mcp2", "t", "acct");
+        a.remember(&mine, get(), FRESH_FOR);
+        a.remember(&theirs, get(), FRESH_FOR);
+        a.remember(&other, get(), FRESH_FOR);
+        assert_eq!(a.read_only(&mine, "get"), Some(true));
+        assert_eq!(a.read_only(&mine, "other"), Some(false));
+        assert_eq!(
+            a.read_only(&listed_for("https://h:443/mcp", "t", "x"), "get"),
+            None
+        );
+        // list_changed from /mcp: every account's list of /mcp goes, /mcp2's stays.
+        a.forget("https://h:443/mcp");
+        assert_eq!(a.read_only(&mine, "get"), None);
+        assert_eq!(a.read_only(&theirs, "get"), None);
+        assert_eq!(a.read_only(&other, "get"), Some(true));
+    }
+
+    #[test]
+    fn a_lists_ttl_bounds_how_long_it_is_believed() {
+        let a = Annotations::default();
+        let who = listed_for("https://h:443/mcp", "t", "acct");
+        let get = || BTreeMap::from([("get".to_string(), true)]);
+        // ttlMs 0: stale at once, nothing kept.
+        a.remember(&who, get(), Duration::ZERO);
+        assert_eq!(a.read_only(&who, "get"), None);
+        a.remember(&who, get(), Duration::from_millis(30));
+        assert_eq!(a.read_only(&who, "get"), Some(true));
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(a.read_only(&who, "get"), None);
+        assert_eq!(
+            page_ttl(&serde_json::json!({"tools": [], "ttlMs": 1500, "cacheScope": "private"})),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(page_ttl(&serde_json::json!({"tools": []})), None);
     }
 
     #[test]
@@ -233,7 +276,11 @@ mod tests {
         let a = Annotations::default();
         let first = listed_for("https://h:443/mcp", "t", "acct");
         let second = listed_for("https://h:443/other", "t", "acct");
-        a.remember(&second, BTreeMap::from([("refund".to_string(), true)]));
+        a.remember(
+            &second,
+            BTreeMap::from([("refund".to_string(), true)]),
+            FRESH_FOR,
+        );
         assert_eq!(a.read_only(&second, "refund"), Some(true));
         assert_eq!(a.read_only(&first, "refund"), None);
         assert_ne!(

@@ -426,3 +426,39 @@ async fn a_task_handle_answering_a_call_is_its_receipt_and_a_rerun_gets_the_same
         );
     }
 }
+
+/// With `trust_annotations`, a server that says `notifications/tools/list_changed` in a call's
+/// stream makes the proxy forget that endpoint's annotations: a tool it annotated read-only,
+/// then (after the change) as writing, is claimed from then on — a re-run of it one effect —
+/// rather than passed unclaimed for the rest of the old list's 5 minutes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_changed_notification_forgets_the_endpoints_annotations() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start_flags(Sdk::V1, &pki, Framing::Json, &["--list-changes"]).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker_on(Backend::Sqlite, &pki, &server, rest.port(), &trusting);
+    let call = |id: u32, tool: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{{"n":1}}}}}}"#
+        )
+    };
+    // Read-only as listed: runs every time.
+    for id in 1..3 {
+        let answer = json_of(&raw(&w, "/mcp", &[], &call(id, "toggle_tool")));
+        assert!(answer.get("result").is_some(), "{answer}");
+    }
+    assert_eq!(server.count("toggle_tool"), 2);
+    let flipped = raw(&w, "/mcp", &[], &call(3, "flip"));
+    assert!(flipped.contains("flipped"), "{flipped}");
+    // Its list changed: toggle_tool now writes, so it is claimed and its re-run replayed.
+    for id in 4..6 {
+        let answer = json_of(&raw(&w, "/mcp", &[], &call(id, "toggle_tool")));
+        assert!(answer.get("result").is_some(), "{answer}");
+    }
+    assert_eq!(
+        server.count("toggle_tool"),
+        3,
+        "after list_changed the re-run is one effect: {:?}",
+        server.effects()
+    );
+}

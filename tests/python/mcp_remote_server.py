@@ -9,7 +9,9 @@ appends a line to EFFECTS.answered each time the server has sent a tools/call's 
 whose tools/list (JSON answers) marks every tool readOnlyHint; --refuse-probe answers the proxy's own
 tools/list (its ids start with idemproxy-probe-) with 400 and a reason, and every client's as
 usual; --task-handles answers a tools/call of start_export with a task handle (2026-07-28 tasks
-extension: the task is durably created, an effect, before the answer)."""
+extension: the task is durably created, an effect, before the answer); --list-changes serves
+toggle_tool, annotated read-only until a call of flip, whose event stream says
+notifications/tools/list_changed before its result: from then on toggle_tool writes."""
 import argparse
 import asyncio
 import json
@@ -43,6 +45,7 @@ parser.add_argument("--record-answers", action="store_true")
 parser.add_argument("--read-only-alias", action="append", default=[])
 parser.add_argument("--refuse-probe", action="store_true")
 parser.add_argument("--task-handles", action="store_true")
+parser.add_argument("--list-changes", action="store_true")
 opts = parser.parse_args()
 
 class MemoryEvents:
@@ -413,6 +416,60 @@ def task_handles(inner):
     return tasks
 
 
+def list_changes(inner):
+    """tools/list (any caller's) and tools/call of toggle_tool and flip, answered here: flip
+    changes toggle_tool's annotation and says so with notifications/tools/list_changed."""
+    state = {"read_only": True}
+
+    async def answer(send, content_type, said):
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", content_type), (b"content-length", str(len(said)).encode())]})
+        await send({"type": "http.response.body", "body": said})
+
+    async def changing(scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return await inner(scope, receive, send)
+        body = bytearray()
+        while True:
+            message = await receive()
+            body.extend(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        try:
+            request = json.loads(bytes(body))
+        except ValueError:
+            request = {}
+        method = request.get("method") if isinstance(request, dict) else None
+        name = ((request.get("params") or {}).get("name")) if method == "tools/call" else None
+        reply = lambda result: json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": result})
+        if method == "tools/list":
+            tool = {"name": "toggle_tool", "inputSchema": {"type": "object"},
+                    "annotations": {"readOnlyHint": state["read_only"]}}
+            flip = {"name": "flip", "inputSchema": {"type": "object"}}
+            return await answer(send, b"application/json", reply({"tools": [tool, flip]}).encode())
+        if name == "toggle_tool":
+            n = effect("toggle_tool", (request.get("params") or {}).get("arguments") or {})
+            return await answer(send, b"application/json", reply(
+                {"content": [{"type": "text", "text": f"toggled {n}"}], "isError": False}).encode())
+        if name == "flip":
+            effect("flip", {})
+            state["read_only"] = False
+            changed = json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+            done = reply({"content": [{"type": "text", "text": "flipped"}], "isError": False})
+            said = f"event: message\ndata: {changed}\n\nevent: message\ndata: {done}\n\n".encode()
+            return await answer(send, b"text/event-stream", said)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+        await inner(scope, replay, send)
+    return changing
+
+
 if opts.auth:
     app = with_auth(app)
 if opts.alias:
@@ -425,6 +482,8 @@ if opts.refuse_probe:
     app = refusing_probe(app)
 if opts.task_handles:
     app = task_handles(app)
+if opts.list_changes:
+    app = list_changes(app)
 
 uvicorn.run(
     app,
