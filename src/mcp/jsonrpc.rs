@@ -115,10 +115,12 @@ impl Message {
     }
 
     /// The named thing a mirrored `Mcp-Name` stands for: a tool's or prompt's name, a
-    /// resource's URI.
+    /// resource's URI, a task's id.
     fn name(&self) -> Option<&str> {
         let field = match self.method.as_str() {
             "resources/read" | "resources/subscribe" | "resources/unsubscribe" => "uri",
+            // The tasks extension's requests route by task (2026-07-28).
+            "tasks/get" | "tasks/update" | "tasks/cancel" => "taskId",
             _ => "name",
         };
         self.params.get(field).and_then(Value::as_str)
@@ -291,5 +293,13 @@ mod tests {
         assert!(read(&[("mcp-name", "get_balance")]).is_err());
         assert!(read(&[("mcp-param-charge", "ch_2")]).is_err());
         assert!(read(&[("mcp-param-customer", "cus_1")]).is_err());
+        // A task's requests mirror its id (the tasks extension).
+        let get = br#"{"jsonrpc":"2.0","id":2,"method":"tasks/get","params":{"taskId":"t-1"}}"#;
+        let task = |name: &str| {
+            let h = json_headers(&[("mcp-method", "tasks/get"), ("mcp-name", name)]);
+            Message::read(&h, get).expect("reads").check_mirrored(&h)
+        };
+        assert!(task("t-1").is_ok());
+        assert!(task("t-2").is_err());
     }
 }

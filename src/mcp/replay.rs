@@ -16,9 +16,10 @@ pub const SSE: &str = "text/event-stream";
 /// What a kept response means for its claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Final {
-    /// A complete result (`isError: true` included): it happened; kept.
+    /// A complete result (`isError: true` included), or a task handle: it happened (the task
+    /// is durably created, the tool runs); kept, so a re-run gets the same task.
     Complete,
-    /// A JSON-RPC error, `input_required` or a task handle: nothing to keep.
+    /// A JSON-RPC error or `input_required`: nothing executed yet, nothing to keep.
     NotKept,
 }
 
@@ -29,14 +30,18 @@ pub fn answers(message: &Value, id: &Value) -> bool {
         && (message.get("result").is_some() || message.get("error").is_some())
 }
 
-/// How a final response settles its claim. Only a complete result does: a result type other
-/// than `complete` (absent before 2026-07-28) executed nothing yet.
+/// How a final response settles its claim. A complete result does (`resultType` absent before
+/// 2026-07-28), and so does a task handle (the tasks extension's `resultType: "task"` with its
+/// `taskId`): a server sends one only once the task is durably created, so the call has taken
+/// effect and a re-run must follow that task, not start another. Other result types
+/// (`input_required`) executed nothing yet.
 pub fn classify(message: &Value) -> Final {
     let Some(result) = message.get("result") else {
         return Final::NotKept;
     };
     match result.get("resultType").and_then(Value::as_str) {
         None | Some("complete") => Final::Complete,
+        Some("task") if result.get("taskId").and_then(Value::as_str).is_some() => Final::Complete,
         Some(_) => Final::NotKept,
     }
 }
@@ -134,6 +139,11 @@ mod tests {
             classify(&json!({"result":{"resultType":"input_required"}})),
             Final::NotKept
         );
+        assert_eq!(
+            classify(&json!({"result":{"resultType":"task","taskId":"t1","status":"working"}})),
+            Final::Complete
+        );
+        // No task id: no task anyone could follow.
         assert_eq!(
             classify(&json!({"result":{"resultType":"task"}})),
             Final::NotKept

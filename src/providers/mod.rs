@@ -53,9 +53,10 @@ pub struct Profile {
     /// How its own errors look: refusals the proxy makes on its behalf (caps, approvals)
     /// take this shape, so its SDKs raise a meaningful error.
     pub errors: ErrorShape,
-    /// Other hosts of the provider that perform the same side effects outside the API the
-    /// route protects (SMTP relays; `*` stands for one label): CONNECT to them is refused.
-    pub side_doors: &'static [&'static str],
+    /// Other hosts of the provider that perform side effects outside the API the route
+    /// protects (SMTP relays, an MCP server, upload or regional hosts; `*` stands for one
+    /// label): CONNECT to them is refused unless a route of their own covers them.
+    pub side_doors: &'static [SideDoor],
     /// What its paths may hold beyond the proxy's grammar (`request::path`).
     pub path: PathRules,
 }
@@ -146,8 +147,28 @@ struct Spec {
     lookup: Option<(&'static str, &'static str, &'static str, &'static str)>,
     spend: Option<SpendDefaults>,
     errors: ErrorShape,
-    side_doors: &'static [&'static str],
+    side_doors: &'static [SideDoor],
     path: PathRules,
+}
+
+/// A host of a provider where requests take effect past the route that protects its API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SideDoor {
+    /// The host; `*` stands for exactly one label.
+    pub host: &'static str,
+    /// What it is, in the refusal's words: "the SMTP relay", "the MCP server"…
+    pub what: &'static str,
+}
+
+const fn smtp(host: &'static str) -> SideDoor {
+    SideDoor {
+        host,
+        what: "SMTP relay",
+    }
+}
+
+const fn door(host: &'static str, what: &'static str) -> SideDoor {
+    SideDoor { host, what }
 }
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -248,6 +269,15 @@ const SPECS: &[Spec] = &[
             exponents: catalogue::STRIPE_EXPONENTS,
         }),
         errors: ErrorShape::Stripe,
+        // Hosts its SDKs and agent toolkit reach besides api.stripe.com [ST-HOSTS]: the remote
+        // MCP server (the agent toolkit's tools run there), file uploads, OAuth for connected
+        // accounts, and the meter event stream (usage that is billed).
+        side_doors: &[
+            door("mcp.stripe.com", "MCP server"),
+            door("files.stripe.com", "upload API"),
+            door("connect.stripe.com", "Connect OAuth API"),
+            door("meter-events.stripe.com", "meter events API"),
+        ],
         ..HEADER
     },
     // Adyen: `Idempotency-Key` ≤ 64, kept ≥ 31 days [ADY]; API key in `X-API-Key`.
@@ -318,7 +348,7 @@ const SPECS: &[Spec] = &[
         retention: None,
         missing_key: Some(MissingKey::Derive),
         dedup_window: Some(DAY),
-        side_doors: &["smtp.resend.com"],
+        side_doors: &[smtp("smtp.resend.com")],
         ..HEADER
     },
     // Razorpay X payouts: `X-Payout-Idempotency`, 4–36 of `[A-Za-z0-9 _-]` [RZP].
@@ -412,6 +442,15 @@ const SPECS: &[Spec] = &[
             exponents: &[],
         }),
         errors: ErrorShape::Alpaca,
+        // Its other trading hosts [ALP-HOSTS]: live and paper trading (a route protects one;
+        // the other takes orders too) and the Broker API. Market data changes nothing and is
+        // not listed.
+        side_doors: &[
+            door("api.alpaca.markets", "live trading API"),
+            door("paper-api.alpaca.markets", "paper trading API"),
+            door("broker-api.alpaca.markets", "Broker API"),
+            door("broker-api.sandbox.alpaca.markets", "Broker API sandbox"),
+        ],
         // Crypto positions are named by their pair: `DELETE /v2/positions/BTC%2FUSD` when a
         // client encodes the symbol's slash (alpaca-py sends `BTC/USD` as two segments, which
         // Alpaca answers 404; `BTCUSD` works) [ALP-CRYPTO]. Rules match both readings.
@@ -640,8 +679,12 @@ const SPECS: &[Spec] = &[
     Spec {
         name: "sendgrid",
         account: &[Part::Headers(&["authorization", "on-behalf-of"])],
-        // SMTP relay [SG-SMTP].
-        side_doors: &["smtp.sendgrid.net"],
+        // SMTP relay [SG-SMTP]; the EU data-residency API, which sends mail as the global one
+        // does [SG-EU].
+        side_doors: &[
+            smtp("smtp.sendgrid.net"),
+            door("api.eu.sendgrid.com", "EU-region API"),
+        ],
         ..NO_KEY
     },
     Spec {
@@ -651,14 +694,21 @@ const SPECS: &[Spec] = &[
             "x-postmark-account-token",
         ])],
         // SMTP servers, transactional and broadcast streams [PM-SMTP].
-        side_doors: &["smtp.postmarkapp.com", "smtp-broadcasts.postmarkapp.com"],
+        side_doors: &[
+            smtp("smtp.postmarkapp.com"),
+            smtp("smtp-broadcasts.postmarkapp.com"),
+        ],
         ..NO_KEY
     },
     Spec {
         name: "mailgun",
         account: &[Part::Headers(&["authorization", "x-mailgun-on-behalf-of"])],
-        // SMTP in the US and EU regions [MG-SMTP].
-        side_doors: &["smtp.mailgun.org", "smtp.eu.mailgun.org"],
+        // SMTP in the US and EU regions [MG-SMTP]; the EU region's API [MG-EU].
+        side_doors: &[
+            smtp("smtp.mailgun.org"),
+            smtp("smtp.eu.mailgun.org"),
+            door("api.eu.mailgun.net", "EU-region API"),
+        ],
         ..NO_KEY
     },
     // AWS SES v2: SigV4; the account is the access key id, region and service of the
@@ -668,14 +718,25 @@ const SPECS: &[Spec] = &[
         name: "ses",
         account: &[Part::SigV4],
         signing: Signing::SigV4,
-        // The SMTP interface of every region [SES-SMTP].
-        side_doors: &["email-smtp.*.amazonaws.com"],
+        // The SMTP interface of every region [SES-SMTP], and the API of every other region
+        // than the route's (boto3 picks one from the environment) [SES-REGION].
+        side_doors: &[
+            smtp("email-smtp.*.amazonaws.com"),
+            door("email.*.amazonaws.com", "API in another region"),
+        ],
         ..NO_KEY
     },
     // Twilio: Basic auth; the account is in the path (`Accounts/{AccountSid}`) [TW].
     Spec {
         name: "twilio",
         account: &[Part::Headers(&["authorization"]), Part::PathAfter("Accounts")],
+        // Products of their own host that send messages (Verify, Messaging services,
+        // Conversations…), and regional or edge hosts of every product [TW-HOSTS].
+        side_doors: &[
+            door("*.twilio.com", "product API"),
+            door("*.*.twilio.com", "regional API"),
+            door("*.*.*.twilio.com", "edge API"),
+        ],
         ..NO_KEY
     },
 ];

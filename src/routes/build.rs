@@ -95,8 +95,9 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
 
 /// What a tool call's kept response makes of its claim. The kept response is the call's
 /// final JSON-RPC message (HTTP 200), or the server's HTTP answer when it gave no message:
-/// a JSON-RPC error, or a result that is not complete (`input_required`, a task handle),
-/// executed nothing and releases; a complete result (`isError` too) commits; 401, 403, 404
+/// a JSON-RPC error, or a result that is not complete (`input_required`), executed nothing
+/// and releases; a complete result (`isError` too) and a task handle (the task is created)
+/// commit; 401, 403, 404
 /// (an expired session) and 400 release; a 5xx or a 200 without the call's answer (502 here)
 /// may have executed and is held. MCP servers take no idempotency key.
 ///
@@ -136,10 +137,23 @@ fn mcp_policy(policy: &mut Policy, answer_timeout: Duration) {
             note: "input required: nothing executed yet; the claim waits for the continuation"
                 .into(),
         },
+        // The tasks extension (2026-07-28): a server answers a task handle only once the task
+        // is durably created. The call took effect; its handle is the receipt a re-run gets, so
+        // the re-run follows the same task instead of starting another.
+        BodyRule {
+            statuses: Some(set(&["2xx"])),
+            conditions: vec![
+                Condition::new("result.resultType", Test::Equals(vec!["task".into()])),
+                Condition::new("result.taskId", Test::NonEmpty),
+            ],
+            outcome: RuleOutcome::Commit,
+            note: "a task handle: the task is created and running; kept as the call's receipt"
+                .into(),
+        },
         release(
             "result.resultType",
             Test::NotEquals(vec!["complete".into()]),
-            "not a complete result yet (input required, or a task)",
+            "not a complete result yet (input required, or a result type the proxy does not know)",
         ),
     ]);
 }

@@ -69,9 +69,10 @@ pub struct Route {
     /// Where the route's client dials (its `connect_to`, else the upstream's host and port):
     /// a blind tunnel there would reach the provider past the route.
     pub dial: (String, u16),
-    /// Other hosts of the provider that perform the same side effects (its SMTP relays,
-    /// `*.` for a family): never reachable through CONNECT.
-    pub side_doors: &'static [&'static str],
+    /// Other hosts of the provider that perform side effects past this route (its SMTP
+    /// relays, its MCP server…; `*` for one label): reachable through CONNECT only where a
+    /// route of their own covers them.
+    pub side_doors: &'static [crate::providers::SideDoor],
     /// What the provider's paths may hold beyond the proxy's grammar.
     pub path: PathRules,
     /// `protocol = "mcp"`: every POST is a JSON-RPC message, and the operation a tool call.

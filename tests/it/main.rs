@@ -28,6 +28,7 @@ mod ops;
 mod parked_payments;
 mod postgres_store;
 mod principals;
+mod provider_hosts;
 mod providers;
 mod readme;
 mod reconcile;

@@ -318,4 +318,147 @@ async fn a_refused_annotation_probe_is_counted_and_every_tool_stays_protected() 
         .metric("idemproxy_mcp_annotation_probes_refused_total{route=\"tools-mcp\"}")
         .await;
     assert!(refused >= 1.0, "the refused probe is counted: {refused}");
+
+    // The console's overview says which endpoint refused, when, and what the server answered,
+    // its credential masked.
+    let mut operator = crate::console::Operator::new(w.proxy.admin.expect("admin listener"));
+    let login = operator
+        .post("/console/login", &[("token", "worker-test-admin-token")])
+        .await;
+    operator.cookie = login
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next().map(String::from));
+    let page = operator.get("/console/overview").await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    let html = page.text();
+    let section = html
+        .split("MCP servers refusing the annotation probe")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no refused probe on the overview: {html}"));
+    for part in [
+        "tools-mcp",
+        HOST,
+        "/mcp",
+        "UTC",
+        "400",
+        "tools/list is refused here",
+    ] {
+        assert!(section.contains(part), "{part}: {section}");
+    }
+    assert!(
+        !html.contains("sk_live_probe0secret0value0123"),
+        "the server's answer is redacted: {section}"
+    );
+}
+
+/// Under the 2026-07-28 tasks extension a server may answer a plain `tools/call` with a task
+/// handle: the task is durably created, the tool is running. That handle is the call's
+/// receipt: a re-run (another JSON-RPC id, a new process) gets the same task id, and the server
+/// starts one task, on every store. The task's own requests (`tasks/get`) pass through.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_handle_answering_a_call_is_its_receipt_and_a_rerun_gets_the_same_task() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start_flags(Sdk::V2, &pki, Framing::Json, &["--task-handles"]).await;
+    let rest = rest_provider(&pki).await;
+    let envelope = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}},"io.modelcontextprotocol/clientInfo":{"name":"curl","version":"1"}}"#;
+    let headers = [
+        "mcp-protocol-version: 2026-07-28",
+        "mcp-method: tools/call",
+        "mcp-name: start_export",
+    ];
+    for (n, backend) in STORES.into_iter().enumerate() {
+        let w = worker_on(backend, &pki, &server, rest.port(), &|_| {});
+        let call = |id: u32| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"start_export","arguments":{{"month":"2026-{n:02}"}},{envelope}}}}}"#
+            )
+        };
+        let first = json_of(&raw(&w, "/mcp", &headers, &call(1)));
+        let again = json_of(&raw(&w, "/mcp", &headers, &call(7)));
+        assert_eq!(
+            first["result"]["resultType"],
+            json!("task"),
+            "{backend:?}: {first}"
+        );
+        let task = first["result"]["taskId"].as_str().unwrap_or_default();
+        assert!(!task.is_empty(), "{backend:?}: {first}");
+        assert_eq!(again["id"], json!(7), "{backend:?}: {again}");
+        assert_eq!(
+            again["result"]["taskId"],
+            json!(task),
+            "{backend:?}: the same task: {again}"
+        );
+        assert_eq!(
+            again["result"]["_meta"]["io.idemproxy/replay"]["replayed"],
+            json!(true),
+            "{backend:?}: {again}"
+        );
+        let started = server
+            .effects()
+            .iter()
+            .filter(|e| {
+                e["tool"] == "start_export" && e["args"]["month"] == json!(format!("2026-{n:02}"))
+            })
+            .count();
+        assert_eq!(
+            started, 1,
+            "{backend:?}: one task started, not one per re-run"
+        );
+        // The client follows its task with the server, through the proxy.
+        let get = format!(
+            r#"{{"jsonrpc":"2.0","id":9,"method":"tasks/get","params":{{"taskId":"{task}",{envelope}}}}}"#
+        );
+        let name = format!("mcp-name: {task}");
+        let polled = json_of(&raw(
+            &w,
+            "/mcp",
+            &[
+                "mcp-protocol-version: 2026-07-28",
+                "mcp-method: tasks/get",
+                &name,
+            ],
+            &get,
+        ));
+        assert_eq!(
+            polled["result"]["taskId"],
+            json!(task),
+            "{backend:?}: {polled}"
+        );
+    }
+}
+
+/// With `trust_annotations`, a server that says `notifications/tools/list_changed` in a call's
+/// stream makes the proxy forget that endpoint's annotations: a tool it annotated read-only,
+/// then (after the change) as writing, is claimed from then on — a re-run of it one effect —
+/// rather than passed unclaimed for the rest of the old list's 5 minutes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_changed_notification_forgets_the_endpoints_annotations() {
+    let pki = TestPki::new("mcp");
+    let server = McpServer::start_flags(Sdk::V1, &pki, Framing::Json, &["--list-changes"]).await;
+    let rest = rest_provider(&pki).await;
+    let w = worker_on(Backend::Sqlite, &pki, &server, rest.port(), &trusting);
+    let call = |id: u32, tool: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{{"n":1}}}}}}"#
+        )
+    };
+    // Read-only as listed: runs every time.
+    for id in 1..3 {
+        let answer = json_of(&raw(&w, "/mcp", &[], &call(id, "toggle_tool")));
+        assert!(answer.get("result").is_some(), "{answer}");
+    }
+    assert_eq!(server.count("toggle_tool"), 2);
+    let flipped = raw(&w, "/mcp", &[], &call(3, "flip"));
+    assert!(flipped.contains("flipped"), "{flipped}");
+    // Its list changed: toggle_tool now writes, so it is claimed and its re-run replayed.
+    for id in 4..6 {
+        let answer = json_of(&raw(&w, "/mcp", &[], &call(id, "toggle_tool")));
+        assert!(answer.get("result").is_some(), "{answer}");
+    }
+    assert_eq!(
+        server.count("toggle_tool"),
+        3,
+        "after list_changed the re-run is one effect: {:?}",
+        server.effects()
+    );
 }

@@ -1,4 +1,4 @@
-//! The shipped `config/examples/stripe-mcp.toml` in front of a stand-in for Stripe's remote MCP
+//! The shipped `config/examples/stripe.toml`'s MCP route in front of a stand-in for Stripe's remote MCP
 //! server (`tests/python/stripe_mcp_server.py`: FastMCP, TLS for `mcp.stripe.com`, at the
 //! server's root path, Stripe's tool names and argument shapes, objects in memory). Only the
 //! route's address and upstream CA change. Every call is a new process of the official Python
@@ -25,8 +25,38 @@ async fn stripe_server(pki: &TestPki, framing: Framing) -> McpServer {
     McpServer::start_script("python3", "stripe_mcp_server.py", HOST, pki, framing, &[]).await
 }
 
+/// The shipped `stripe.toml` with its money caps and approvals turned on as its header says:
+/// the `#+ ` prefix removed from each line.
+fn capped_text() -> String {
+    let shipped =
+        std::fs::read_to_string(crate::common::worker::repo("config/examples/stripe.toml"))
+            .expect("the example");
+    let on: Vec<&str> = shipped
+        .lines()
+        .map(|l| l.strip_prefix("#+ ").unwrap_or(l))
+        .collect();
+    on.join("\n")
+}
+
+/// `Worker`'s edit that starts the proxy on `capped_text()`.
+fn capped(cfg: &mut toml::Table) {
+    *cfg = capped_text().parse().expect("the capped example is TOML");
+}
+
+/// The proxy on `stripe.toml` with its caps and approvals on.
 fn worker(pki: &TestPki, server: &McpServer) -> Worker {
-    Worker::start("stripe-mcp.toml", &[("stripe-mcp", server.port)], pki)
+    Worker::start_edited(
+        "stripe.toml",
+        &[("stripe-mcp", server.port)],
+        pki,
+        None,
+        &capped,
+    )
+}
+
+/// The proxy on `stripe.toml` as shipped: caps and approvals off.
+fn plain_worker(pki: &TestPki, server: &McpServer) -> Worker {
+    Worker::start("stripe.toml", &[("stripe-mcp", server.port)], pki)
 }
 
 /// One tool call: a new process of the official client.
@@ -478,14 +508,15 @@ async fn an_undecided_call_says_ask_again_later_and_runs_once_approved() {
     let pki = TestPki::new("stripe-mcp");
     let server = stripe_server(&pki, Framing::Json).await;
     let w = Worker::start_edited(
-        "stripe-mcp.toml",
+        "stripe.toml",
         &[("stripe-mcp", server.port)],
         &pki,
         None,
         &|cfg| {
+            capped(cfg);
             let spend = cfg
                 .get_mut("routes")
-                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut(1))
                 .and_then(|r| r.get_mut("spend"))
                 .and_then(|s| s.as_table_mut())
                 .expect("[routes.spend]");
@@ -555,14 +586,15 @@ async fn refusals_as_tool_results_where_the_route_says_so() {
     let pki = TestPki::new("stripe-mcp");
     let server = stripe_server(&pki, Framing::Json).await;
     let w = Worker::start_edited(
-        "stripe-mcp.toml",
+        "stripe.toml",
         &[("stripe-mcp", server.port)],
         &pki,
         None,
         &|cfg| {
+            capped(cfg);
             let route = cfg
                 .get_mut("routes")
-                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut(1))
                 .and_then(|r| r.as_table_mut())
                 .expect("the route");
             if let Some(mcp) = route.get_mut("mcp").and_then(|m| m.as_table_mut()) {
@@ -612,14 +644,15 @@ async fn a_count_cap_of_one_tool_counts_that_tool_alone() {
     let pki = TestPki::new("stripe-mcp");
     let server = stripe_server(&pki, Framing::Json).await;
     let w = Worker::start_edited(
-        "stripe-mcp.toml",
+        "stripe.toml",
         &[("stripe-mcp", server.port)],
         &pki,
         None,
         &|cfg| {
+            capped(cfg);
             let spend = cfg
                 .get_mut("routes")
-                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut(1))
                 .and_then(|r| r.get_mut("spend"))
                 .and_then(|s| s.as_table_mut())
                 .expect("[routes.spend]");
@@ -677,14 +710,15 @@ async fn a_runs_refunds_add_up_against_per_run() {
     let pki = TestPki::new("stripe-mcp");
     let server = stripe_server(&pki, Framing::Json).await;
     let w = Worker::start_edited(
-        "stripe-mcp.toml",
+        "stripe.toml",
         &[("stripe-mcp", server.port)],
         &pki,
         None,
         &|cfg| {
+            capped(cfg);
             let spend = cfg
                 .get_mut("routes")
-                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut(1))
                 .and_then(|r| r.get_mut("spend"))
                 .and_then(|s| s.as_table_mut())
                 .expect("[routes.spend]");
@@ -719,10 +753,7 @@ fn check_config_names_what_an_mcp_spend_section_cannot_say() {
     let work = tempfile::tempdir().expect("tempdir");
     let init = crate::common::pki::run_ca_init(&work.path().join("certs"), &[]);
     assert!(init.status.success());
-    let shipped = std::fs::read_to_string(crate::common::worker::repo(
-        "config/examples/stripe-mcp.toml",
-    ))
-    .expect("the example");
+    let shipped = capped_text();
     for (edit, replacement, field, says) in [
         (
             r#"operations = ["create_refund", "create_payment_link"]"#,
@@ -873,14 +904,15 @@ async fn a_payment_link_for_a_price_the_proxy_did_not_record_for_this_account_is
     let pki = TestPki::new("stripe-mcp");
     let server = stripe_server(&pki, Framing::Json).await;
     let w = Worker::start_edited(
-        "stripe-mcp.toml",
+        "stripe.toml",
         &[("stripe-mcp", server.port)],
         &pki,
         None,
         &|cfg| {
+            capped(cfg);
             let spend = cfg
                 .get_mut("routes")
-                .and_then(|r| r.get_mut(0))
+                .and_then(|r| r.get_mut(1))
                 .and_then(|r| r.get_mut("spend"))
                 .and_then(|s| s.as_table_mut())
                 .expect("[routes.spend]");
@@ -963,11 +995,11 @@ async fn a_recorded_price_survives_a_restart(backend: Backend) {
     let server = stripe_server(&pki, Framing::Json).await;
     let mut w = Worker::start_on(
         backend,
-        "stripe-mcp.toml",
+        "stripe.toml",
         &[("stripe-mcp", server.port)],
         &pki,
         None,
-        &|_| {},
+        &capped,
     );
     let price = price_through_proxy(&w, KEY, "prod_restart", 4_000).await;
     w.proxy.restart();
@@ -1005,10 +1037,7 @@ fn check_config_names_what_is_wrong_in_records_and_price_from() {
     let work = tempfile::tempdir().expect("tempdir");
     let init = crate::common::pki::run_ca_init(&work.path().join("certs"), &[]);
     assert!(init.status.success());
-    let shipped = std::fs::read_to_string(crate::common::worker::repo(
-        "config/examples/stripe-mcp.toml",
-    ))
-    .expect("the example");
+    let shipped = capped_text();
     let link = r#"price_from = { kind = "price", id = "{args.price}", times = "{args.quantity}" }"#;
     let records = r#"unit = "minor" }"#;
     let capped = r#"operations = ["create_refund", "create_payment_link"]"#;
@@ -1138,7 +1167,7 @@ fn toolkit_object(v: &Value) -> Value {
 }
 
 /// Stripe's agent toolkit itself as the client, through `HTTPS_PROXY` with the setup
-/// `idemproxy env` prints and the shipped `stripe-mcp.toml`: every re-run is a new process (a
+/// `idemproxy env` prints and the shipped `stripe.toml` (caps on): every re-run is a new process (a
 /// new MCP session, ids from 1 again), and each operation happens once — a customer, a product
 /// whose description the model reworded, a price, a payment link priced from that price — and
 /// a refund over the route's cap is an error the toolkit raises, the proxy's words among its
@@ -1203,4 +1232,80 @@ async fn stripe_agent_toolkit_reruns_are_one_effect_and_its_refund_over_the_cap_
     assert!(causes.contains("per_request cap of 200.00"), "{over}");
     assert!(causes.contains("Nothing was forwarded"), "{over}");
     assert_eq!(server.count("create_refund"), 0);
+}
+
+/// Stripe's agent toolkit (0.7.0: its only host is `https://mcp.stripe.com`) through
+/// `HTTPS_PROXY` with nothing but the shipped `stripe.toml`, caps off as shipped: every call
+/// reaches the stand-in through the MCP route (no blind tunnel is ever opened), a re-run of each
+/// write tool in a new process is the first call's result and one effect, and the read-only
+/// tools run every time.
+#[tokio::test(flavor = "multi_thread")]
+async fn stripe_agent_toolkit_with_only_stripe_toml_runs_each_write_tool_once() {
+    let pki = TestPki::new("stripe-mcp");
+    let server = stripe_server(&pki, Framing::Json).await;
+    let w = plain_worker(&pki, &server);
+    let twice = |tool: &'static str, args: Value| {
+        let (w, server) = (&w, &server);
+        async move {
+            let a = toolkit_call(w, tool, args.clone()).await;
+            let b = toolkit_call(w, tool, args).await;
+            assert_eq!(server.count(tool), 1, "{tool}: {a} / {b}");
+            assert_eq!(
+                a["text"], b["text"],
+                "{tool}: the re-run got the first result"
+            );
+            toolkit_object(&a)
+        }
+    };
+    let id = |v: &Value| {
+        v["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{v}"))
+            .to_string()
+    };
+    let customer = id(&twice(
+        "create_customer",
+        json!({"name": "Jo", "email": "jo@example.com"}),
+    )
+    .await);
+    let product = id(&twice("create_product", json!({"name": "Pro plan"})).await);
+    let price = id(&twice(
+        "create_price",
+        json!({"product": product, "unit_amount": 2500, "currency": "usd"}),
+    )
+    .await);
+    twice(
+        "create_payment_link",
+        json!({"price": price, "quantity": 1}),
+    )
+    .await;
+    let invoice = id(&twice("create_invoice", json!({"customer": customer})).await);
+    twice(
+        "create_invoice_item",
+        json!({"customer": customer, "price": price, "invoice": invoice}),
+    )
+    .await;
+    twice("finalize_invoice", json!({"invoice": invoice})).await;
+    twice(
+        "create_refund",
+        json!({"payment_intent": "pi_1", "amount": 25_000}),
+    )
+    .await;
+    const WRITES: f64 = 8.0;
+    assert_eq!(w.replays("stripe-mcp").await, WRITES);
+
+    // Read-only tools: executed each time, never a replay.
+    for _ in 0..2 {
+        let listed = toolkit_object(&toolkit_call(&w, "list_products", json!({})).await);
+        assert_eq!(listed["data"].as_array().map(Vec::len), Some(1), "{listed}");
+    }
+    let balance = toolkit_object(&toolkit_call(&w, "retrieve_balance", json!({})).await);
+    assert_eq!(balance["available"][0]["amount"], json!(100_000 - 25_000));
+    assert_eq!(w.replays("stripe-mcp").await, WRITES);
+    assert_eq!(
+        w.metric("idemproxy_requests_total{route=\"-\",outcome=\"tunnel\"}")
+            .await,
+        0.0,
+        "nothing went past the routes"
+    );
 }

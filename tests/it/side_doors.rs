@@ -965,3 +965,57 @@ async fn absolute_form_requests_naming_the_proxy_are_base_url_requests() {
         provider.received()
     );
 }
+
+/// A provider's other host named in the ClientHello of a tunnel opened for an unrouted site:
+/// behind a shared TLS edge that name would reach the provider's MCP server past every route,
+/// so the tunnel is refused (counted as `sni_side_door`), never spliced — on a plain
+/// deployment too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_providers_other_host_named_inside_another_tunnel_is_refused() {
+    let site_pki = TestPki::new("some site's CA");
+    let (leaf, key) = site_pki.leaf(&["localhost", "mcp.stripe.com"]);
+    let site =
+        FakeProvider::start_https(ProviderOptions::default(), pki::server_config(leaf, key)).await;
+    let store = StoreFixture::new(Backend::Sqlite);
+    let listen = crate::common::loopback(crate::common::free_port());
+    let ca = ProxyCa::init(&format!("http://{listen}"));
+    let text = config(
+        &store.url(),
+        &format!(
+            "{}\n[[routes]]\nname = \"stripe\"\nupstream = \"https://api.stripe.com\"\nprovider = \"stripe\"\n\n[egress]\nallow = [\"127.0.0.1\"]\n",
+            ca.tls_config(&format!("connect_ports = [443, {}]", site.port()))
+        ),
+    )
+    .replace("127.0.0.1:0", &listen.to_string())
+    .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n");
+    let proxy = Proxy::start(&text);
+    let client = pki::client_config(&site_pki.ca_path(), &[b"http/1.1"]);
+    let authority = format!("localhost:{}", site.port());
+    let addr = proxy.addr;
+    let attempt = tokio::task::spawn_blocking(move || {
+        raw_attempt(
+            addr,
+            &authority,
+            &sni("mcp.stripe.com"),
+            client,
+            "POST /mcp HTTP/1.1\r\nHost: mcp.stripe.com\r\nContent-Length: 2\r\n\r\n{}",
+        )
+    })
+    .await
+    .expect("the attempt");
+    assert_eq!(attempt.connect_status, 200, "{attempt:?}");
+    assert!(attempt.answer.is_none(), "nothing answered: {attempt:?}");
+    assert!(site.received().is_empty(), "nothing reached the site");
+    assert_eq!(
+        metric(
+            &proxy,
+            "idemproxy_connect_refused_total{reason=\"sni_side_door\"}"
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        metric(&proxy, "idemproxy_tunnels_total{hello=\"sni_other\"}").await,
+        0.0
+    );
+}

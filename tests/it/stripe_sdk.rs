@@ -888,10 +888,13 @@ fn stripe_config_with_spend(dir: &Path, spend: &str) -> PathBuf {
     )
     .expect("the example");
     let text = text.replace("127.0.0.1:8080", "127.0.0.1:0");
+    // The REST route's table ends where the MCP route's begins.
+    let mcp = "\n[[routes]]\nname = \"stripe-mcp\"";
+    let (rest, mcp_route) = text.split_at(text.find(mcp).expect("the MCP route"));
     let path = dir.join("idemproxy.toml");
     std::fs::write(
         &path,
-        format!("{text}\n[routes.spend]\ncaps_currency = \"usd\"\n{spend}\n"),
+        format!("{rest}\n[routes.spend]\ncaps_currency = \"usd\"\n{spend}\n{mcp_route}"),
     )
     .expect("write config");
     path

@@ -8,7 +8,10 @@ appends a line to EFFECTS.answered each time the server has sent a tools/call's 
 --read-only-alias PATH serves the transport on PATH too, as a second MCP server on the same host
 whose tools/list (JSON answers) marks every tool readOnlyHint; --refuse-probe answers the proxy's own
 tools/list (its ids start with idemproxy-probe-) with 400 and a reason, and every client's as
-usual."""
+usual; --task-handles answers a tools/call of start_export with a task handle (2026-07-28 tasks
+extension: the task is durably created, an effect, before the answer); --list-changes serves
+toggle_tool, annotated read-only until a call of flip, whose event stream says
+notifications/tools/list_changed before its result: from then on toggle_tool writes."""
 import argparse
 import asyncio
 import json
@@ -41,6 +44,8 @@ parser.add_argument("--alias", action="append", default=[])
 parser.add_argument("--record-answers", action="store_true")
 parser.add_argument("--read-only-alias", action="append", default=[])
 parser.add_argument("--refuse-probe", action="store_true")
+parser.add_argument("--task-handles", action="store_true")
+parser.add_argument("--list-changes", action="store_true")
 opts = parser.parse_args()
 
 class MemoryEvents:
@@ -341,7 +346,8 @@ def refusing_probe(inner):
             if not message.get("more_body"):
                 break
         if b'"tools/list"' in body and b'"idemproxy-probe-' in body:
-            said = b'{"error":"tools/list is refused here"}'
+            # A careless server echoes a credential in its error: the proxy must not show it.
+            said = b'{"error":"tools/list is refused here","key":"sk_live_probe0secret0value0123"}'
             await send({"type": "http.response.start", "status": 400, "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(said)).encode())]})
@@ -360,6 +366,110 @@ def refusing_probe(inner):
     return refusing
 
 
+def task_handles(inner):
+    """Answers tools/call start_export with a CreateTaskResult (tasks extension, 2026-07-28):
+    the export is started, its task created, then the handle sent; tasks/get answers working."""
+    import uuid
+
+    async def tasks(scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return await inner(scope, receive, send)
+        body = bytearray()
+        while True:
+            message = await receive()
+            body.extend(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        try:
+            request = json.loads(bytes(body))
+        except ValueError:
+            request = None
+        params = (request or {}).get("params") or {} if isinstance(request, dict) else {}
+        answer = None
+        if isinstance(request, dict) and request.get("method") == "tools/call" and params.get("name") == "start_export":
+            task_id = str(uuid.uuid4())
+            effect("start_export", {"taskId": task_id, **(params.get("arguments") or {})})
+            now = "2026-12-03T10:30:00Z"
+            answer = {"resultType": "task", "taskId": task_id, "status": "working",
+                      "statusMessage": "The export is running.", "createdAt": now,
+                      "lastUpdatedAt": now, "ttlMs": 3600000, "pollIntervalMs": 1000}
+        elif isinstance(request, dict) and request.get("method") == "tasks/get":
+            answer = {"resultType": "complete", "taskId": params.get("taskId"), "status": "working",
+                      "createdAt": "2026-12-03T10:30:00Z", "lastUpdatedAt": "2026-12-03T10:30:00Z",
+                      "ttlMs": 3600000}
+        if answer is not None:
+            said = json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": answer}).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(said)).encode())]})
+            await send({"type": "http.response.body", "body": said})
+            return
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+        await inner(scope, replay, send)
+    return tasks
+
+
+def list_changes(inner):
+    """tools/list (any caller's) and tools/call of toggle_tool and flip, answered here: flip
+    changes toggle_tool's annotation and says so with notifications/tools/list_changed."""
+    state = {"read_only": True}
+
+    async def answer(send, content_type, said):
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", content_type), (b"content-length", str(len(said)).encode())]})
+        await send({"type": "http.response.body", "body": said})
+
+    async def changing(scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return await inner(scope, receive, send)
+        body = bytearray()
+        while True:
+            message = await receive()
+            body.extend(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        try:
+            request = json.loads(bytes(body))
+        except ValueError:
+            request = {}
+        method = request.get("method") if isinstance(request, dict) else None
+        name = ((request.get("params") or {}).get("name")) if method == "tools/call" else None
+        reply = lambda result: json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": result})
+        if method == "tools/list":
+            tool = {"name": "toggle_tool", "inputSchema": {"type": "object"},
+                    "annotations": {"readOnlyHint": state["read_only"]}}
+            flip = {"name": "flip", "inputSchema": {"type": "object"}}
+            return await answer(send, b"application/json", reply({"tools": [tool, flip]}).encode())
+        if name == "toggle_tool":
+            n = effect("toggle_tool", (request.get("params") or {}).get("arguments") or {})
+            return await answer(send, b"application/json", reply(
+                {"content": [{"type": "text", "text": f"toggled {n}"}], "isError": False}).encode())
+        if name == "flip":
+            effect("flip", {})
+            state["read_only"] = False
+            changed = json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+            done = reply({"content": [{"type": "text", "text": "flipped"}], "isError": False})
+            said = f"event: message\ndata: {changed}\n\nevent: message\ndata: {done}\n\n".encode()
+            return await answer(send, b"text/event-stream", said)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+        await inner(scope, replay, send)
+    return changing
+
+
 if opts.auth:
     app = with_auth(app)
 if opts.alias:
@@ -370,6 +480,10 @@ if opts.read_only_alias:
     app = read_only_aliases(app)
 if opts.refuse_probe:
     app = refusing_probe(app)
+if opts.task_handles:
+    app = task_handles(app)
+if opts.list_changes:
+    app = list_changes(app)
 
 uvicorn.run(
     app,

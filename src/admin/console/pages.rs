@@ -419,6 +419,40 @@ struct Overview {
     outcomes: Vec<String>,
     traffic: Vec<TrafficRow>,
     unprotected: Vec<(String, u64)>,
+    probes: Vec<ProbeRefusalView>,
+}
+
+/// An MCP endpoint refusing the annotation probe, as the overview shows it.
+struct ProbeRefusalView {
+    route: String,
+    endpoint: String,
+    first: String,
+    last: String,
+    count: u64,
+    answer: String,
+}
+
+/// The MCP endpoints of routes that trust annotations whose server refuses the probe now.
+fn probe_refusals(admin: &Admin, now: u64) -> Vec<ProbeRefusalView> {
+    let mut out = Vec::new();
+    for route in admin.app.routes.all().iter() {
+        let Some(rules) = &route.mcp else { continue };
+        for r in rules.annotations.refusals() {
+            out.push(ProbeRefusalView {
+                route: route.name.clone(),
+                endpoint: crate::redact::text(&r.endpoint),
+                first: views::clock(r.first_ms),
+                last: format!(
+                    "{} ({})",
+                    views::clock(r.last_ms),
+                    views::ago(now, r.last_ms)
+                ),
+                count: r.count,
+                answer: r.answer,
+            });
+        }
+    }
+    out
 }
 
 struct TrafficRow {
@@ -526,6 +560,7 @@ pub async fn overview(admin: &Admin, session: &Session) -> Response<Body> {
             outcomes,
             traffic,
             unprotected,
+            probes: probe_refusals(admin, now),
         },
     )
 }

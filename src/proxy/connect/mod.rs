@@ -1,7 +1,7 @@
 //! `CONNECT host:port` (HTTPS_PROXY). A host a route covers is intercepted, so its requests go
 //! through the idempotency pipeline. Any other host may get a blind tunnel — but no CONNECT is
 //! a way to a protected provider past its route: not its upstream's address under another
-//! name, not its SMTP relay, and not a ClientHello naming a routed host inside a tunnel opened
+//! name, not its other hosts (SMTP relays, MCP server…) no route covers, and not a ClientHello naming a routed host inside a tunnel opened
 //! for something else. Where a route caps spend, unknown hosts are refused unless an operator
 //! listed them, and addresses and hellos that hide their name are refused too.
 //!
@@ -144,11 +144,11 @@ async fn unrouted(
             route_port: route.port.unwrap_or(target.port),
         });
     }
-    if let Some(route) = side_doors::side_door(routes, target.name()) {
+    if let Some((route, door)) = side_doors::side_door(routes, target.name()) {
         return Err(ConnectError::SideDoor {
             host: target.host.clone(),
             route: route.name.clone(),
-            provider: "SMTP relay",
+            provider: door.what,
         });
     }
     if guarded && target.name().parse::<std::net::IpAddr>().is_ok() {
@@ -329,6 +329,10 @@ impl Tunnel {
             } else {
                 Judged::Intercept
             };
+        }
+        // A shared TLS edge may serve a provider's other host on the tunnel's address.
+        if !same && side_doors::side_door(&self.app.routes.all(), name).is_some() {
+            return Judged::Refuse("sni_side_door");
         }
         match (same, hello.ech, self.guarded) {
             (false, _, true) => Judged::Refuse("sni_mismatch"),

@@ -109,7 +109,7 @@ pub fn summary(config: &Config) -> String {
             "CONNECT to hosts no route covers: blind tunnel although route `{}` caps spend (tls.tunnel_with_spend = true). IP addresses and ClientHellos that hide or change the name are still refused.",
             route.name
         ),
-        (UnknownHosts::Tunnel, None) => "CONNECT to hosts no route covers: blind tunnel (tls.unknown_hosts = \"tunnel\"), except the routes' own upstream addresses and providers' SMTP relays.".to_string(),
+        (UnknownHosts::Tunnel, None) => "CONNECT to hosts no route covers: blind tunnel (tls.unknown_hosts = \"tunnel\"), except the routes' own upstream addresses and their providers' other hosts (SMTP relays, MCP servers…) no route covers.".to_string(),
     };
     if capped.is_none() {
         return doors;
@@ -233,7 +233,7 @@ impl ConnectError {
             ConnectError::HostNotListed(_) => "Nothing was sent. Where a route caps spend, the proxy is the only way out: an operator lists the hosts workers need (their LLM API…) in tls.tunnel_hosts, or adds a route.".into(),
             ConnectError::AddressLiteral(_) => "Nothing was sent. Use the host's name (one a route covers, or one in tls.tunnel_hosts).".into(),
             ConnectError::RoutedAddress { route, .. } => format!("Nothing was sent. Send the request to the host route `{route}` covers, so it passes the route's checks."),
-            ConnectError::SideDoor { route, .. } => format!("Nothing was sent. Send through the API route `{route}` protects instead."),
+            ConnectError::SideDoor { route, host, .. } => format!("Nothing was sent. Send through the API route `{route}` protects instead, or add a route for {host} (an MCP server: a route with protocol = \"mcp\")."),
             ConnectError::NoCa { .. } => "The proxy refuses to tunnel a protected host past its idempotency checks. Run `idemproxy ca init`, set tls.ca_cert and tls.ca_key, and trust the CA on the worker; or use the route's base URL instead of HTTPS_PROXY.".into(),
             ConnectError::Unreachable { .. } => "Nothing was sent. Check the host name and that it accepts connections, then retry.".into(),
             ConnectError::EgressRefused(_) => "Nothing was sent. An operator can allow the destination in [egress] allow, or add a route for it.".into(),

@@ -1,6 +1,6 @@
 //! The other ways to a protected provider than its routed host: its upstream's addresses
-//! under another name (or none), and hosts of the provider that take the same side effects
-//! (its SMTP relays). A CONNECT to any of them is refused before anything is sent; the names
+//! under another name (or none), and hosts of the provider that take side effects past the
+//! route (its SMTP relays, its MCP server, upload and regional hosts). A CONNECT to any of them is refused before anything is sent; the names
 //! an operator allows for tunnels are matched here too.
 
 use std::collections::HashMap;
@@ -8,6 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::providers::SideDoor;
 use crate::routes::Route;
 
 /// How long a route upstream's DNS answer is used before it is asked again.
@@ -59,11 +60,15 @@ fn side_door_matches(pattern: &str, host: &str) -> bool {
     }
 }
 
-/// The route whose provider has `host` as a side door.
-pub fn side_door<'r>(routes: &'r [Arc<Route>], host: &str) -> Option<&'r Arc<Route>> {
-    routes
-        .iter()
-        .find(|r| r.side_doors.iter().any(|p| side_door_matches(p, host)))
+/// The route whose provider has `host` as a side door, and what that host is.
+pub fn side_door<'r>(routes: &'r [Arc<Route>], host: &str) -> Option<(&'r Arc<Route>, SideDoor)> {
+    routes.iter().find_map(|r| {
+        let door = r
+            .side_doors
+            .iter()
+            .find(|d| side_door_matches(d.host, host))?;
+        Some((r, *door))
+    })
 }
 
 /// Where the routes' upstreams are: `connect_to` addresses as written, names as DNS answers

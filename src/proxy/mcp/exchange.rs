@@ -45,6 +45,9 @@ struct Toward {
 pub(super) struct Answering {
     pub id: Value,
     pub resume: Option<String>,
+    /// The MCP endpoint the call goes to (`probe::endpoint`): a `list_changed` in its stream
+    /// forgets that endpoint's annotations.
+    pub endpoint: String,
 }
 
 /// How the server's answer reaches the client, once its head is in.
@@ -71,7 +74,11 @@ pub(super) fn prepare(
     admitted: Option<Admitted>,
     answering: Answering,
 ) -> (Call, ClientSide) {
-    let Answering { id, resume } = answering;
+    let Answering {
+        id,
+        resume,
+        endpoint,
+    } = answering;
     let (head, head_rx) = oneshot::channel();
     let (live, live_rx) = mpsc::channel::<Bytes>(LIVE_EVENTS);
     let (whole, whole_rx) = oneshot::channel();
@@ -87,9 +94,7 @@ pub(super) fn prepare(
         let _admitted = admitted;
         let list_changed = || {
             if let Some(rules) = &route_held.mcp {
-                rules
-                    .annotations
-                    .forget(&format!("{}|", route_held.upstream.authority));
+                rules.annotations.forget(&endpoint);
             }
         };
         let resume = route_held

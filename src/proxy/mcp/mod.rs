@@ -160,6 +160,7 @@ where
         call: &call,
         outgoing: &outgoing,
         tenant,
+        endpoint: probe::endpoint(&uri),
     };
     run_protected(app, route, rules, &protected, capped, admitted, outcome).await
 }
@@ -172,6 +173,8 @@ struct Protected<'a> {
     call: &'a identity::CallIdentity,
     outgoing: &'a Outgoing<'a>,
     tenant: &'a str,
+    /// Where the call goes (`probe::endpoint`).
+    endpoint: String,
 }
 
 /// Prices a protected call (on a capped tool), scopes it and hands it to the driver.
@@ -245,6 +248,7 @@ async fn run_protected(
         answering: Some(exchange::Answering {
             id: message.id.clone(),
             resume,
+            endpoint: p.endpoint.clone(),
         }),
         keeping,
         waiting: None,
@@ -341,6 +345,7 @@ impl Front for McpFront<'_> {
         let answering = self.answering.take().unwrap_or(exchange::Answering {
             id: Value::Null,
             resume: None,
+            endpoint: String::new(),
         });
         let (call, waiting) = exchange::prepare(
             self.app,

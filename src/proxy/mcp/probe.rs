@@ -41,28 +41,37 @@ pub(super) async fn protection(
     }
     let endpoint = endpoint(uri);
     let who = protect::listed_for(&endpoint, tenant, &call.account);
-    if !rules.annotations.has(&who) {
-        match probe(app, route, call, parts, uri).await {
-            Ok(tools) => rules.annotations.remember(&who, tools),
+    let read_only = match rules.annotations.read_only(&who, &call.tool) {
+        Some(kept) => kept,
+        None => match probe(app, route, call, parts, uri).await {
+            // The list just read decides this call, however briefly the server lets it be kept.
+            Ok((tools, fresh_for)) => {
+                rules.annotations.answered(&endpoint);
+                let read_only = tools.get(&call.tool).copied().unwrap_or(false);
+                rules.annotations.remember(&who, tools, fresh_for);
+                read_only
+            }
             Err(e) => {
                 app.metrics.mcp_probe_refused(&route.name);
-                if rules.annotations.first_refusal(&endpoint) {
-                    tracing::warn!(route = %route.name, %endpoint, answer = %e, "the MCP server refused the proxy's tools/list (trust_annotations): every tool of this endpoint is protected, its read-only tools answered from receipts; logged once per endpoint, counted in idemproxy_mcp_annotation_probes_refused_total");
+                let now = app.claims.clock().now_ms();
+                if rules.annotations.refused(&endpoint, &e, now) {
+                    tracing::warn!(route = %route.name, %endpoint, answer = %e, "the MCP server refused the proxy's tools/list (trust_annotations): every tool of this endpoint is protected, its read-only tools answered from receipts; logged once per endpoint, counted in idemproxy_mcp_annotation_probes_refused_total, shown on the console's overview");
                 } else {
                     tracing::debug!(route = %route.name, %endpoint, answer = %e, "the server's tool list could not be read: the call is protected");
                 }
                 return Protection::Protected;
             }
-        }
-    }
-    match rules.annotations.read_only(&who, &call.tool) {
-        Some(true) => Protection::ReadOnly("the server annotates it readOnlyHint"),
-        _ => Protection::Protected,
+        },
+    };
+    if read_only {
+        Protection::ReadOnly("the server annotates it readOnlyHint")
+    } else {
+        Protection::Protected
     }
 }
 
 /// The MCP endpoint a call goes to: scheme, authority (host and port) and path, no query.
-fn endpoint(uri: &Uri) -> String {
+pub(super) fn endpoint(uri: &Uri) -> String {
     format!(
         "{}://{}{}",
         uri.scheme_str().unwrap_or("https"),
@@ -108,16 +117,24 @@ fn page_params(cursor: Option<&str>, call: &CallIdentity, revision: Option<&str>
 }
 
 /// Pages through the server's `tools/list` with the caller's headers (credentials, session,
-/// protocol version), reading each tool's `readOnlyHint`.
+/// protocol version), reading each tool's `readOnlyHint`, and how long the list may be kept
+/// (the shortest `ttlMs` of its pages).
 async fn probe(
     app: &App,
     route: &Route,
     call: &CallIdentity,
     parts: &http::request::Parts,
     uri: &Uri,
-) -> Result<std::collections::BTreeMap<String, bool>, String> {
+) -> Result<
+    (
+        std::collections::BTreeMap<String, bool>,
+        std::time::Duration,
+    ),
+    String,
+> {
     let revision = enveloped_revision(call, &parts.headers);
     let mut all = std::collections::BTreeMap::new();
+    let mut fresh_for = protect::FRESH_FOR;
     let mut cursor: Option<String> = None;
     for page in 0..20 {
         let params = page_params(cursor.as_deref(), call, revision.as_deref());
@@ -172,9 +189,12 @@ async fn probe(
         })?;
         let (tools, next) = protect::read_page(result);
         all.extend(tools);
+        if let Some(ttl) = protect::page_ttl(result) {
+            fresh_for = fresh_for.min(ttl);
+        }
         match next {
             Some(c) => cursor = Some(c),
-            None => return Ok(all),
+            None => return Ok((all, fresh_for)),
         }
     }
     Err("more than 20 pages".into())
