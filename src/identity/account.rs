@@ -368,9 +368,13 @@ fn header_or_body(
     }
 }
 
+/// A payment credential (x402's `PAYMENT-SIGNATURE`) is never an account: a client signs a
+/// new one on every attempt, which would make each retry of a purchase another account's.
 fn looks_like_credential(name: &HeaderName) -> bool {
     let n = name.as_str();
-    n != "proxy-authorization" && CREDENTIAL_WORDS.iter().any(|w| n.contains(w))
+    n != "proxy-authorization"
+        && !crate::request::PAYMENT_CREDENTIAL_HEADERS.contains(&n)
+        && CREDENTIAL_WORDS.iter().any(|w| n.contains(w))
 }
 
 /// `(access key id, region, service)` of a SigV4 `Authorization` header:
