@@ -660,7 +660,11 @@ impl<'a> Builder<'a> {
             }
         };
         // A section with only count caps counts executions: it needs no amount.
+        let x402 = self.r.payments.as_ref().is_some_and(|p| p.x402);
         let amount: Vec<String> = match (&c.amount, defaults) {
+            // An x402 route prices from the signed payment (`proxy::purchase`); this stands
+            // for it in the budget and is never read.
+            (None, _) if x402 => vec!["{body.amount}".to_string()],
             (Some(a), _) => a.iter().map(|t| args(t)).collect(),
             (None, Some(d)) => d.amount.iter().map(|s| s.to_string()).collect(),
             (None, None) => Vec::new(),
@@ -670,12 +674,14 @@ impl<'a> Builder<'a> {
             .currency
             .as_deref()
             .map(args)
+            .or_else(|| x402.then(|| c.caps_currency.clone()))
             .or_else(|| defaults.map(|d| d.currency.to_string()))
             .or_else(|| (!priced).then(|| c.caps_currency.clone()))
             .ok_or_else(|| missing("currency"))?;
         let unit = c
             .unit
             .clone()
+            .or_else(|| x402.then(|| "minor".to_string()))
             .or_else(|| defaults.map(|d| d.unit.to_string()))
             .or_else(|| (!priced).then(|| "minor".to_string()))
             .ok_or_else(|| missing("unit"))?;
@@ -946,6 +952,10 @@ impl<'a> Builder<'a> {
                 }))
                 .collect::<Result<Vec<_>, ConfigError>>()?;
             return Ok((on, Vec::new()));
+        }
+        // An x402 route caps every purchase, whatever its path (`proxy::pipeline`).
+        if self.r.payments.as_ref().is_some_and(|p| p.x402) && defaults.is_none() {
+            return Ok((never_priced, Vec::new()));
         }
         let Some(d) = defaults else {
             return Err(self.invalid(
