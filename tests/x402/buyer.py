@@ -16,6 +16,8 @@ from x402 import x402Client, x402ClientSync
 from x402.mechanisms.evm import EthAccountSigner
 from x402.mechanisms.evm.exact.register import register_exact_evm_client
 
+# The client's own stateless per-payment maximum ($1 by default) is switched off: these tests
+# are about the proxy's caps, which must hold whatever the client allows.
 # A throwaway key: it holds nothing on any chain.
 KEY = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d"
 
@@ -30,6 +32,7 @@ async def with_httpx(url):
     from x402.http.clients import x402HttpxClient
 
     client = x402Client()
+    client.set_spend_controls(False)
     register_exact_evm_client(client, EthAccountSigner(Account.from_key(KEY)))
     async with x402HttpxClient(client, timeout=30) as http:
         r = await http.get(url)
@@ -40,6 +43,7 @@ def with_requests(url):
     from x402.http.clients import x402_requests
 
     client = x402ClientSync()
+    client.set_spend_controls(False)
     register_exact_evm_client(client, EthAccountSigner(Account.from_key(KEY)))
     session = x402_requests(client)
     r = session.get(url, timeout=30)

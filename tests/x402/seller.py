@@ -2,7 +2,7 @@
 GET /weather costs $0.01 in USDC on Base Sepolia (eip155:84532), paid to SELLER, verified
 and settled through the facilitator at FACILITATOR_URL (timeout 2 s). GET /decline answers
 402 the way Stripe answers a card decline (no x402 challenge). GET /count says how many
-paid answers the handler produced.
+paid answers the handler produced, and how many requests arrived.
 
 Test controls: POST /fault {"cut": true} cuts the next paid answer's connection after the
 payment settled (headers sent, half the body, then the connection closes).
@@ -39,13 +39,15 @@ routes = {
     },
 }
 app = FastAPI()
-served = {"n": 0}
+served = {"n": 0, "requests": 0}
 fault = {"cut": False}
 x402 = payment_middleware(routes, server)
 
 
 @app.middleware("http")
 async def pay(request: Request, call_next):
+    if request.url.path not in ("/count", "/fault"):
+        served["requests"] += 1
     return await x402(request, call_next)
 
 
@@ -71,7 +73,7 @@ async def decline():
 
 @app.get("/count")
 async def count():
-    return {"served": served["n"]}
+    return {"served": served["n"], "requests": served["requests"]}
 
 
 @app.post("/fault")
