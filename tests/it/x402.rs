@@ -286,8 +286,14 @@ async fn a_facilitator_timeout_then_success_settles_the_first_payment_once(backe
     let retry = buy("httpx", &url, &[]).await;
     assert_eq!(retry["status"], 200, "{retry}");
     assert_eq!(retry["payment_response"]["success"], true);
-    let (settled, _) = market.settled().await;
-    assert_eq!(settled, 1, "the first attempt's payment settled, once");
+    let (settled, nonces) = market.settled().await;
+    assert_eq!(settled, 1, "one settlement");
+    let seen = Market::get(market.facilitator, "/count").await["seen"].clone();
+    assert_eq!(
+        Some(nonces[0].as_str()),
+        seen[0].as_str(),
+        "what settled is the first attempt's payment, presented again: {seen}"
+    );
     let replay = buy("requests", &url, &[]).await;
     assert_eq!(
         replay["raw_payment_response"],

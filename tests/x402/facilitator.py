@@ -6,7 +6,8 @@ x402Facilitator with its `exact` EVM scheme, so every payment is checked the SDK
 second transferWithAuthorization with a used nonce reverts, as on chain) and counts what it
 settled.
 
-Test controls: GET /count -> {"settled": n, "nonces": [...]}; POST /fault {"settle": "slow"}
+Test controls: GET /count -> {"settled": n, "nonces": [...], "seen": [...]} (nonces settled,
+and every nonce the seller presented, in order); POST /fault {"settle": "slow"}
 makes the next settle sleep past the seller's facilitator timeout without settling
 ("slow"), or settle and then sleep ("slow-after").
 
@@ -34,6 +35,7 @@ FACILITATOR = "0x000000000000000000000000000000000000fac1"
 lock = threading.Lock()
 used = set()
 settled = []
+seen = []  # every nonce the seller asked to verify or settle, in order
 fault = {"settle": None}
 
 
@@ -105,6 +107,13 @@ def dump(model):
     return model.model_dump(by_alias=True, exclude_none=True)
 
 
+def note_seen(body):
+    nonce = body["paymentPayload"].get("payload", {}).get("authorization", {}).get("nonce", "")
+    with lock:
+        if nonce.lower().removeprefix("0x") not in seen:
+            seen.append(nonce.lower().removeprefix("0x"))
+
+
 @app.get("/supported")
 async def supported():
     return dump(facilitator.get_supported())
@@ -115,6 +124,7 @@ async def verify(request: Request):
     body = await request.json()
     payload = parse_payment_payload(body["paymentPayload"])
     requirements = PaymentRequirements.model_validate(body["paymentRequirements"])
+    note_seen(body)
     return dump(await facilitator.verify(payload, requirements))
 
 
@@ -136,7 +146,7 @@ async def settle(request: Request):
 @app.get("/count")
 async def count():
     with lock:
-        return {"settled": len(settled), "nonces": list(settled)}
+        return {"settled": len(settled), "nonces": list(settled), "seen": list(seen)}
 
 
 @app.post("/fault")
