@@ -545,6 +545,15 @@ async fn a_paid_request_no_route_prices_is_refused(backend: Backend) {
     assert_eq!(market.settled().await.0, 0);
 }
 
+async fn with_the_store_down_nothing_is_bought(backend: Backend) {
+    let (market, mut store, proxy) = market_and_proxy(backend, "per_run = \"5.00\"").await;
+    let _down = store.make_unreachable();
+    let out = buy("httpx", &proxy.url("/weather/weather?down=1"), &[]).await;
+    assert_eq!(out["status"], 503, "refused, never forwarded unpriced: {out}");
+    assert_eq!(market.settled().await.0, 0);
+    assert_eq!(market.requests().await, 0, "nothing reached the seller");
+}
+
 /// Through the forward proxy (`HTTP_PROXY`), with the requests client: the SDK's httpx
 /// client installs a transport of its own, which ignores proxy settings.
 async fn the_forward_proxy_way_in_buys_once_too(backend: Backend) {
@@ -568,4 +577,5 @@ crate::three_stores!(
     an_asset_without_a_table_row_is_refused_on_a_capped_route,
     a_card_decline_402_is_not_taken_for_a_challenge,
     the_forward_proxy_way_in_buys_once_too,
+    with_the_store_down_nothing_is_bought,
 );
