@@ -512,6 +512,19 @@ mod tests {
     }
 
     #[test]
+    fn a_payment_credential_is_never_an_account() {
+        // A client signs a new x402 payment on every attempt: the purchase's account stays.
+        let spec = AccountSpec::Parts(vec![AccountPart::CredentialLike]);
+        let a = headers(&[("authorization", "Bearer a"), ("payment-signature", "eyJ1")]);
+        let b = headers(&[("authorization", "Bearer a"), ("payment-signature", "eyJ2")]);
+        let c = headers(&[("authorization", "Bearer a"), ("x-payment", "eyJ3")]);
+        let none = headers(&[("authorization", "Bearer a")]);
+        assert_eq!(fp(&spec, &a), fp(&spec, &b));
+        assert_eq!(fp(&spec, &a), fp(&spec, &c));
+        assert_eq!(fp(&spec, &a), fp(&spec, &none));
+    }
+
+    #[test]
     fn legacy_headers_hash_as_they_always_did() {
         // The value earlier versions computed for `Authorization: Bearer sk_a`.
         let mut old = Sha256::new();

@@ -355,3 +355,117 @@ fn headers_of(receipt: &Receipt) -> HeaderMap {
     }
     headers
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::policy::{Hold, OnInFlight, StatusSet};
+    use base64::Engine;
+    use bytes::Bytes;
+
+    fn policy() -> Policy {
+        let set = |e: &[&str]| {
+            StatusSet::parse(&e.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+        };
+        Policy {
+            honours_key: false,
+            commit_statuses: set(&["2xx", "4xx", "!408", "!409", "!425", "!429"]),
+            declined_statuses: set(&["4xx", "!408", "!409", "!425", "!429"]),
+            unknown_statuses: vec![500, 502, 504],
+            rules: Arc::from(Vec::new()),
+            hold: Hold::For(Duration::from_secs(30)),
+            lease: Duration::from_secs(3),
+            retention: Duration::from_secs(3600),
+            upstream_timeout: Duration::from_secs(10),
+            on_in_flight: OnInFlight::Conflict,
+            fail_open: false,
+            reconcile_after: Some(Duration::ZERO),
+        }
+    }
+
+    fn b64(v: serde_json::Value) -> String {
+        base64::engine::general_purpose::STANDARD.encode(v.to_string())
+    }
+
+    fn answer(status: u16, header: Option<(&str, String)>, body: &str) -> Receipt {
+        Receipt {
+            status,
+            headers: header
+                .map(|(n, v)| (n.to_string(), v))
+                .into_iter()
+                .collect(),
+            body: Bytes::from(body.to_string()),
+        }
+    }
+
+    fn challenge() -> Receipt {
+        let c = serde_json::json!({"x402Version": 2, "accepts": [{"scheme": "exact",
+            "network": "eip155:84532", "amount": "10000", "asset": "0xa", "payTo": "0xb"}]});
+        answer(402, Some((wire::PAYMENT_REQUIRED, b64(c))), "{}")
+    }
+
+    fn settled(success: bool) -> Receipt {
+        let s =
+            serde_json::json!({"success": success, "errorReason": "timeout", "transaction": ""});
+        answer(
+            if success { 200 } else { 402 },
+            Some((wire::PAYMENT_RESPONSE, b64(s))),
+            "{}",
+        )
+    }
+
+    const UNPAID: Bought = Bought {
+        paid: false,
+        again: false,
+    };
+    const PAID: Bought = Bought {
+        paid: true,
+        again: false,
+    };
+    const AGAIN: Bought = Bought {
+        paid: true,
+        again: true,
+    };
+
+    fn read(how: Bought, r: &Receipt) -> Outcome {
+        how.read(Ok(r), &policy())
+    }
+
+    #[test]
+    fn a_challenge_is_a_quote_never_a_receipt() {
+        assert_eq!(read(UNPAID, &challenge()), Outcome::Released);
+        // The seller's verification refused a first payment: nothing settled.
+        assert_eq!(read(PAID, &challenge()), Outcome::Released);
+    }
+
+    #[test]
+    fn a_card_decline_is_what_the_route_says() {
+        let decline = answer(402, None, r#"{"error":{"code":"card_declined"}}"#);
+        assert_eq!(read(UNPAID, &decline), Outcome::Declined);
+    }
+
+    #[test]
+    fn a_settlement_commits_and_a_failed_or_unclear_one_is_held() {
+        assert_eq!(read(PAID, &settled(true)), Outcome::Committed);
+        assert!(matches!(read(PAID, &settled(false)), Outcome::Unknown(_)));
+        assert!(matches!(
+            read(PAID, &answer(402, None, "{}")),
+            Outcome::Unknown(_)
+        ));
+        assert!(matches!(
+            read(PAID, &answer(502, None, "{}")),
+            Outcome::Unknown(_)
+        ));
+        let cut = UpstreamError::Failed("connection reset".into());
+        assert!(matches!(
+            PAID.read(Err(&cut), &policy()),
+            Outcome::Unknown(_)
+        ));
+    }
+
+    #[test]
+    fn the_first_payment_refused_when_presented_again_stays_held() {
+        // It may have settled: releasing it would let the client sign a second one.
+        assert!(matches!(read(AGAIN, &challenge()), Outcome::Unknown(_)));
+    }
+}

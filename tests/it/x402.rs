@@ -549,7 +549,10 @@ async fn with_the_store_down_nothing_is_bought(backend: Backend) {
     let (market, mut store, proxy) = market_and_proxy(backend, "per_run = \"5.00\"").await;
     let _down = store.make_unreachable();
     let out = buy("httpx", &proxy.url("/weather/weather?down=1"), &[]).await;
-    assert_eq!(out["status"], 503, "refused, never forwarded unpriced: {out}");
+    assert_eq!(
+        out["status"], 503,
+        "refused, never forwarded unpriced: {out}"
+    );
     assert_eq!(market.settled().await.0, 0);
     assert_eq!(market.requests().await, 0, "nothing reached the seller");
 }
