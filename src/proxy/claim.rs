@@ -28,6 +28,8 @@ pub(super) struct Claiming {
     pub(super) lookup_credentials: Option<String>,
     /// A purchase: the payment credential this request carries (`RecordBody::presented`).
     pub(super) presented: Option<Presented>,
+    /// On an x402 route: the payment the request carries, read (`purchase`).
+    pub(super) buying: Option<super::purchase::Buying>,
 }
 
 impl Claiming {
@@ -41,6 +43,7 @@ impl Claiming {
             lookup_target: None,
             lookup_credentials: None,
             presented: None,
+            buying: None,
         }
     }
 

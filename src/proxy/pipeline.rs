@@ -6,9 +6,11 @@
 //! 3. refuse what reads two ways (`read::refuse_ambiguous`, `request::ambiguity`)
 //! 4. identify — key, account, fingerprint (`identity::RouteIdentity`); a capped request
 //!    without a key is derived from its whole body or refused (`spending::derivable_without_key`)
-//! 5. scope (`identity::scope::Place::scoped`)
+//!    On an x402 route a purchase without a key is the request without its payment headers.
+//! 5. scope (`identity::scope::Place::scoped`); on an x402 route the payment read and checked
+//!    (`purchase::read`)
 //! 6. on a capped route: a replay the receipt cache holds is answered, then the price
-//!    (`counted::before`, `spending::plan`)
+//!    (`counted::before`, `spending::plan`; a purchase: `spending::plan_purchase`)
 //! 7. prepare the request going down (`outgoing`)
 //! 8. claim, or answer from what is there, or reconcile a held one (`claim`, `reconcile`)
 //! 9. spend gate, with the claim's token (`spending::reserve`); the claim is `forward::Unsent`
@@ -102,24 +104,10 @@ where
     let req = read::whole(app, req, target, tenant).await?;
     let view = req.view(route);
     read::refuse_ambiguous(route, &view)?;
-    // On an x402 route every request is part of a purchase: a payment is money whatever
-    // the path, and the unpaid first request and its paid retry are one operation.
-    let capped = match route.payments {
-        Some(_) => route.spend.as_ref(),
-        None => spending::applies(route, view.method, view.path),
-    };
-    let identified = match route.identity.identify(&route.name, &view)? {
-        Identification::Protected(identified) => identified,
-        // A purchase without a key of its own is the request without its payment, within
-        // the purchase window.
-        Identification::Unprotected { .. } if route.payments.is_some() => {
-            Box::new(route.identity.identify_whole(&route.name, &view)?)
-        }
-        Identification::Unprotected { why, client_key } => match capped {
-            None => return unprotected(route, &req, &why, client_key.as_deref(), trace).await,
-            // Never forwarded unpriced: derived from the whole request, or refused.
-            Some(rules) => keyless(route, rules, &view, &why)?,
-        },
+    let capped = capped_on(route, &view);
+    let identified = match identify(route, &req, &view, capped, trace).await? {
+        Ok(identified) => identified,
+        Err(unprotected) => return Ok(unprotected),
     };
     trace.identified(&identified);
     let mut op = Claiming::new(
@@ -127,15 +115,7 @@ where
         route.place(&app.namespace, tenant).scoped(identified),
     );
     trace.scope = Some(op.scoped.scope.clone());
-    let buying = match &route.payments {
-        Some(rules) => {
-            let scope = &op.scoped.scope;
-            let buying = purchase::read(app, rules, &view, scope, capped.is_some()).await;
-            Some(buying.inspect_err(|e| spend_slug(trace, e))?)
-        }
-        None => None,
-    };
-    op.presented = buying.as_ref().and_then(purchase::Buying::presented);
+    buying(app, route, &view, &mut op, capped.is_some(), trace).await?;
     if capped.is_some() {
         // A retry this proxy's receipt cache answers executes nothing and reserves nothing,
         // so it is not priced: pricing (the canonical body and its hash) was a third of a
@@ -146,16 +126,12 @@ where
             return Ok(op.said_if_merged(receipt::respond(&receipt, true), true));
         }
     }
-    let plan = match (capped, &buying) {
-        (Some(rules), Some(buying)) => Some((
-            rules,
-            purchase_plan(route, rules, &req, &view, buying, &mut op, trace)?,
-        )),
-        (Some(rules), None) => Some((
+    let plan = match capped {
+        Some(rules) => Some((
             rules,
             price(app, route, rules, &req, &view, &mut op, trace).await?,
         )),
-        (None, _) => None,
+        None => None,
     };
     if let Some(lookup) = &route.lookup {
         op.lookup_target = lookup.first_target(&view);
@@ -194,17 +170,14 @@ where
         admitted: Some(admitted),
         marking,
         key: None,
-        buying: buying.as_ref(),
+        buying: op.buying.as_ref(),
         bought: None,
     };
     let done = operation::run(app, route, &operation, &mut front, trace).await?;
     let resp = match done {
         Done::Replayed(receipt) => receipt::respond(&receipt, true),
         Done::Unprotected(resp) => resp,
-        Done::Executing(settling) => {
-            let buying = front.buying.is_some();
-            return executed(settling, front.key.as_ref(), buying, trace).await;
-        }
+        Done::Executing(settling) => return executed(settling, &front, trace).await,
     };
     Ok(op.said_if_merged(resp, capped.is_some()))
 }
@@ -220,6 +193,12 @@ async fn price(
     op: &mut Claiming,
     trace: &mut Trace,
 ) -> Result<spending::Plan, ProxyError> {
+    // A purchase is priced from its payment.
+    if let Some(buying) = op.buying.take() {
+        let plan = purchase_plan(route, rules, req, view, &buying, op, trace);
+        op.buying = Some(buying);
+        return plan;
+    }
     let account = &op.scoped.identified.derived.account;
     let counted = counted::before(app, route, rules, view, account).await?;
     let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
@@ -228,6 +207,64 @@ async fn price(
         .map_err(|error| spend_refused(trace, error))?;
     op.priced = Some(plan.binding.clone());
     Ok(plan)
+}
+
+/// The operation a request performs, or — a protected method the route could not key,
+/// nothing capping it — its answer, forwarded unprotected.
+async fn identify(
+    route: &Route,
+    req: &ReadRequest<'_>,
+    view: &Read<'_>,
+    capped: Option<&RouteSpend>,
+    trace: &mut Trace,
+) -> Result<Result<Box<Identified>, Response<Body>>, ProxyError> {
+    Ok(Ok(match route.identity.identify(&route.name, view)? {
+        Identification::Protected(identified) => identified,
+        // A purchase without a key of its own is the request without its payment, within
+        // the purchase window.
+        Identification::Unprotected { .. } if route.payments.is_some() => {
+            Box::new(route.identity.identify_whole(&route.name, view)?)
+        }
+        Identification::Unprotected { why, client_key } => match capped {
+            None => {
+                let key = client_key.as_deref();
+                return Ok(Err(unprotected(route, req, &why, key, trace).await?));
+            }
+            // Never forwarded unpriced: derived from the whole request, or refused.
+            Some(rules) => keyless(route, rules, view, &why)?,
+        },
+    }))
+}
+
+/// What caps a request: on an x402 route every request is part of a purchase (a payment
+/// is money whatever the path, and the unpaid first request and its paid retry are one
+/// operation); elsewhere the route's priced operations.
+fn capped_on<'r>(route: &'r Route, view: &Read<'_>) -> Option<&'r RouteSpend> {
+    match route.payments {
+        Some(_) => route.spend.as_ref(),
+        None => spending::applies(route, view.method, view.path),
+    }
+}
+
+/// On an x402 route: the payment the request carries, read and checked (`purchase::read`),
+/// and kept with its claim from the start.
+async fn buying(
+    app: &App,
+    route: &Route,
+    view: &Read<'_>,
+    op: &mut Claiming,
+    capped: bool,
+    trace: &mut Trace,
+) -> Result<(), ProxyError> {
+    let Some(rules) = &route.payments else {
+        return Ok(());
+    };
+    let buying = purchase::read(app, rules, view, &op.scoped.scope, capped)
+        .await
+        .inspect_err(|e| spend_slug(trace, e))?;
+    op.presented = buying.presented();
+    op.buying = Some(buying);
+    Ok(())
 }
 
 /// Plans a request on a capped x402 route: priced from the payment it carries
@@ -258,10 +295,10 @@ fn purchase_plan(
 /// challenge, which would have the client sign a second payment.
 async fn executed(
     settling: operation::Settling,
-    key: Option<&PassedDown>,
-    buying: bool,
+    front: &RestFront<'_>,
     trace: &mut Trace,
 ) -> Result<Response<Body>, ProxyError> {
+    let (key, buying) = (front.key.as_ref(), front.buying.is_some());
     let forward_started = Instant::now();
     let executed = settling.settled().await?;
     trace.forward = Some(forward_started.elapsed());
