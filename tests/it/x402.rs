@@ -557,6 +557,47 @@ async fn with_the_store_down_nothing_is_bought(backend: Backend) {
     assert_eq!(market.requests().await, 0, "nothing reached the seller");
 }
 
+/// The proxy killed while the seller, having settled, takes its time to answer; the store
+/// restarted too; then a re-run: the purchase was paid once, and is answered as held.
+async fn the_proxy_and_store_restarted_mid_purchase_settle_once(backend: Backend) {
+    let market = Market::start().await;
+    let mut store = StoreFixture::new(backend);
+    let text = config(&store, &market, "per_run = \"5.00\"", &usdc_row()).replace(
+        "dedup_window = \"10m\"",
+        "dedup_window = \"10m\"\nlease = \"4s\"",
+    );
+    let mut proxy = Proxy::start_with_env(&text, &[("IDEMPROXY_ADMIN_TOKEN", ADMIN_TOKEN)]);
+    Market::fault(market.seller, json!({"stall": true})).await;
+    let url = proxy.url("/weather/weather?killed=1");
+    let buyer = tokio::spawn(async move { buy("httpx", &url, &[]).await });
+    crate::common::eventually_async("the seller settles", Duration::from_secs(20), || async {
+        (market.settled().await.0 == 1).then_some(())
+    })
+    .await;
+    proxy.kill();
+    let first = buyer.await.expect("buyer");
+    assert_ne!(first["status"], 200, "{first}");
+    match backend {
+        Backend::Redis => store.redis().restart(),
+        Backend::Postgres => store.postgres().restart(),
+        _ => {}
+    }
+    proxy.restart();
+    // The dead holder's lease lapses; the retry presents the first payment, which is spent.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let retry = buy("httpx", &proxy.url("/weather/weather?killed=1"), &[]).await;
+    assert_eq!(retry["status"], 409, "{retry}");
+    let why = retry["body"].as_str().unwrap_or("");
+    assert!(
+        why.contains("outcome-unknown"),
+        "held, not in flight: {retry}"
+    );
+    let again = buy("requests", &proxy.url("/weather/weather?killed=1"), &[]).await;
+    assert_eq!(again["status"], 409, "{again}");
+    let (settled, _) = market.settled().await;
+    assert_eq!(settled, 1, "one settlement, whatever the retries signed");
+}
+
 /// Through the forward proxy (`HTTP_PROXY`), with the requests client: the SDK's httpx
 /// client installs a transport of its own, which ignores proxy settings.
 async fn the_forward_proxy_way_in_buys_once_too(backend: Backend) {
@@ -581,4 +622,5 @@ crate::three_stores!(
     a_card_decline_402_is_not_taken_for_a_challenge,
     the_forward_proxy_way_in_buys_once_too,
     with_the_store_down_nothing_is_bought,
+    the_proxy_and_store_restarted_mid_purchase_settle_once,
 );

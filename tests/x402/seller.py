@@ -5,11 +5,13 @@ and settled through the facilitator at FACILITATOR_URL (timeout 2 s). GET /decli
 paid answers the handler produced, and how many requests arrived.
 
 Test controls: POST /fault {"cut": true} cuts the next paid answer's connection after the
-payment settled (headers sent, half the body, then the connection closes).
+payment settled (headers sent, half the body, then the connection closes); {"stall": true}
+holds the next settled answer 20 s.
 
 Usage: python seller.py PORT FACILITATOR_URL
 """
 
+import asyncio
 import sys
 
 import uvicorn
@@ -40,7 +42,7 @@ routes = {
 }
 app = FastAPI()
 served = {"n": 0, "requests": 0}
-fault = {"cut": False}
+fault = {"cut": False, "stall": False}
 x402 = payment_middleware(routes, server)
 
 
@@ -83,26 +85,30 @@ async def set_fault(request: Request):
 
 
 def cutting(inner):
-    """Cuts a settled answer's connection once, when told to: the seller was paid, the
-    buyer never hears it."""
+    """When told to, once: cuts a settled answer's connection (the seller was paid, the
+    buyer never hears it), or stalls it 20 s after settling (the buyer's side may die
+    meanwhile)."""
 
     async def asgi(scope, receive, send):
-        if scope["type"] != "http" or not fault["cut"]:
+        mode = "cut" if fault["cut"] else "stall" if fault["stall"] else None
+        if scope["type"] != "http" or mode is None:
             return await inner(scope, receive, send)
         settled = {"yes": False}
 
-        async def cut_send(message):
+        async def faulty_send(message):
             if message["type"] == "http.response.start":
                 settled["yes"] = any(k.lower() == b"payment-response" for k, _ in message["headers"])
                 if settled["yes"]:
-                    fault["cut"] = False
-            if message["type"] == "http.response.body" and settled["yes"]:
+                    fault[mode] = False
+                    if mode == "stall":
+                        await asyncio.sleep(20)
+            if message["type"] == "http.response.body" and settled["yes"] and mode == "cut":
                 body = message.get("body", b"")
                 await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
                 raise RuntimeError("connection cut after settlement (test fault)")
             await send(message)
 
-        return await inner(scope, receive, cut_send)
+        return await inner(scope, receive, faulty_send)
 
     return asgi
 
