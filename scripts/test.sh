@@ -3,7 +3,8 @@
 # (redis-server with TLS, PostgreSQL's server package, curl, Chromium and chromedriver for the
 # console's browser tests; into a Python virtual environment under target/: requests/httpx, boto3
 # for the SES tests, PyYAML for the compose-file check, and for the worker matrix in
-# tests/it/sdk_matrix.rs the providers' Python SDKs, aiohttp and mcp from PyPI; Node.js packages
+# tests/it/sdk_matrix.rs the providers' Python SDKs, aiohttp and mcp from PyPI; the x402 SDK for
+# tests/it/x402.rs in target/test-venv-x402; Node.js packages
 # from npm into tests/node; Go and a JDK from Debian), then runs every test. Each install is
 # skipped when what it installs is already there.
 # Extra arguments go to `cargo test` (e.g. scripts/test.sh --test core).
@@ -68,6 +69,17 @@ fi
 if ! "$venv_mcp2/bin/python3" -c 'import mcp.server.mcpserver, uvicorn' >/dev/null 2>&1; then
   echo "installing into $venv_mcp2: mcp 2.3.0"
   "$venv_mcp2/bin/python3" -m pip install -q --disable-pip-version-check 'mcp==2.3.0'
+fi
+# The x402 suite (tests/it/x402.rs) runs the official x402 Python SDK (its httpx and
+# requests clients, its FastAPI seller middleware, its exact-EVM facilitator logic with
+# eth-account and web3) in an environment of its own: its pins must not move the others'.
+venv_x402="$PWD/target/test-venv-x402"
+if [ ! -x "$venv_x402/bin/python3" ]; then
+  python3 -m venv "$venv_x402"
+fi
+if ! "$venv_x402/bin/python3" -c 'import x402.http.middleware.fastapi, x402.http.clients.httpx, x402.http.clients.requests, eth_account, uvicorn' >/dev/null 2>&1; then
+  echo "installing into $venv_x402: x402 2.25.0 (httpx, requests, fastapi, flask, evm), uvicorn"
+  "$venv_x402/bin/python3" -m pip install -q --disable-pip-version-check 'x402[httpx,requests,fastapi,flask,evm]==2.25.0' uvicorn
 fi
 export VIRTUAL_ENV="$venv"
 export PATH="$venv/bin:$PATH"

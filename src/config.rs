@@ -459,6 +459,9 @@ pub struct RouteConfig {
     pub lookup: Option<LookupConfig>,
     /// Spend caps and approvals for the requests that move money.
     pub spend: Option<SpendConfig>,
+    /// Payments agents make per request on this route (`x402 = true`): recognised, priced
+    /// from what is signed, capped by `[routes.spend]`, paid once.
+    pub payments: Option<PaymentsConfig>,
     /// How long an UNKNOWN claim is held before the next retry executes; `forever` to hold
     /// until an operator resolves it. Default: the profile's, else 5 minutes.
     pub hold: Option<Hold>,
@@ -703,6 +706,33 @@ pub struct SpendConfig {
     /// user `tenant.run`), `header:NAME`. Absent: the tenant is one run.
     #[serde(default = "default_run_from")]
     pub run_from: Vec<String>,
+}
+
+/// `[routes.payments]`: the per-request payment protocols a route reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentsConfig {
+    /// Recognise x402 (v2 `PAYMENT-SIGNATURE`, v1 `X-PAYMENT`) on this route.
+    #[serde(default)]
+    pub x402: bool,
+    /// CAIP-2 networks a payment may be on (`eip155:8453`); at least one.
+    #[serde(default)]
+    pub networks: Vec<String>,
+    /// What each asset's atomic units are worth: a capped route refuses an asset without a
+    /// row.
+    #[serde(default)]
+    pub assets: Vec<AssetConfig>,
+}
+
+/// One row of a route's x402 asset table: `decimals` atomic units of the token at `asset`
+/// on `network` make one unit of `currency`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssetConfig {
+    pub network: String,
+    pub asset: String,
+    pub currency: String,
+    pub decimals: u32,
 }
 
 /// Count caps of one tool of an MCP route: executions of that tool alone, in the windows of

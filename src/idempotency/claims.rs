@@ -13,7 +13,7 @@ use super::outcome::{classify, CallFailure, Outcome};
 use super::policy::Policy;
 use super::policy::{Hold, OnInFlight};
 use super::receipt_cache::ReceiptCache;
-use super::record::{Fence, Receipt, Record, RecordBody, ResolvedBy, State, Token};
+use super::record::{Fence, Presented, Receipt, Record, RecordBody, ResolvedBy, State, Token};
 use super::store::{Clock, Expiry, Store, StoreError};
 use super::unconfirmed::Retrier;
 use super::waiters::Waiters;
@@ -51,6 +51,9 @@ pub struct ClaimRequest<'a> {
     /// It continues a call whose last round asked the client for input (see
     /// `decide::Ask::continuation`).
     pub continuation: bool,
+    /// A purchase: the payment credential this request carries (see
+    /// `RecordBody::presented`), written with the claim before anything goes down.
+    pub presented: Option<&'a Presented>,
 }
 
 /// Where, and with which fingerprint, another derivation (an older or newer proxy sharing the
@@ -168,6 +171,12 @@ impl HeldClaim {
         &self.scope
     }
 
+    /// The payment credential its attempt presented (a purchase; see
+    /// `RecordBody::presented`).
+    pub fn presented(&self) -> Option<&Presented> {
+        self.record.body.presented.as_deref()
+    }
+
     /// The attempt it held: the key that attempt passed down is the one to look up.
     pub fn attempt(&self) -> u32 {
         self.record.body.attempt
@@ -233,33 +242,65 @@ pub struct Claim {
     replaces: Option<Token>,
 }
 
+/// The body of a new record for `req`, made at `now`, its holder answering for it until
+/// `lease_until_ms`.
+fn fresh_body(req: &ClaimRequest<'_>, now: u64, lease_until_ms: u64) -> RecordBody {
+    RecordBody {
+        fingerprint: req.fingerprint.to_string(),
+        route: req.route.to_string(),
+        created_ms: now,
+        lease_until_ms,
+        unknown_since_ms: 0,
+        note: None,
+        receipt: None,
+        sealed_receipt: None,
+        declined: false,
+        attempt: 0,
+        reconciled: false,
+        derivation: req.derivation,
+        settled_ms: 0,
+        resolved: None,
+        priced: req.priced.map(str::to_string),
+        lookup_target: req.lookup_target.map(str::to_string),
+        lookup_credentials: req.lookup_credentials.map(str::to_string),
+        passed_down_sha256: None,
+        awaiting_until_ms: 0,
+        presented: req.presented.cloned().map(Box::new),
+    }
+}
+
+/// The claim request a record kept beside an operation is made as (see `keep_beside`).
+fn beside_request(scope: &str) -> ClaimRequest<'_> {
+    ClaimRequest {
+        scope,
+        fingerprint: "",
+        strict: false,
+        route: "",
+        priced: None,
+        derivation: 0,
+        lookup_target: None,
+        lookup_credentials: None,
+        other: None,
+        continuation: false,
+        presented: None,
+    }
+}
+
+/// A takeover of a purchase whose outcome is open presents what its first attempt did: the
+/// payment that may be settling, never a second one. (A committed record's purchase is over.)
+fn keep_first_presented(ours: &mut RecordBody, found: &Record) {
+    if found.state != State::Committed && found.body.presented.is_some() {
+        ours.presented = found.body.presented.clone();
+    }
+}
+
 impl Claim {
     /// A new PENDING claim on `req.scope` under `token`, made at `now`.
     fn new(req: &ClaimRequest<'_>, policy: &Policy, token: Token, now: u64) -> Claim {
         Claim {
             scope: req.scope.to_string(),
             token,
-            body: RecordBody {
-                fingerprint: req.fingerprint.to_string(),
-                route: req.route.to_string(),
-                created_ms: now,
-                lease_until_ms: now + policy.lease.as_millis() as u64,
-                unknown_since_ms: 0,
-                note: None,
-                receipt: None,
-                sealed_receipt: None,
-                declined: false,
-                attempt: 0,
-                reconciled: false,
-                derivation: req.derivation,
-                settled_ms: 0,
-                resolved: None,
-                priced: req.priced.map(str::to_string),
-                lookup_target: req.lookup_target.map(str::to_string),
-                lookup_credentials: req.lookup_credentials.map(str::to_string),
-                passed_down_sha256: None,
-                awaiting_until_ms: 0,
-            },
+            body: fresh_body(req, now, now + policy.lease.as_millis() as u64),
             restore: None,
             after_hold: false,
             replaces: None,
@@ -272,6 +313,12 @@ impl Claim {
             token: self.token.clone(),
             body,
         }
+    }
+
+    /// The payment credential this attempt presents: its first attempt's, when it took one
+    /// over (see `RecordBody::presented`).
+    pub fn presented(&self) -> Option<&Presented> {
+        self.body.presented.as_deref()
     }
 
     /// Which attempt at the operation this is (see `RecordBody::attempt`).
@@ -290,6 +337,13 @@ impl Claim {
     /// without keys): the held outcome was resolved by expiry.
     pub fn after_hold(&self) -> bool {
         self.after_hold
+    }
+
+    /// This attempt's reservation counts beside the one of the attempt it took over, not in
+    /// its place: a retry that carries no payment of its own presents the first attempt's,
+    /// whose reservation must stay.
+    pub fn reserve_beside(&mut self) {
+        self.replaces = None;
     }
 
     /// The earlier attempt this one stands in for at the provider (see `Claim::replaces`).
@@ -573,6 +627,51 @@ impl Claims {
         });
     }
 
+    /// Keeps `answer` beside an operation, under `scope` (its own, never a claim's), for
+    /// `kept`: what a seller quoted for a purchase (an x402 challenge), which is never the
+    /// operation's receipt. Written whole over what was there.
+    pub async fn keep_beside(
+        &self,
+        scope: &str,
+        answer: Receipt,
+        kept: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now_ms();
+        let record = Record {
+            state: State::Committed,
+            token: Token::random(),
+            body: RecordBody {
+                receipt: Some(answer),
+                settled_ms: now,
+                ..fresh_body(&beside_request(scope), now, 0)
+            },
+        };
+        let expiry = Expiry::After(kept);
+        for _ in 0..MAX_ATTEMPTS {
+            let stored = match self.store.get(scope).await? {
+                Some(found) => {
+                    self.store
+                        .replace(scope, &found.fence(), &record, expiry)
+                        .await?
+                }
+                None => self
+                    .store
+                    .insert_if_absent(scope, &record, expiry)
+                    .await?
+                    .is_none(),
+            };
+            if stored {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// What `keep_beside` kept under `scope`, while it is kept.
+    pub async fn kept_beside(&self, scope: &str) -> Result<Option<Receipt>, StoreError> {
+        Ok(self.store.get(scope).await?.and_then(|r| r.body.receipt))
+    }
+
     /// A COMMITTED record never changes, so a receipt seen here answers as the store would.
     /// (Declined receipts are never cached: a corrected request must reach the store.)
     /// A retry whose first attempt was made under the other derivation's scope is answered
@@ -685,6 +784,7 @@ impl Claims {
         ours.body.attempt = attempt;
         ours.restore = restore.then(|| Box::new(found.clone()));
         ours.after_hold = after_hold;
+        keep_first_presented(&mut ours.body, found);
         // The provider gets the same key as the attempt taken over and keeps one effect for
         // both: one reservation stands for both. (A claim between rounds reserved nothing.)
         ours.replaces =
@@ -912,6 +1012,7 @@ impl Claims {
                 let mut claim =
                     Claim::new(theirs.as_ref().unwrap_or(req), policy, Token::random(), now);
                 claim.body.attempt = held.record.body.attempt;
+                keep_first_presented(&mut claim.body, &held.record);
                 // It did not happen: its reservation is this attempt's.
                 claim.replaces = Some(held.record.token.clone());
                 let pending = claim.record(State::Pending, claim.body.clone());
@@ -1189,6 +1290,8 @@ impl Claims {
         let mut body = claim.body.clone();
         body.receipt = Some(receipt);
         body.declined = declined;
+        // Settled: nothing is presented again.
+        body.presented = None;
         body.settled_ms = self.clock.now_ms();
         let record = claim.record(State::Committed, body);
         // Not cached here: most keys are never retried, and caching every commit cost

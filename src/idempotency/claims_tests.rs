@@ -72,6 +72,7 @@ fn request<'a>(scope: &'a str, fingerprint: &'a str, strict: bool) -> ClaimReque
         derivation: 2,
         other: None,
         continuation: false,
+        presented: None,
     }
 }
 

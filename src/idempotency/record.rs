@@ -212,10 +212,38 @@ pub struct RecordBody {
     /// same call's continuation, which takes it over; a lapsed wait counts as a release.
     #[serde(default, skip_serializing_if = "is_zero_ms")]
     pub awaiting_until_ms: u64,
+    /// A purchase (x402): the payment credential its first attempt presented, kept while the
+    /// outcome is open so that a retry presents it again rather than a new one (a signed
+    /// authorization settles at most once), and dropped when the purchase is committed.
+    /// Taken over with the claim; never shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presented: Option<Box<Presented>>,
     /// How the scope and fingerprint were derived from the request (`identity::derivation`);
     /// records written before versions were kept are version 1.
     #[serde(default = "first_derivation")]
     pub derivation: u8,
+}
+
+/// A payment credential as the attempt that executed presented it (see
+/// `RecordBody::presented`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Presented {
+    /// The header it went down in.
+    pub header: String,
+    pub value: String,
+    /// When it can no longer settle (unix ms): a re-presentation after it is pointless.
+    pub until_ms: u64,
+}
+
+/// Never printed: a record's debug output must not carry a credential.
+impl std::fmt::Debug for Presented {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Presented")
+            .field("header", &self.header)
+            .field("value", &"[redacted]")
+            .field("until_ms", &self.until_ms)
+            .finish()
+    }
 }
 
 fn first_derivation() -> u8 {
@@ -326,6 +354,7 @@ impl Record {
                 lookup_credentials: None,
                 passed_down_sha256: None,
                 awaiting_until_ms: 0,
+                presented: None,
                 derivation: 2,
             },
         }
@@ -363,6 +392,7 @@ impl Record {
                 lookup_credentials: None,
                 passed_down_sha256: None,
                 awaiting_until_ms: 0,
+                presented: None,
             },
         }
     }
@@ -429,6 +459,7 @@ mod tests {
                 lookup_credentials: Some("c".into()),
                 passed_down_sha256: None,
                 awaiting_until_ms: 0,
+                presented: None,
             },
         };
         let enc = r.encode();

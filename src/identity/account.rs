@@ -368,9 +368,13 @@ fn header_or_body(
     }
 }
 
+/// A payment credential (x402's `PAYMENT-SIGNATURE`) is never an account: a client signs a
+/// new one on every attempt, which would make each retry of a purchase another account's.
 fn looks_like_credential(name: &HeaderName) -> bool {
     let n = name.as_str();
-    n != "proxy-authorization" && CREDENTIAL_WORDS.iter().any(|w| n.contains(w))
+    n != "proxy-authorization"
+        && !crate::request::PAYMENT_CREDENTIAL_HEADERS.contains(&n)
+        && CREDENTIAL_WORDS.iter().any(|w| n.contains(w))
 }
 
 /// `(access key id, region, service)` of a SigV4 `Authorization` header:
@@ -505,6 +509,19 @@ mod tests {
                 .expect("fingerprint")
         };
         assert_eq!(f(&k1), f(&k2));
+    }
+
+    #[test]
+    fn a_payment_credential_is_never_an_account() {
+        // A client signs a new x402 payment on every attempt: the purchase's account stays.
+        let spec = AccountSpec::Parts(vec![AccountPart::CredentialLike]);
+        let a = headers(&[("authorization", "Bearer a"), ("payment-signature", "eyJ1")]);
+        let b = headers(&[("authorization", "Bearer a"), ("payment-signature", "eyJ2")]);
+        let c = headers(&[("authorization", "Bearer a"), ("x-payment", "eyJ3")]);
+        let none = headers(&[("authorization", "Bearer a")]);
+        assert_eq!(fp(&spec, &a), fp(&spec, &b));
+        assert_eq!(fp(&spec, &a), fp(&spec, &c));
+        assert_eq!(fp(&spec, &a), fp(&spec, &none));
     }
 
     #[test]

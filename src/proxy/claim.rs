@@ -10,6 +10,7 @@ use super::answer;
 use crate::http::body::Body;
 use crate::idempotency::claims::{ClaimRequest, OtherDerivation};
 use crate::idempotency::policy::Policy;
+use crate::idempotency::record::Presented;
 use crate::identity::scope::Scoped;
 use crate::routes::Route;
 
@@ -25,6 +26,10 @@ pub(super) struct Claiming {
     /// credentials (kept on the claim; see `RecordBody::lookup_target`).
     pub(super) lookup_target: Option<String>,
     pub(super) lookup_credentials: Option<String>,
+    /// A purchase: the payment credential this request carries (`RecordBody::presented`).
+    pub(super) presented: Option<Presented>,
+    /// On an x402 route: the payment the request carries, read (`purchase`).
+    pub(super) buying: Option<super::purchase::Buying>,
 }
 
 impl Claiming {
@@ -37,6 +42,8 @@ impl Claiming {
             priced: None,
             lookup_target: None,
             lookup_credentials: None,
+            presented: None,
+            buying: None,
         }
     }
 
@@ -73,6 +80,7 @@ impl Claiming {
             lookup_target: self.lookup_target.as_deref(),
             lookup_credentials: self.lookup_credentials.as_deref(),
             continuation: false,
+            presented: self.presented.as_ref(),
         }
     }
 }

@@ -86,6 +86,16 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
                     ))
                     .into_response(ErrorShape::Problem)
                 }
+                // No route prices a payment to a host no route covers.
+                None if app.routes.capped()
+                    && crate::spend::x402::wire::carries_credential(req.headers()) =>
+                {
+                    app.metrics.request(NO_ROUTE, RequestOutcome::Rejected);
+                    ProxyError::Spend(crate::proxy::spending::SpendError::PaymentNotPriced(
+                        format!("the request to {host} carries an x402 payment, and no route covers {host}: on a deployment with spend caps a payment goes only through a route that prices it"),
+                    ))
+                    .into_response(ErrorShape::Problem)
+                }
                 None => match app.egress.check(host, port).await {
                     Ok(_) => {
                         app.metrics.request(NO_ROUTE, RequestOutcome::Passthrough);

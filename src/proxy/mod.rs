@@ -24,6 +24,7 @@ pub mod passthrough;
 pub mod pipeline;
 #[cfg(test)]
 mod pipeline_tests;
+mod purchase;
 mod read;
 pub mod reconcile;
 pub mod recorded;

@@ -6,9 +6,11 @@
 //! 3. refuse what reads two ways (`read::refuse_ambiguous`, `request::ambiguity`)
 //! 4. identify — key, account, fingerprint (`identity::RouteIdentity`); a capped request
 //!    without a key is derived from its whole body or refused (`spending::derivable_without_key`)
-//! 5. scope (`identity::scope::Place::scoped`)
+//!    On an x402 route a purchase without a key is the request without its payment headers.
+//! 5. scope (`identity::scope::Place::scoped`); on an x402 route the payment read and checked
+//!    (`purchase::read`)
 //! 6. on a capped route: a replay the receipt cache holds is answered, then the price
-//!    (`counted::before`, `spending::plan`)
+//!    (`counted::before`, `spending::plan`; a purchase: `spending::plan_purchase`)
 //! 7. prepare the request going down (`outgoing`)
 //! 8. claim, or answer from what is there, or reconcile a held one (`claim`, `reconcile`)
 //! 9. spend gate, with the claim's token (`spending::reserve`); the claim is `forward::Unsent`
@@ -37,12 +39,15 @@ use super::counted;
 use super::forward;
 use super::operation::{self, AfterSettle, Call, Done, Front, Priced, Protecting};
 use super::outgoing::Outgoing;
+use super::purchase;
 use super::read::{self, ReadRequest};
 use super::reconcile;
 use super::spending;
 use super::trace::{outcome_of, Trace};
 use crate::http::body::{Body, BoxError};
-use crate::idempotency::claims::{Claim, ClaimRequest, Executed, HeldClaim, Reconciled};
+use crate::idempotency::claims::{
+    Claim, ClaimRequest, Executed, HeldClaim, ReadOutcome, Reconciled,
+};
 use crate::identity::passed_down::PassedDown;
 use crate::identity::{Identification, Identified};
 use crate::metrics::RequestOutcome;
@@ -99,14 +104,10 @@ where
     let req = read::whole(app, req, target, tenant).await?;
     let view = req.view(route);
     read::refuse_ambiguous(route, &view)?;
-    let capped = spending::applies(route, view.method, view.path);
-    let identified = match route.identity.identify(&route.name, &view)? {
-        Identification::Protected(identified) => identified,
-        Identification::Unprotected { why, client_key } => match capped {
-            None => return unprotected(route, &req, &why, client_key.as_deref(), trace).await,
-            // Never forwarded unpriced: derived from the whole request, or refused.
-            Some(rules) => keyless(route, rules, &view, &why)?,
-        },
+    let capped = capped_on(route, &view);
+    let identified = match identify(route, &req, &view, capped, trace).await? {
+        Ok(identified) => identified,
+        Err(unprotected) => return Ok(unprotected),
     };
     trace.identified(&identified);
     let mut op = Claiming::new(
@@ -114,6 +115,7 @@ where
         route.place(&app.namespace, tenant).scoped(identified),
     );
     trace.scope = Some(op.scoped.scope.clone());
+    buying(app, route, &view, &mut op, capped.is_some(), trace).await?;
     if capped.is_some() {
         // A retry this proxy's receipt cache answers executes nothing and reserves nothing,
         // so it is not priced: pricing (the canonical body and its hash) was a third of a
@@ -168,12 +170,14 @@ where
         admitted: Some(admitted),
         marking,
         key: None,
+        buying: op.buying.as_ref(),
+        bought: None,
     };
     let done = operation::run(app, route, &operation, &mut front, trace).await?;
     let resp = match done {
         Done::Replayed(receipt) => receipt::respond(&receipt, true),
         Done::Unprotected(resp) => resp,
-        Done::Executing(settling) => return executed(settling, front.key.as_ref(), trace).await,
+        Done::Executing(settling) => return executed(settling, &front, trace).await,
     };
     Ok(op.said_if_merged(resp, capped.is_some()))
 }
@@ -189,6 +193,12 @@ async fn price(
     op: &mut Claiming,
     trace: &mut Trace,
 ) -> Result<spending::Plan, ProxyError> {
+    // A purchase is priced from its payment.
+    if let Some(buying) = op.buying.take() {
+        let plan = purchase_plan(route, rules, req, view, &buying, op, trace);
+        op.buying = Some(buying);
+        return plan;
+    }
     let account = &op.scoped.identified.derived.account;
     let counted = counted::before(app, route, rules, view, account).await?;
     let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
@@ -199,16 +209,103 @@ async fn price(
     Ok(plan)
 }
 
-/// The answer of the request that executed, once its claim settled.
+/// The operation a request performs, or — a protected method the route could not key,
+/// nothing capping it — its answer, forwarded unprotected.
+async fn identify(
+    route: &Route,
+    req: &ReadRequest<'_>,
+    view: &Read<'_>,
+    capped: Option<&RouteSpend>,
+    trace: &mut Trace,
+) -> Result<Result<Box<Identified>, Response<Body>>, ProxyError> {
+    Ok(Ok(match route.identity.identify(&route.name, view)? {
+        Identification::Protected(identified) => identified,
+        // A purchase without a key of its own is the request without its payment, within
+        // the purchase window.
+        Identification::Unprotected { .. } if route.payments.is_some() => {
+            Box::new(route.identity.identify_whole(&route.name, view)?)
+        }
+        Identification::Unprotected { why, client_key } => match capped {
+            None => {
+                let key = client_key.as_deref();
+                return Ok(Err(unprotected(route, req, &why, key, trace).await?));
+            }
+            // Never forwarded unpriced: derived from the whole request, or refused.
+            Some(rules) => keyless(route, rules, view, &why)?,
+        },
+    }))
+}
+
+/// What caps a request: on an x402 route every request is part of a purchase (a payment
+/// is money whatever the path, and the unpaid first request and its paid retry are one
+/// operation); elsewhere the route's priced operations.
+fn capped_on<'r>(route: &'r Route, view: &Read<'_>) -> Option<&'r RouteSpend> {
+    match route.payments {
+        Some(_) => route.spend.as_ref(),
+        None => spending::applies(route, view.method, view.path),
+    }
+}
+
+/// On an x402 route: the payment the request carries, read and checked (`purchase::read`),
+/// and kept with its claim from the start.
+async fn buying(
+    app: &App,
+    route: &Route,
+    view: &Read<'_>,
+    op: &mut Claiming,
+    capped: bool,
+    trace: &mut Trace,
+) -> Result<(), ProxyError> {
+    let Some(rules) = &route.payments else {
+        return Ok(());
+    };
+    let buying = purchase::read(app, rules, view, &op.scoped.scope, capped)
+        .await
+        .inspect_err(|e| spend_slug(trace, e))?;
+    op.presented = buying.presented();
+    op.buying = Some(buying);
+    Ok(())
+}
+
+/// Plans a request on a capped x402 route: priced from the payment it carries
+/// (`purchase`), bound without it.
+fn purchase_plan(
+    route: &Route,
+    rules: &RouteSpend,
+    req: &ReadRequest<'_>,
+    view: &Read<'_>,
+    buying: &purchase::Buying,
+    op: &mut Claiming,
+    trace: &mut Trace,
+) -> Result<spending::Plan, ProxyError> {
+    let tunnel = req.parts.extensions.get::<spending::TunnelRun>();
+    let account = &op.scoped.identified.derived.account;
+    let cost = buying
+        .cost(rules)
+        .map_err(|error| spend_refused(trace, error))?;
+    let shown = buying.shown(route, view);
+    let plan = spending::plan_purchase(rules, view, tunnel, account, cost, shown)
+        .map_err(|error| spend_refused(trace, error))?;
+    op.priced = Some(plan.binding.clone());
+    Ok(plan)
+}
+
+/// The answer of the request that executed, once its claim settled. A purchase held after
+/// its first payment was presented again is answered as held, never with the seller's
+/// challenge, which would have the client sign a second payment.
 async fn executed(
     settling: operation::Settling,
-    key: Option<&PassedDown>,
+    front: &RestFront<'_>,
     trace: &mut Trace,
 ) -> Result<Response<Body>, ProxyError> {
+    let (key, buying) = (front.key.as_ref(), front.buying.is_some());
     let forward_started = Instant::now();
     let executed = settling.settled().await?;
     trace.forward = Some(forward_started.elapsed());
     trace.settled(&executed);
+    if buying && purchase::answer_held(&executed) {
+        return Err(ProxyError::OutcomeUnknown { retry_after: None });
+    }
     answer::executed(executed, key.map_or("", PassedDown::as_str))
 }
 
@@ -225,6 +322,10 @@ struct RestFront<'a> {
     marking: Option<counted::Marking>,
     /// The key the executing attempt passed down (for a provider's "duplicate" note).
     key: Option<PassedDown>,
+    /// On an x402 route: the purchase strategies (`purchase`).
+    buying: Option<&'a purchase::Buying>,
+    /// How the executing attempt's answer is read, once it went down.
+    bought: Option<purchase::Bought>,
 }
 
 impl Front for RestFront<'_> {
@@ -240,15 +341,26 @@ impl Front for RestFront<'_> {
                 .passing()
                 .for_attempt(tenant, &self.op.scoped, &claim.scope, claim.attempt());
         claim.note_passed_down(key.as_str());
-        let request = self.outgoing.request(key.ours());
+        let mut request = self.outgoing.request(key.ours());
         self.key = Some(key);
+        if let Some(buying) = self.buying {
+            self.bought = Some(buying.present(&mut request, claim));
+        }
         forward::provider_call(app, route, request, self.admitted.take())
     }
 
     fn after_settle(&mut self) -> Option<Box<dyn AfterSettle>> {
+        if let Some(buying) = self.buying {
+            return Some(Box::new(buying.keep_quote(&self.app.claims)));
+        }
         self.marking
             .take()
             .map(|m| Box::new(m) as Box<dyn AfterSettle>)
+    }
+
+    fn outcome_reader(&self) -> Option<Arc<dyn ReadOutcome<UpstreamError>>> {
+        self.bought
+            .map(|b| Arc::new(b) as Arc<dyn ReadOutcome<UpstreamError>>)
     }
 
     fn reconcile<'s>(
@@ -257,6 +369,9 @@ impl Front for RestFront<'_> {
         ask: &'s ClaimRequest<'s>,
     ) -> BoxFuture<'s, Result<Reconciled, ProxyError>> {
         let (app, route, op) = (self.app, self.route, self.op);
+        if let Some(buying) = self.buying {
+            return Box::pin(purchase::reconcile(app, buying, held, ask, &op.policy));
+        }
         Box::pin(reconcile::run(
             app, route, held, self.view, &op.scoped, ask, &op.policy,
         ))
@@ -311,6 +426,13 @@ fn keyless(
 ) -> Result<Box<Identified>, ProxyError> {
     spending::derivable_without_key(route, rules, view, why).map_err(ProxyError::Spend)?;
     Ok(Box::new(route.identity.identify_whole(&route.name, view)?))
+}
+
+/// A refusal's slug, said in the trace when it is a spend refusal.
+fn spend_slug(trace: &mut Trace, error: &ProxyError) {
+    if let ProxyError::Spend(e) = error {
+        trace.spend = Some(e.slug().to_string());
+    }
 }
 
 /// A spend refusal, said in the trace.

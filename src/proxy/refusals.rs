@@ -52,6 +52,9 @@ kinds! {
     AMOUNT_INVALID = BAD_REQUEST, "amount-invalid", "Amount cannot be read";
     RUN_INVALID = BAD_REQUEST, "run-invalid", "Invalid run id";
     KEY_REQUIRED = BAD_REQUEST, "idempotency-key-required", "A payment needs a business key";
+    PAYMENT_UNREADABLE = BAD_REQUEST, "payment-unreadable", "Payment cannot be read";
+    PAYMENT_REFUSED = FORBIDDEN, "payment-refused", "Payment not allowed";
+    PAYMENT_NOT_PRICED = FORBIDDEN, "payment-not-priced", "Payment on a request no route prices";
     UNPRICED = FORBIDDEN, "unpriced-operation", "Operation the route cannot price";
     TOO_LARGE_TO_APPROVE = FORBIDDEN, "approval-too-large", "Too large for a person to approve";
     PENDING_LIMIT = TOO_MANY_REQUESTS, "approvals-pending-limit", "Too many approvals pending";

@@ -12,6 +12,7 @@ use super::error::ProxyError;
 use super::mcp;
 use super::passthrough;
 use super::pipeline::{self, Target};
+use super::spending::SpendError;
 use crate::http::body::Body;
 use crate::identity::Signing;
 use crate::metrics::RequestOutcome;
@@ -19,6 +20,7 @@ use crate::proxy::App;
 use crate::request::ambiguity;
 use crate::request::path;
 use crate::routes::Route;
+use crate::spend::x402::wire::carries_credential;
 
 /// Runs a request that `route` covers: protected if its method is, passed through otherwise.
 /// `path_and_query` is the upstream path (base-URL prefix already removed).
@@ -42,6 +44,9 @@ pub async fn to_route(
     if let Err(e) = ambiguity::no_method_override(req.headers(), query.unwrap_or("")) {
         return refuse(ProxyError::Ambiguous(e.to_string()));
     }
+    if let Err(e) = no_payment_side_door(app, route, req.headers()) {
+        return refuse(e);
+    }
     if let Some(rules) = &route.mcp {
         if let Err(e) = mcp_names(route, rules, &req) {
             return refuse(ProxyError::ForeignOrigin(e.to_string()));
@@ -56,7 +61,10 @@ pub async fn to_route(
             .request(&route.name, RequestOutcome::Passthrough);
         return mcp::resumed(route, req, path_and_query, tenant).await;
     }
-    if route.protects(req.method()) && route.mcp.is_none() {
+    // A payment on an x402 route is a purchase whatever its method (most sellers charge for
+    // GET).
+    let buys = route.payments.is_some() && carries_credential(req.headers());
+    if (route.protects(req.method()) || buys) && route.mcp.is_none() {
         let target = match target(route, path, query, path_and_query) {
             Ok(target) => target,
             Err(e) => return refuse(e),
@@ -78,6 +86,23 @@ pub async fn to_route(
             .request(&route.name, RequestOutcome::Passthrough);
         passthrough::forward_for(route, tenant, req, upstream_uri).await
     }
+}
+
+/// On a deployment with spend caps, a payment credential goes down only through a route
+/// that prices it: anywhere else it would pay uncounted, past every cap and approval.
+pub(super) fn no_payment_side_door(
+    app: &App,
+    route: &Route,
+    headers: &http::HeaderMap,
+) -> Result<(), ProxyError> {
+    let prices = route.payments.is_some() && route.spend.is_some();
+    if prices || !app.routes.capped() || !carries_credential(headers) {
+        return Ok(());
+    }
+    Err(ProxyError::Spend(SpendError::PaymentNotPriced(format!(
+        "the request carries an x402 payment, and route {} does not price x402 payments ([routes.payments] x402 = true with [routes.spend])",
+        route.name
+    ))))
 }
 
 /// DNS rebinding protection on an MCP route (`mcp::origin`), on every method: the server

@@ -20,6 +20,12 @@ pub enum SpendError {
     KeyRequired(String),
     #[error(transparent)]
     Refused(#[from] Refusal),
+    /// An x402 payment the route does not let go down.
+    #[error("{0}")]
+    Payment(#[from] crate::spend::x402::Refused),
+    /// A payment credential on a request no route prices, on a deployment with caps.
+    #[error("{0}")]
+    PaymentNotPriced(String),
 }
 
 impl SpendError {
@@ -30,6 +36,11 @@ impl SpendError {
             SpendError::Price(_) => &refusals::AMOUNT_INVALID,
             SpendError::Run(_) => &refusals::RUN_INVALID,
             SpendError::KeyRequired(_) => &refusals::KEY_REQUIRED,
+            SpendError::Payment(crate::spend::x402::Refused::Unreadable(_)) => {
+                &refusals::PAYMENT_UNREADABLE
+            }
+            SpendError::Payment(_) => &refusals::PAYMENT_REFUSED,
+            SpendError::PaymentNotPriced(_) => &refusals::PAYMENT_NOT_PRICED,
             SpendError::Refused(refusal) => match refusal {
                 Refusal::Unpriced(_) => &refusals::UNPRICED,
                 Refusal::TooLargeToApprove { .. } => &refusals::TOO_LARGE_TO_APPROVE,
@@ -58,6 +69,8 @@ impl SpendError {
             SpendError::Price(_) => "Nothing was forwarded: a capped route counts every payment, so one whose amount cannot be read does not go out.",
             SpendError::Run(_) => "Nothing was forwarded. Run ids are 1-64 letters, digits, '.', '_', ':' or '-'; inside a tunnel the run is the one its CONNECT named.",
             SpendError::KeyRequired(_) => "Nothing was forwarded: two identical payments without a key cannot be told from a retry, so money out and orders need a business key (one per payment, the same on every retry).",
+            SpendError::Payment(_) => "Nothing was forwarded and nothing was paid: the proxy reads an x402 payment's price and payee from what is signed, and lets it go only where the seller quoted it and the route allows its network and asset.",
+            SpendError::PaymentNotPriced(_) => "Nothing was forwarded and nothing was paid: on a deployment with spend caps a payment goes only through a route that prices it ([routes.payments] x402 = true, with [routes.spend]).",
             SpendError::Refused(Refusal::Unpriced(_)) => "Nothing was forwarded: a capped route counts every payment, so one it cannot price does not go out.",
             SpendError::Refused(Refusal::TooLargeToApprove { .. }) => "Nothing was forwarded or parked.",
             SpendError::Refused(Refusal::TooManyPending(_)) => "Nothing was forwarded or parked; retry once a person has decided.",

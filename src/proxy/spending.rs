@@ -64,6 +64,9 @@ pub struct Plan {
     pub cost: Cost,
     pub run: String,
     pub binding: String,
+    /// What a person approving it reads in place of the request's body (a purchase: payee,
+    /// amount, asset, network, resource — never the payment's signature).
+    pub shown: Option<Vec<u8>>,
 }
 
 /// Prices a capped request and binds it to its canonical form; reads no store (`counted`:
@@ -108,7 +111,45 @@ pub fn plan(
         body: view.body,
         descriptive: &spend.descriptive,
     });
-    Ok(Plan { cost, run, binding })
+    Ok(Plan {
+        cost,
+        run,
+        binding,
+        shown: None,
+    })
+}
+
+/// Plans a request on a capped x402 route: its `cost` read from the payment it carries (by
+/// `proxy::purchase`), bound like any request but without the amount, since a purchase is
+/// the same purchase whatever payment a retry carries (or none); `shown` is what an
+/// approval shows of it.
+pub fn plan_purchase(
+    spend: &RouteSpend,
+    view: &Request<'_>,
+    tunnel: Option<&TunnelRun>,
+    account: &str,
+    cost: Cost,
+    shown: Option<Vec<u8>>,
+) -> Result<Plan, SpendError> {
+    let run = run_of(spend, view.headers, tunnel)?.unwrap_or_else(|| view.tenant.to_string());
+    let binding = binding::fingerprint(&Bound {
+        method: view.method.as_str(),
+        path: view.path,
+        account,
+        amount: "",
+        content_type: view
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        body: view.body,
+        descriptive: &spend.descriptive,
+    });
+    Ok(Plan {
+        cost,
+        run,
+        binding,
+        shown,
+    })
 }
 
 /// Prices a capped MCP tool call and binds it to the tool and its canonical arguments (never
@@ -157,7 +198,12 @@ pub fn plan_tool(
         body: body.as_bytes(),
         descriptive: &spend.descriptive,
     });
-    Ok(Plan { cost, run, binding })
+    Ok(Plan {
+        cost,
+        run,
+        binding,
+        shown: None,
+    })
 }
 
 /// Gives a reservation back when the outcome says the payment did not happen; counts the
@@ -234,7 +280,11 @@ pub async fn admit(
 ) -> Result<Admission, SpendError> {
     let (method, path, body) = match at.tool {
         Some(t) => (TOOL_CALL, t.call.name.as_str(), t.arguments.as_slice()),
-        None => (view.method.as_str(), view.path, view.body),
+        None => (
+            view.method.as_str(),
+            view.path,
+            plan.shown.as_deref().unwrap_or(view.body),
+        ),
     };
     let ask = Charge {
         scope: at.scope,

@@ -18,6 +18,11 @@ pub mod key;
 pub mod path;
 pub mod template;
 
+/// The headers that carry a per-request payment credential (x402 v2's `PAYMENT-SIGNATURE`,
+/// v1's `X-PAYMENT`): a client signs a new one on every attempt, so they are never part of
+/// a request's identity or account, and never shown.
+pub const PAYMENT_CREDENTIAL_HEADERS: [&str; 2] = ["payment-signature", "x-payment"];
+
 use std::sync::OnceLock;
 
 use http::{HeaderMap, Method};

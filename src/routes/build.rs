@@ -27,6 +27,8 @@ use crate::providers::catalogue::RowPrice;
 use crate::providers::{self, ErrorShape, Profile, SpendDefaults};
 use crate::request::template::Template;
 use crate::spend::budget::{Budget, BudgetText, OnUnpriced, Pricing, ToolCounts};
+use crate::spend::money::Currency;
+use crate::spend::x402::{Asset, X402Rules};
 
 /// How long identical tool calls are one, unless `[routes.mcp] window` says otherwise.
 const DEFAULT_MCP_WINDOW: Duration = Duration::from_secs(24 * 3600);
@@ -59,6 +61,12 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
     let lookup = b.lookup()?;
     let mut policy = b.policy()?;
     policy.reconcile_after = lookup.as_ref().map(|l| l.after);
+    let payments = b.payments()?;
+    if payments.is_some() && policy.reconcile_after.is_none() {
+        // A held purchase is looked at on its next retry: the first attempt's payment is
+        // presented again (`proxy::purchase`), never a new one.
+        policy.reconcile_after = Some(Duration::ZERO);
+    }
     let mcp = b.mcp()?;
     if let Some(rules) = &mcp {
         mcp_policy(&mut policy, rules.answer_timeout);
@@ -82,6 +90,7 @@ pub fn route(config: &Config, i: usize, r: &RouteConfig) -> Result<Route, Config
         client: Arc::new(b.client()?),
         lookup,
         spend: b.spend()?,
+        payments,
         errors: match (&mcp, &b.profile) {
             (Some(_), _) => ErrorShape::JsonRpc,
             (None, profile) => profile.as_ref().map_or(ErrorShape::Problem, |p| p.errors),
@@ -665,7 +674,11 @@ impl<'a> Builder<'a> {
             }
         };
         // A section with only count caps counts executions: it needs no amount.
+        let x402 = self.r.payments.as_ref().is_some_and(|p| p.x402);
         let amount: Vec<String> = match (&c.amount, defaults) {
+            // An x402 route prices from the signed payment (`proxy::purchase`); this stands
+            // for it in the budget and is never read.
+            (None, _) if x402 => vec!["{body.amount}".to_string()],
             (Some(a), _) => a.iter().map(|t| args(t)).collect(),
             (None, Some(d)) => d.amount.iter().map(|s| s.to_string()).collect(),
             (None, None) => Vec::new(),
@@ -675,12 +688,14 @@ impl<'a> Builder<'a> {
             .currency
             .as_deref()
             .map(args)
+            .or_else(|| x402.then(|| c.caps_currency.clone()))
             .or_else(|| defaults.map(|d| d.currency.to_string()))
             .or_else(|| (!priced).then(|| c.caps_currency.clone()))
             .ok_or_else(|| missing("currency"))?;
         let unit = c
             .unit
             .clone()
+            .or_else(|| x402.then(|| "minor".to_string()))
             .or_else(|| defaults.map(|d| d.unit.to_string()))
             .or_else(|| (!priced).then(|| "minor".to_string()))
             .ok_or_else(|| missing("unit"))?;
@@ -770,6 +785,60 @@ impl<'a> Builder<'a> {
             enforce: c.enforce,
             derive_without_key,
             descriptive: c.descriptive.clone(),
+        }))
+    }
+
+    /// `[routes.payments]`: the x402 rules of a route that enables it.
+    fn payments(&self) -> Result<Option<X402Rules>, ConfigError> {
+        let Some(c) = self.r.payments.as_ref().filter(|c| c.x402) else {
+            return Ok(None);
+        };
+        if c.networks.is_empty() {
+            return Err(self.invalid(
+                "payments.networks",
+                "needed with x402 = true: the CAIP-2 networks a payment may be on, e.g. [\"eip155:8453\"]".into(),
+            ));
+        }
+        if self.r.protocol == Protocol::Mcp {
+            return Err(self.invalid(
+                "payments.x402",
+                "is read on HTTP routes; payments inside MCP tool calls are not read yet".into(),
+            ));
+        }
+        let mut assets = Vec::new();
+        for (j, a) in c.assets.iter().enumerate() {
+            let field = |f: &str| format!("payments.assets[{j}].{f}");
+            let currency = Currency::parse(&a.currency)
+                .map_err(|e| self.invalid(&field("currency"), e.to_string()))?;
+            if a.decimals > 30 {
+                return Err(self.invalid(
+                    &field("decimals"),
+                    format!("{}: no token has more than 30 decimals", a.decimals),
+                ));
+            }
+            if !c.networks.contains(&a.network) {
+                return Err(self.invalid(
+                    &field("network"),
+                    format!("`{}` is not in payments.networks", a.network),
+                ));
+            }
+            assets.push(Asset {
+                network: a.network.clone(),
+                asset: a.asset.to_ascii_lowercase(),
+                currency,
+                decimals: a.decimals,
+            });
+        }
+        if self.r.spend.is_some() && assets.is_empty() {
+            return Err(self.invalid(
+                "payments.assets",
+                "needed on a capped route: a payment in an asset without a row cannot be priced"
+                    .into(),
+            ));
+        }
+        Ok(Some(X402Rules {
+            networks: c.networks.clone(),
+            assets,
         }))
     }
 
@@ -897,6 +966,10 @@ impl<'a> Builder<'a> {
                 }))
                 .collect::<Result<Vec<_>, ConfigError>>()?;
             return Ok((on, Vec::new()));
+        }
+        // An x402 route caps every purchase, whatever its path (`proxy::pipeline`).
+        if self.r.payments.as_ref().is_some_and(|p| p.x402) && defaults.is_none() {
+            return Ok((never_priced, Vec::new()));
         }
         let Some(d) = defaults else {
             return Err(self.invalid(

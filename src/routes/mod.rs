@@ -64,6 +64,8 @@ pub struct Route {
     pub lookup: Option<Lookup>,
     /// Caps and approvals for the requests that move money.
     pub spend: Option<RouteSpend>,
+    /// `[routes.payments] x402 = true`: payments agents make per request, read and priced.
+    pub payments: Option<crate::spend::x402::X402Rules>,
     /// How the provider's SDKs expect errors to look.
     pub errors: ErrorShape,
     /// Where the route's client dials (its `connect_to`, else the upstream's host and port):
@@ -222,6 +224,9 @@ impl Route {
 
 pub struct Routes {
     routes: Vec<Arc<Route>>,
+    /// Some route caps spend: a payment credential then goes only through a route that
+    /// prices it.
+    capped: bool,
 }
 
 impl Routes {
@@ -232,7 +237,13 @@ impl Routes {
             .enumerate()
             .map(|(i, r)| build::route(config, i, r).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Routes { routes })
+        let capped = routes.iter().any(|r| r.spend.is_some());
+        Ok(Routes { routes, capped })
+    }
+
+    /// Whether some route caps spend (see `Routes::capped`).
+    pub fn capped(&self) -> bool {
+        self.capped
     }
 
     pub fn all(&self) -> &[Arc<Route>] {
@@ -295,6 +306,11 @@ impl RouteTable {
 
     pub fn all(&self) -> Vec<Arc<Route>> {
         self.0.load().all().to_vec()
+    }
+
+    /// See [`Routes::capped`].
+    pub fn capped(&self) -> bool {
+        self.0.load().capped()
     }
 
     /// See [`Routes::by_prefix`].

@@ -46,3 +46,4 @@ mod spend_gate;
 mod store_conformance;
 mod stripe_sdk;
 mod upgrade;
+mod x402;

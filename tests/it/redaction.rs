@@ -88,9 +88,10 @@ async fn pay(proxy: &crate::common::proxy::Proxy) -> crate::common::client::Repl
         "/pay/v1/payments",
         &[
             ("content-type", "application/json"),
+            // The x402 credentials travel in the body's fields: as headers, on a route
+            // that does not price x402 on this capped deployment, the request is refused
+            // before anything is parked (`x402::*::a_paid_request_no_route_prices_is_refused`).
             ("idempotency-key", "secret-1"),
-            ("x-payment", "eyJ4NDAySeCrEt"),
-            ("payment-signature", "0xSigSecret99"),
         ],
         request_body(),
     )

@@ -212,6 +212,7 @@ async fn run_protected(
         lookup_target: None,
         lookup_credentials: None,
         continuation: continues(message),
+        presented: None,
     };
     let operation = Protecting {
         ask,

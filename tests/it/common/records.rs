@@ -36,6 +36,7 @@ pub fn record(state: State) -> Record {
             lookup_credentials: None,
             passed_down_sha256: None,
             awaiting_until_ms: 0,
+            presented: None,
         },
     }
 }
