@@ -368,6 +368,15 @@ store_rows() { # $1 row prefix, $2 build; $store, $url, $more set by the loop be
   local who=$1 db="${url}"
   # A file of its own for each proxy on the embedded store.
   [ "$store" = sqlite ] && db="sqlite://$WORK/claims-$RANDOM$RANDOM.db"
+  # A database of its own for each build: builds either side of a schema migration cannot
+  # share one (an older build refuses a newer schema).
+  if [ "$store" = postgres ]; then
+    local name; name="bench_$(printf %s "$2" | sha256sum | cut -c1-12)"
+    "${PG_RUN[@]}" "$PG_BIN/psql" -q -h 127.0.0.1 -p "$P_PG" -U postgres -d postgres -tAc \
+      "SELECT 1 FROM pg_database WHERE datname = '$name'" | grep -q 1 ||
+      "${PG_RUN[@]}" "$PG_BIN/createdb" -h 127.0.0.1 -p "$P_PG" -U postgres "$name"
+    db="postgres://postgres@127.0.0.1:$P_PG/$name?sslmode=disable"
+  fi
   write_config "$WORK/$store.toml" "$db" "$more"
   start_proxy "$WORK/$store.toml" "$2"
   CPU_PROXY=$PROXY_PID
