@@ -365,7 +365,8 @@ mod tests {
 
     fn policy() -> Policy {
         let set = |e: &[&str]| {
-            StatusSet::parse(&e.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+            StatusSet::parse(&e.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("test status set")
         };
         Policy {
             honours_key: false,

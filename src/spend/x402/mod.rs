@@ -233,7 +233,7 @@ mod tests {
             assets: vec![Asset {
                 network: "eip155:84532".into(),
                 asset: USDC.to_ascii_lowercase(),
-                currency: Currency::parse("usd").unwrap(),
+                currency: Currency::parse("usd").expect("test input"),
                 decimals: 6,
             }],
         }
@@ -277,16 +277,27 @@ mod tests {
     #[test]
     fn the_price_is_the_signed_value_in_the_cap_currency() {
         let p = payment(requirement(10_000, SELLER), 10_000, SELLER);
-        let bought = check(&p, Some(&quote(10_000)), &rules(), true, 1_000).unwrap();
-        assert_eq!(bought.price.unwrap().minor, 1, "10000 µUSDC is one cent");
+        let bought = check(&p, Some(&quote(10_000)), &rules(), true, 1_000).expect("test input");
+        assert_eq!(
+            bought.price.expect("test input").minor,
+            1,
+            "10000 µUSDC is one cent"
+        );
         assert_eq!(bought.amount, 10_000);
     }
 
     #[test]
     fn a_fraction_of_a_cent_counts_as_a_cent() {
-        assert_eq!(price(&rules(), "eip155:84532", USDC, 1).unwrap().minor, 1);
         assert_eq!(
-            price(&rules(), "eip155:84532", USDC, 10_001).unwrap().minor,
+            price(&rules(), "eip155:84532", USDC, 1)
+                .expect("test input")
+                .minor,
+            1
+        );
+        assert_eq!(
+            price(&rules(), "eip155:84532", USDC, 10_001)
+                .expect("test input")
+                .minor,
             2
         );
         assert_eq!(

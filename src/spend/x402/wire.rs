@@ -337,13 +337,14 @@ mod tests {
 
     #[test]
     fn a_v2_payment_is_read_with_its_signed_authorization() {
-        let p = payment(PAYMENT_SIGNATURE, &b64(&v2_payment("10000", "0x2096"))).unwrap();
-        let a = p.authorization.unwrap();
+        let p =
+            payment(PAYMENT_SIGNATURE, &b64(&v2_payment("10000", "0x2096"))).expect("test input");
+        let a = p.authorization.expect("test input");
         assert_eq!(
             (a.value, a.to.as_str(), a.valid_before),
             (10000, "0x2096", 1740672154)
         );
-        assert_eq!(p.accepted.unwrap().amount, 10000);
+        assert_eq!(p.accepted.expect("test input").amount, 10000);
         assert_eq!(p.network, "eip155:84532");
     }
 
@@ -362,12 +363,15 @@ mod tests {
         let v1 = serde_json::json!({"x402Version": 1, "error": "X-PAYMENT header is required",
             "accepts": [{"scheme": "exact", "network": "base-sepolia", "maxAmountRequired": "1000",
             "asset": "0xa", "payTo": "0xb", "resource": "http://s/x"}]});
-        let c = challenge(402, &HeaderMap::new(), v1.to_string().as_bytes()).unwrap();
+        let c = challenge(402, &HeaderMap::new(), v1.to_string().as_bytes()).expect("test input");
         assert_eq!(c.accepts[0].amount, 1000);
         let mut h = HeaderMap::new();
         let v2 = serde_json::json!({"x402Version": 2, "accepts": [{"scheme": "exact",
             "network": "eip155:84532", "amount": "10000", "asset": "0xa", "payTo": "0xb"}]});
-        h.insert(PAYMENT_REQUIRED, HeaderValue::from_str(&b64(&v2)).unwrap());
+        h.insert(
+            PAYMENT_REQUIRED,
+            HeaderValue::from_str(&b64(&v2)).expect("test input"),
+        );
         assert!(is_challenge(402, &h, b"{}"));
         assert!(!is_challenge(200, &h, b"{}"));
     }
